@@ -1,0 +1,45 @@
+# CityCube: every target creates or reuses .venv and installs what it needs first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+export CITYCUBE_DATA ?= $(CURDIR)/data
+export CITYCUBE_RELEASE ?= sample-0.1.0
+
+CITIES ?= default
+YEARS ?= default
+
+.PHONY: install run test dev lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+## Materialise the default sample release through Dagster and print a DuckDB summary.
+run: install
+	$(BIN)/python -m pipelines.cli build --cities '$(CITIES)' --years '$(YEARS)'
+
+## Run the test suite.
+test: install
+	$(BIN)/python -m pytest -q
+
+## Serve the Dagster UI offline (http://127.0.0.1:3000).
+dev: install
+	$(BIN)/python -m pipelines.cli dagster-home
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: install
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf data .dagster_home

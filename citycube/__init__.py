@@ -1,0 +1,1 @@
+"""CityCube's pure core: grids, specs, rules, aggregation, chips and cube I/O (no Dagster)."""

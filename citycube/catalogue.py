@@ -1,0 +1,302 @@
+"""The modality catalogue: ``schemas/modalities.yaml`` parsed into validated, frozen specs.
+
+Everything the engine does per modality (masks, thresholds, aggregation, temporal reuse, chips,
+rendering) is read from here, so adding a modality is a declaration plus, where needed, one
+small function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+from functools import cache
+from importlib import resources
+from typing import Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from citycube.errors import SpecError, UnknownModalityError
+
+
+class Kind(StrEnum):
+    """How a modality is stored: chips (image / categorical) or tile values only (numeric)."""
+
+    IMAGE = "image"
+    CATEGORICAL_IMAGE = "categorical_image"
+    NUMERIC = "numeric"
+
+
+class Temporal(StrEnum):
+    """Temporal kinds of SPEC §2."""
+
+    ANNUAL = "annual"
+    EPOCH = "epoch"
+    STATIC = "static"
+    SNAPSHOT = "snapshot"
+    CITY_YEARS = "city_years"
+
+
+class Aggregation(StrEnum):
+    """Tile rules of SPEC §4."""
+
+    PIXEL_MEAN = "pixel_mean"
+    PIXEL_MODE = "pixel_mode"
+    AREA_MEAN = "area_mean"
+    SUM_PER_NOMINAL_AREA = "sum_per_nominal_area"
+    LOG1P_POINT_DENSITY = "log1p_point_density"
+
+
+class Resampling(StrEnum):
+    """Chip resampling; categorical data only ever use nearest or mode."""
+
+    AVERAGE = "average"
+    MODE = "mode"
+    NEAREST = "nearest"
+
+
+class Processing(StrEnum):
+    """Whether this release processes the modality or only declares it."""
+
+    ENABLED = "enabled"
+    PLANNED = "planned"
+
+
+class RenderMode(StrEnum):
+    """Fixed renderings (never stretched per tile)."""
+
+    RGB = "rgb"
+    GREY = "grey"
+    GREY_LOG1P = "grey_log1p"
+    PALETTE = "palette"
+    CATEGORICAL = "categorical"
+    BINARY = "binary"
+    NONE = "none"
+
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class LegendEntry(BaseModel):
+    """One class of a categorical legend."""
+
+    model_config = _STRICT
+    name: str = Field(description="Class name.")
+    color: tuple[int, int, int] = Field(description="Fixed RGB colour, 0–255 each.")
+
+    @model_validator(mode="after")
+    def _rgb(self) -> Self:
+        if not all(0 <= c <= 255 for c in self.color):
+            raise ValueError(f"colour {self.color} of class {self.name!r} is outside 0–255")
+        return self
+
+
+class FieldSpec(BaseModel):
+    """One released field: which band of which product, in which unit."""
+
+    model_config = _STRICT
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="Field name in observations.")
+    band: int = Field(ge=1, description="1-based band index in the product's data file.")
+    unit: str = Field(description="Physical unit of the released value.")
+    product: str | None = Field(None, description="Product override (e.g. AQ's two products).")
+
+
+class Validity(BaseModel):
+    """Pixel/cell validity rules and the tile availability threshold."""
+
+    model_config = _STRICT
+    nodata: float | None = Field(None, description="The source's nodata value (invalid).")
+    valid_range: tuple[float, float] | None = Field(None, description="Inclusive valid range.")
+    legend: str | None = Field(None, description="Legend whose ids are the only valid ids.")
+    qa_invalid_bits: tuple[int, ...] = Field((), description="QA bits that invalidate a pixel.")
+    min_valid_fraction: float = Field(gt=0, le=1, description="Tile availability threshold.")
+    positive: bool = Field(False, description="Released value must be > 0 to be available.")
+
+    @model_validator(mode="after")
+    def _range_order(self) -> Self:
+        if self.valid_range and self.valid_range[0] > self.valid_range[1]:
+            raise ValueError(f"valid_range {self.valid_range} is reversed")
+        if any(not 0 <= b <= 15 for b in self.qa_invalid_bits):
+            raise ValueError(f"qa_invalid_bits {self.qa_invalid_bits} must be 0–15")
+        return self
+
+
+class ChipSpec(BaseModel):
+    """How an image modality is warped onto the city's tile-aligned pixel grid."""
+
+    model_config = _STRICT
+    resolution_m: float = Field(gt=0, description="Chip pixel size; must divide 1000 m.")
+    resampling: Resampling = Field(description="Warp resampling onto the chip grid.")
+    dtype: str = Field(description="Stored dtype (numpy name).")
+
+    @model_validator(mode="after")
+    def _divides(self) -> Self:
+        if 1000 % self.resolution_m:
+            raise ValueError(
+                f"chip resolution {self.resolution_m} m does not divide 1000 m, so 2 km and "
+                "5 km tiles would not hold a whole number of pixels"
+            )
+        return self
+
+    def pixels(self, tile_size_m: int) -> int:
+        """Pixels per tile side at a tile size."""
+        return round(tile_size_m / self.resolution_m)
+
+
+class RenderSpec(BaseModel):
+    """Fixed rendering for quick-looks."""
+
+    model_config = _STRICT
+    mode: RenderMode
+    range: tuple[float, float] | None = Field(None, description="Fixed value range.")
+    legend: str | None = None
+    palette: str | None = None
+    color: tuple[int, int, int] | None = None
+    background: tuple[int, int, int] | None = None
+
+    @model_validator(mode="after")
+    def _needs(self) -> Self:
+        if self.mode in (RenderMode.GREY, RenderMode.GREY_LOG1P, RenderMode.PALETTE):
+            if self.range is None or self.range[0] >= self.range[1]:
+                raise ValueError(f"render mode {self.mode} needs an increasing fixed range")
+        if self.mode == RenderMode.CATEGORICAL and not self.legend:
+            raise ValueError("categorical rendering needs a legend")
+        return self
+
+
+class ModalitySpec(BaseModel):
+    """One of the 18 modalities."""
+
+    model_config = _STRICT
+    code: str = Field(pattern=r"^[A-Z0-9]+$", description="Short code, e.g. 'CO2'.")
+    label: str | None = Field(None, description="Display code when it differs (e.g. 'H&F').")
+    name: str = Field(description="Display name.")
+    family: str = Field(pattern=r"^(function|activity|environment)$")
+    kind: Kind
+    temporal: Temporal
+    product: str = Field(description="Default source product id for its fields.")
+    fields: tuple[FieldSpec, ...] = Field(min_length=1)
+    validity: Validity
+    aggregation: Aggregation
+    chip: ChipSpec | None = None
+    render: RenderSpec
+    value_range: tuple[float, float] | None = Field(
+        None, description="Plausible range of released values, checked by asset checks."
+    )
+    processing: Processing
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        names = [f.name for f in self.fields]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.code}: duplicate field names {names}")
+        categorical = self.kind == Kind.CATEGORICAL_IMAGE
+        if self.kind == Kind.NUMERIC:
+            if self.chip is not None:
+                raise ValueError(f"{self.code}: numeric modalities have no chips")
+            if self.aggregation in (Aggregation.PIXEL_MEAN, Aggregation.PIXEL_MODE):
+                raise ValueError(f"{self.code}: numeric modalities need an area rule")
+        else:
+            if self.chip is None:
+                raise ValueError(f"{self.code}: image modalities need a chip spec")
+            if self.aggregation not in (Aggregation.PIXEL_MEAN, Aggregation.PIXEL_MODE):
+                raise ValueError(f"{self.code}: image modalities use pixel_mean or pixel_mode")
+        if categorical:
+            if self.aggregation != Aggregation.PIXEL_MODE:
+                raise ValueError(f"{self.code}: categorical ids are never averaged; use pixel_mode")
+            if self.chip and self.chip.resampling == Resampling.AVERAGE:
+                raise ValueError(f"{self.code}: categorical chips use mode or nearest resampling")
+            if not self.validity.legend:
+                raise ValueError(f"{self.code}: categorical modalities need a legend")
+        elif self.aggregation == Aggregation.PIXEL_MODE:
+            raise ValueError(f"{self.code}: pixel_mode is only for categorical modalities")
+        return self
+
+    @property
+    def display_code(self) -> str:
+        """The code as the papers write it."""
+        return self.label or self.code
+
+    @property
+    def is_image(self) -> bool:
+        """True for image and categorical-image modalities."""
+        return self.kind != Kind.NUMERIC
+
+    def products(self) -> list[str]:
+        """Distinct source products this modality reads, in field order."""
+        seen: list[str] = []
+        for f in self.fields:
+            p = f.product or self.product
+            if p not in seen:
+                seen.append(p)
+        return seen
+
+
+class Catalogue(BaseModel):
+    """All modalities and the legends they refer to."""
+
+    model_config = _STRICT
+    version: str
+    legends: dict[str, dict[int, LegendEntry]]
+    modalities: tuple[ModalitySpec, ...]
+
+    @model_validator(mode="after")
+    def _references(self) -> Self:
+        codes = [m.code for m in self.modalities]
+        dupes = sorted({c for c in codes if codes.count(c) > 1})
+        if dupes:
+            raise ValueError(f"duplicate modality codes: {dupes}")
+        for m in self.modalities:
+            for ref in (m.validity.legend, m.render.legend):
+                if ref and ref not in self.legends:
+                    raise ValueError(
+                        f"{m.code}: legend {ref!r} is not declared; known: {sorted(self.legends)}"
+                    )
+        return self
+
+    def get(self, code: str) -> ModalitySpec:
+        """A modality by code, with an error listing the valid codes."""
+        for m in self.modalities:
+            if m.code == code:
+                return m
+        raise UnknownModalityError(
+            f"unknown modality {code!r}; choose from {', '.join(m.code for m in self.modalities)}"
+        )
+
+    def enabled(self) -> list[ModalitySpec]:
+        """Modalities this release processes."""
+        return [m for m in self.modalities if m.processing == Processing.ENABLED]
+
+    def valid_ids(self, modality: ModalitySpec) -> frozenset[int] | None:
+        """The legend ids that count as valid for a categorical modality."""
+        if not modality.validity.legend:
+            return None
+        return frozenset(self.legends[modality.validity.legend])
+
+
+def parse_catalogue(text: str, origin: str = "<string>") -> Catalogue:
+    """Parse and validate a modality catalogue YAML document, with a readable error."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{origin} is not valid YAML: {exc}") from exc
+    try:
+        return Catalogue.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(f"invalid modality catalogue in {origin}:\n{exc}") from exc
+
+
+def catalogue_text() -> str:
+    """The packaged catalogue's YAML text."""
+    return resources.files("schemas").joinpath("modalities.yaml").read_text(encoding="utf-8")
+
+
+@cache
+def load_catalogue() -> Catalogue:
+    """The packaged catalogue (validated once per process)."""
+    return parse_catalogue(catalogue_text(), "schemas/modalities.yaml")
+
+
+def catalogue_digest() -> str:
+    """Short hash of the catalogue text, recorded in release metadata."""
+    return hashlib.sha256(catalogue_text().encode()).hexdigest()[:12]

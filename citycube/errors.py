@@ -1,0 +1,65 @@
+"""Domain errors with stable codes and messages that say what to change."""
+
+from __future__ import annotations
+
+
+class CityCubeError(Exception):
+    """Base class; ``code`` is stable so logs and tests can match on it."""
+
+    code = "CC000"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"[{self.code}] {message}")
+        self.message = message
+
+
+class SpecError(CityCubeError):
+    """A declarative spec (cities, modalities, sources) failed validation."""
+
+    code = "CC100"
+
+
+class UnknownCityError(CityCubeError):
+    """A city key that the catalogue does not declare."""
+
+    code = "CC101"
+
+
+class UnknownYearError(CityCubeError):
+    """A year outside the 2000–2025 calendar."""
+
+    code = "CC102"
+
+
+class UnknownModalityError(CityCubeError):
+    """A modality code that the catalogue does not declare."""
+
+    code = "CC103"
+
+
+class SourceUnavailableError(CityCubeError):
+    """The source does not cover the request (a year or area it never published)."""
+
+    code = "CC200"
+
+    def __init__(self, message: str, reason: str = "source_year_missing") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class SourceReadError(CityCubeError):
+    """A source file is corrupt, truncated or not what its product promises (CRS, bands)."""
+
+    code = "CC201"
+
+
+class SourceFetchError(CityCubeError):
+    """A server failed or refused while fetching a source."""
+
+    code = "CC202"
+
+
+class CubeWriteError(CityCubeError):
+    """A cube partition could not be written; the previous version is left intact."""
+
+    code = "CC300"

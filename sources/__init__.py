@@ -1,0 +1,1 @@
+"""Source families: one module per provider, all behind ``sources.base.SourceBackend``."""

@@ -1,0 +1,98 @@
+"""The modality catalogue is complete and rejects inconsistent declarations clearly."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from citycube.catalogue import Aggregation, Kind, Temporal, catalogue_text, load_catalogue, parse_catalogue
+from citycube.cities import parse_cities
+from citycube.errors import SpecError, UnknownModalityError
+
+EXPECTED = {
+    "BV", "RD", "LC", "LU", "HF", "POI", "ELEC", "NTL", "CO2", "GPS", "POP", "PROP",
+    "OPT", "DEM", "NDVI", "WTH", "HEAT", "AQ",
+}
+
+
+def _doc() -> dict:
+    return yaml.safe_load(catalogue_text())
+
+
+def _modality(doc: dict, code: str) -> dict:
+    return next(m for m in doc["modalities"] if m["code"] == code)
+
+
+def test_all_18_modalities_declared_with_rules() -> None:
+    cat = load_catalogue()
+    assert {m.code for m in cat.modalities} == EXPECTED
+    assert {m.code for m in cat.enabled()} == {"OPT", "DEM", "LC", "POP", "CO2"}
+    assert cat.get("HF").display_code == "H&F"
+    assert len(cat.get("WTH").fields) == 6
+    assert [f.product for f in cat.get("AQ").fields] == ["acag_no2", "acag_pm25"]
+
+
+def test_enabled_modalities_cover_every_rule_class() -> None:
+    cat = load_catalogue()
+    enabled = cat.enabled()
+    assert {m.kind for m in enabled} == set(Kind)
+    assert {Temporal.ANNUAL, Temporal.EPOCH, Temporal.STATIC} <= {m.temporal for m in enabled}
+    assert {Aggregation.AREA_MEAN, Aggregation.SUM_PER_NOMINAL_AREA, Aggregation.PIXEL_MODE,
+            Aggregation.PIXEL_MEAN} <= {m.aggregation for m in enabled}
+    assert cat.get("POP").validity.min_valid_fraction == 0.5
+    assert cat.get("OPT").validity.min_valid_fraction == 0.98
+
+
+def test_lc_zero_is_a_valid_id() -> None:
+    cat = load_catalogue()
+    ids = cat.valid_ids(cat.get("LC"))
+    assert ids is not None and 0 in ids and 255 not in ids
+
+
+@pytest.mark.parametrize(
+    ("code", "change", "message"),
+    [
+        ("LC", {"aggregation": "pixel_mean"}, "never averaged"),
+        ("LC", {"chip": {"resolution_m": 25, "resampling": "average", "dtype": "uint8"}}, "mode or nearest"),
+        ("OPT", {"chip": {"resolution_m": 30, "resampling": "average", "dtype": "uint8"}}, "does not divide 1000"),
+        ("POP", {"chip": {"resolution_m": 25, "resampling": "average", "dtype": "float32"}}, "no chips"),
+        ("POP", {"temporal": "yearly"}, "temporal"),
+        ("POP", {"validity": {"min_valid_fraction": 1.5}}, "min_valid_fraction"),
+        ("POP", {"surprise": 1}, "Extra inputs"),
+        ("LC", {"validity": {"legend": "nope", "min_valid_fraction": 0.98}}, "legend 'nope'"),
+        ("DEM", {"render": {"mode": "grey", "range": [10, 1]}}, "increasing fixed range"),
+    ],
+)
+def test_invalid_declarations_are_rejected_clearly(code: str, change: dict, message: str) -> None:
+    doc = _doc()
+    _modality(doc, code).update(change)
+    with pytest.raises(SpecError, match=message):
+        parse_catalogue(yaml.safe_dump(doc, allow_unicode=True))
+
+
+def test_duplicate_codes_rejected() -> None:
+    doc = _doc()
+    doc["modalities"].append(dict(_modality(doc, "CO2")))
+    with pytest.raises(SpecError, match="duplicate modality codes"):
+        parse_catalogue(yaml.safe_dump(doc, allow_unicode=True))
+
+
+def test_broken_yaml_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match="not valid YAML"):
+        parse_catalogue("modalities: [", "broken.yaml")
+
+
+def test_unknown_modality_lists_codes() -> None:
+    with pytest.raises(UnknownModalityError, match="CO2"):
+        load_catalogue().get("CO3")
+
+
+def test_city_spec_validation() -> None:
+    bad = """
+cities:
+  - {key: X, name: X, country: X, iso3: XXX, continent: X, epsg: 4326,
+     centre: {lat: 0, lon: 0, landmark: x}, grid_2km: {rows: 1, cols: 1},
+     grid_5km: {rows: 1, cols: 1}}
+"""
+    with pytest.raises(SpecError, match="not a WGS84 UTM zone"):
+        parse_cities(bad)

@@ -1,0 +1,54 @@
+"""Temporal rules: annual, epoch reuse, static reuse, missing years (SPEC §2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from citycube.catalogue import Temporal
+from citycube.errors import UnknownYearError
+from citycube.temporal import CALENDAR, epoch_of, parse_years, resolve
+
+EPOCHS = [2000, 2005, 2010, 2015, 2020, 2025]
+
+
+def test_calendar_is_2000_to_2025() -> None:
+    assert CALENDAR[0] == 2000 and CALENDAR[-1] == 2025 and len(CALENDAR) == 26
+
+
+def test_annual_uses_own_year_only() -> None:
+    r = resolve(Temporal.ANNUAL, 2024, range(2000, 2025))
+    assert (r.source_year, r.basis, r.available) == (2024, "annual", True)
+    missing = resolve(Temporal.ANNUAL, 2025, range(2000, 2025))
+    assert missing.source_year is None and missing.missing_reason == "source_year_missing"
+
+
+@pytest.mark.parametrize(("year", "epoch"), [(2000, 2000), (2004, 2000), (2005, 2005), (2019, 2015), (2024, 2020), (2025, 2025)])
+def test_epoch_first_year_serves_whole_epoch(year: int, epoch: int) -> None:
+    assert epoch_of(year) == epoch
+    r = resolve(Temporal.EPOCH, year, EPOCHS)
+    assert (r.source_year, r.basis) == (epoch, "epoch")
+
+
+def test_missing_epoch_is_not_carried_from_neighbour() -> None:
+    r = resolve(Temporal.EPOCH, 2012, [2000, 2005, 2015])
+    assert not r.available and r.source_year is None
+
+
+def test_static_reused_for_every_year() -> None:
+    for year in CALENDAR:
+        r = resolve(Temporal.STATIC, year, None)
+        assert (r.source_year, r.basis, r.available) == (None, "static", True)
+
+
+def test_unknown_years_rejected() -> None:
+    with pytest.raises(UnknownYearError):
+        resolve(Temporal.ANNUAL, 1999, [1999])
+    with pytest.raises(UnknownYearError, match="outside the calendar"):
+        parse_years("2024-2026")
+    with pytest.raises(UnknownYearError, match="cannot read"):
+        parse_years("twenty")
+
+
+def test_parse_years_forms() -> None:
+    assert parse_years("all") == list(CALENDAR)
+    assert parse_years("2000,2005,2010-2012") == [2000, 2005, 2010, 2011, 2012]
