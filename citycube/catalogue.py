@@ -156,9 +156,9 @@ class RenderSpec(BaseModel):
 
     @model_validator(mode="after")
     def _needs(self) -> Self:
-        if self.mode in (RenderMode.GREY, RenderMode.GREY_LOG1P, RenderMode.PALETTE):
-            if self.range is None or self.range[0] >= self.range[1]:
-                raise ValueError(f"render mode {self.mode} needs an increasing fixed range")
+        ranged = (RenderMode.GREY, RenderMode.GREY_LOG1P, RenderMode.PALETTE)
+        if self.mode in ranged and (self.range is None or self.range[0] >= self.range[1]):
+            raise ValueError(f"render mode {self.mode} needs an increasing fixed range")
         if self.mode == RenderMode.CATEGORICAL and not self.legend:
             raise ValueError("categorical rendering needs a legend")
         return self

@@ -103,7 +103,9 @@ class TileGrid:
             raise IndexError(f"{self.city} {self.scale} has no tile r{row} c{col}")
         x0 = self.x_min + col * self.tile_size
         y1 = self.y_max - row * self.tile_size
-        return Tile(self.city, self.scale, row, col, (x0, y1 - self.tile_size, x0 + self.tile_size, y1))
+        return Tile(
+            self.city, self.scale, row, col, (x0, y1 - self.tile_size, x0 + self.tile_size, y1)
+        )
 
     def tiles(self) -> Iterator[Tile]:
         """All tiles, row-major from the north-west corner."""

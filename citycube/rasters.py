@@ -6,6 +6,7 @@ before any reprojection, so a failed read can never look like nodata.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,15 +81,20 @@ def open_raster(path: str | Path) -> rasterio.DatasetReader:
     if not path.exists():
         raise SourceReadError(f"source file {path} does not exist; re-run its source asset")
     try:
-        ds = rasterio.open(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+            ds = rasterio.open(path)
     except rasterio.errors.RasterioIOError as exc:
         raise SourceReadError(
             f"cannot open {path} as a raster ({exc}); the file is corrupt or truncated: "
             "delete it and re-run its source asset"
         ) from exc
-    if ds.crs is None:
+    if ds.crs is None or ds.transform.is_identity:
         ds.close()
-        raise SourceReadError(f"{path} has no CRS; the source must declare its native CRS")
+        raise SourceReadError(
+            f"{path} has no CRS or geotransform: the file is corrupt or truncated, or is not a "
+            "georeferenced product file; delete it and re-run its source asset"
+        )
     return ds
 
 

@@ -5,13 +5,36 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from citycube.catalogue import Aggregation, Kind, Temporal, catalogue_text, load_catalogue, parse_catalogue
+from citycube.catalogue import (
+    Aggregation,
+    Kind,
+    Temporal,
+    catalogue_text,
+    load_catalogue,
+    parse_catalogue,
+)
 from citycube.cities import parse_cities
 from citycube.errors import SpecError, UnknownModalityError
 
 EXPECTED = {
-    "BV", "RD", "LC", "LU", "HF", "POI", "ELEC", "NTL", "CO2", "GPS", "POP", "PROP",
-    "OPT", "DEM", "NDVI", "WTH", "HEAT", "AQ",
+    "BV",
+    "RD",
+    "LC",
+    "LU",
+    "HF",
+    "POI",
+    "ELEC",
+    "NTL",
+    "CO2",
+    "GPS",
+    "POP",
+    "PROP",
+    "OPT",
+    "DEM",
+    "NDVI",
+    "WTH",
+    "HEAT",
+    "AQ",
 }
 
 
@@ -37,8 +60,12 @@ def test_enabled_modalities_cover_every_rule_class() -> None:
     enabled = cat.enabled()
     assert {m.kind for m in enabled} == set(Kind)
     assert {Temporal.ANNUAL, Temporal.EPOCH, Temporal.STATIC} <= {m.temporal for m in enabled}
-    assert {Aggregation.AREA_MEAN, Aggregation.SUM_PER_NOMINAL_AREA, Aggregation.PIXEL_MODE,
-            Aggregation.PIXEL_MEAN} <= {m.aggregation for m in enabled}
+    assert {
+        Aggregation.AREA_MEAN,
+        Aggregation.SUM_PER_NOMINAL_AREA,
+        Aggregation.PIXEL_MODE,
+        Aggregation.PIXEL_MEAN,
+    } <= {m.aggregation for m in enabled}
     assert cat.get("POP").validity.min_valid_fraction == 0.5
     assert cat.get("OPT").validity.min_valid_fraction == 0.98
 
@@ -53,9 +80,21 @@ def test_lc_zero_is_a_valid_id() -> None:
     ("code", "change", "message"),
     [
         ("LC", {"aggregation": "pixel_mean"}, "never averaged"),
-        ("LC", {"chip": {"resolution_m": 25, "resampling": "average", "dtype": "uint8"}}, "mode or nearest"),
-        ("OPT", {"chip": {"resolution_m": 30, "resampling": "average", "dtype": "uint8"}}, "does not divide 1000"),
-        ("POP", {"chip": {"resolution_m": 25, "resampling": "average", "dtype": "float32"}}, "no chips"),
+        (
+            "LC",
+            {"chip": {"resolution_m": 25, "resampling": "average", "dtype": "uint8"}},
+            "mode or nearest",
+        ),
+        (
+            "OPT",
+            {"chip": {"resolution_m": 30, "resampling": "average", "dtype": "uint8"}},
+            "does not divide 1000",
+        ),
+        (
+            "POP",
+            {"chip": {"resolution_m": 25, "resampling": "average", "dtype": "float32"}},
+            "no chips",
+        ),
         ("POP", {"temporal": "yearly"}, "temporal"),
         ("POP", {"validity": {"min_valid_fraction": 1.5}}, "min_valid_fraction"),
         ("POP", {"surprise": 1}, "Extra inputs"),

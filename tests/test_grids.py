@@ -88,7 +88,7 @@ def test_tiles_are_whole_windows_of_pixel_grid(resolution: int) -> None:
         for t in city_grid("Amsterdam", scale).tiles():
             row, col, h, w = grid.window(t)
             assert h == w == int(city_grid("Amsterdam", scale).tile_size / resolution)
-            assert 0 <= row and row + h <= grid.height and 0 <= col and col + w <= grid.width
+            assert row >= 0 and row + h <= grid.height and col >= 0 and col + w <= grid.width
             x0 = grid.x_min + col * resolution
             assert x0 == t.bounds[0]
 

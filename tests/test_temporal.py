@@ -22,7 +22,10 @@ def test_annual_uses_own_year_only() -> None:
     assert missing.source_year is None and missing.missing_reason == "source_year_missing"
 
 
-@pytest.mark.parametrize(("year", "epoch"), [(2000, 2000), (2004, 2000), (2005, 2005), (2019, 2015), (2024, 2020), (2025, 2025)])
+@pytest.mark.parametrize(
+    ("year", "epoch"),
+    [(2000, 2000), (2004, 2000), (2005, 2005), (2019, 2015), (2024, 2020), (2025, 2025)],
+)
 def test_epoch_first_year_serves_whole_epoch(year: int, epoch: int) -> None:
     assert epoch_of(year) == epoch
     r = resolve(Temporal.EPOCH, year, EPOCHS)

@@ -1,0 +1,519 @@
+"""Exact, area-weighted aggregation of a source raster onto a city tile grid.
+
+Every numeric modality (population density, radiance, emissions, weather, air quality...) is
+reduced to tiles here, so the rules of §3 of the spec live in one place: only valid cells
+count, each cell contributes by the exact share of its area inside the tile, and a tile's
+valid support is reported so the caller can decide availability.
+
+Two paths give the same definitions at very different costs:
+
+* **Same CRS as the tiles** (north-up): tiles are axis-aligned boxes on the source's pixel
+  grid, so coverage weights separate into one interval-overlap vector per tile row (along
+  source rows) and one per tile column (along source columns). Tile sums are then
+  ``Wr.T @ A @ Wc`` with sparse ``Wr`` and ``Wc``: exact, even when 2 km is not a whole
+  number of pixels, and close to one pass over memory.
+* **Any other CRS**: the tiles are densified, reprojected into the source CRS and passed to
+  exactextract once per (source grid, tile grid) pair; the resulting coverage weights are
+  kept as a sparse matrix (cached on disk) so every later year or band is a sparse mat-vec.
+
+Both paths stream blocks of tile rows and read only the source window a block needs, so
+peak memory follows the block, not the city.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from exactextract import exact_extract
+from exactextract.raster import NumPyRasterSource
+from pyproj import CRS, Geod, Transformer
+from rasterio.windows import Window
+from scipy import sparse
+
+from citycube.errors import SourceReadError
+from citycube.grids import TileGrid
+from citycube.rasters import MaskedSource, RasterGrid
+
+__all__ = [
+    "BLOCK_HEIGHT_M",
+    "DENSIFY_STEP_M",
+    "TileStats",
+    "aggregate_tiles",
+    "default_tile_rows_per_block",
+]
+
+BLOCK_HEIGHT_M = 10_000
+"""Default height of a block of tile rows: bounds the source window held in memory."""
+
+DENSIFY_STEP_M = 50.0
+"""Vertex spacing of tile outlines before reprojection, so curved edges stay exact enough."""
+
+GEOGRAPHIC_FRACTION_TOL = 1e-7
+"""Bound on the error of one cell's weight (relative to its area) in a geographic source.
+
+exactextract measures coverage in the plane of degrees, but a cell's area is denser towards
+the equator; rows are split into sub-rows until this tolerance is met (see
+``_geographic_subrows``).
+"""
+
+_MAX_SUBROWS = 64
+_CACHE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TileStats:
+    """Per-tile aggregates of one source over one TileGrid.
+
+    Arrays follow the grid's row-major tile order (``TileGrid.tile_ids``).
+    """
+
+    valid_fraction: np.ndarray
+    """(n_tiles,) share of the tile's area with valid source support, 0..1."""
+    covered_fraction: np.ndarray
+    """(n_tiles,) share of the tile's area inside the source raster extent (valid or not), 0..1."""
+    mean: np.ndarray
+    """(n_bands, n_tiles) area-weighted mean over valid support; NaN where there is none."""
+    total: np.ndarray
+    """(n_bands, n_tiles) Σ over valid cells of value × (share of the cell's area in the tile).
+
+    For "cell total" products (tonnes per cell, persons per cell) this apportions totals
+    exactly. NaN where the tile has no valid support, so a missing tile never reads as zero.
+    """
+
+
+@dataclass
+class _Sums:
+    """Running per-tile area sums, filled block by block."""
+
+    tile_area: np.ndarray
+    covered_area: np.ndarray
+    valid_area: np.ndarray
+    weighted_sum: np.ndarray
+    total: np.ndarray
+
+    @classmethod
+    def zeros(cls, n_bands: int, n_tiles: int) -> _Sums:
+        return cls(
+            tile_area=np.zeros(n_tiles),
+            covered_area=np.zeros(n_tiles),
+            valid_area=np.zeros(n_tiles),
+            weighted_sum=np.zeros((n_bands, n_tiles)),
+            total=np.zeros((n_bands, n_tiles)),
+        )
+
+    def finish(self) -> TileStats:
+        has_support = self.valid_area > 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(has_support, self.weighted_sum / self.valid_area, np.nan)
+            valid_fraction = self.valid_area / self.tile_area
+            covered_fraction = self.covered_area / self.tile_area
+        return TileStats(
+            # Rounding can push a fully covered tile a few ulps above 1.
+            valid_fraction=np.clip(valid_fraction, 0.0, 1.0),
+            covered_fraction=np.clip(covered_fraction, 0.0, 1.0),
+            mean=mean,
+            total=np.where(has_support, self.total, np.nan),
+        )
+
+
+def default_tile_rows_per_block(grid: TileGrid) -> int:
+    """Tile rows per block so that a block is about ``BLOCK_HEIGHT_M`` tall."""
+    return max(1, round(BLOCK_HEIGHT_M / grid.tile_size))
+
+
+def aggregate_tiles(
+    source: MaskedSource,
+    grid: TileGrid,
+    *,
+    cache_dir: Path | None = None,
+    tile_rows_per_block: int | None = None,
+) -> TileStats:
+    """Aggregate every band of ``source`` onto the tiles of ``grid``, exactly and by area.
+
+    Args:
+        source: The source on its native grid; its reader decides cell validity.
+        grid: The city tile grid.
+        cache_dir: Where coverage weights of a reprojected source are kept, so later years
+            and bands of the same source grid skip exactextract. Unused for same-CRS sources,
+            whose weights are cheaper to rebuild than to load.
+        tile_rows_per_block: Tile rows processed together; defaults to ~10 km of rows.
+    """
+    _check_north_up(source.grid)
+    rows_per_block = (
+        default_tile_rows_per_block(grid) if tile_rows_per_block is None else tile_rows_per_block
+    )
+    if rows_per_block < 1:
+        raise ValueError(f"tile_rows_per_block must be ≥ 1, got {rows_per_block}")
+    sums = _Sums.zeros(len(source.band_names), grid.n_tiles)
+    if _is_grid_crs(source.grid.crs, grid.epsg):
+        _aggregate_separable(source, grid, rows_per_block, sums)
+    else:
+        _aggregate_reprojected(source, grid, rows_per_block, cache_dir, sums)
+    return sums.finish()
+
+
+def _row_blocks(grid: TileGrid, rows_per_block: int) -> Iterator[tuple[int, int]]:
+    for first in range(0, grid.n_rows, rows_per_block):
+        yield first, min(first + rows_per_block, grid.n_rows)
+
+
+def _check_north_up(raster: RasterGrid) -> None:
+    t = raster.transform
+    if t.b != 0 or t.d != 0 or t.a <= 0 or t.e >= 0:
+        raise SourceReadError(
+            f"source grid {raster.key()} is rotated or not north-up; warp it to a north-up "
+            "grid in its native CRS before aggregation"
+        )
+
+
+def _is_grid_crs(crs: CRS, epsg: int) -> bool:
+    return crs.to_epsg() == epsg or crs == CRS.from_epsg(epsg)
+
+
+def _read_masked(source: MaskedSource, window: Window) -> tuple[np.ndarray, np.ndarray]:
+    """Values as float64 with invalid cells set to 0 (so NaN cannot leak), and the mask.
+
+    A cell with a non-finite value in any band is invalid whatever the reader said (§3).
+    """
+    values, valid = source.read(window)
+    values = np.asarray(values, dtype=np.float64)
+    expected = (len(source.band_names), int(window.height), int(window.width))
+    if values.shape != expected or valid.shape != expected[1:]:
+        raise SourceReadError(
+            f"reader of {source.grid.key()} returned values {values.shape} and mask "
+            f"{valid.shape} for a window of {expected}; it must return (bands, rows, cols)"
+        )
+    valid = np.asarray(valid, dtype=bool) & np.isfinite(values).all(axis=0)
+    return np.where(valid, values, 0.0), valid
+
+
+# --- same CRS: separable interval overlaps --------------------------------------------------
+
+
+def _interval_overlaps(
+    offset: float, tile_size: float, n_tiles: int, cell_size: float, n_cells: int
+) -> tuple[int, int, sparse.csc_array]:
+    """Share of each source cell's length inside each tile, along one axis.
+
+    Positions are measured from the source's first cell edge; tile ``k`` spans
+    ``offset + k*tile_size`` to ``offset + (k+1)*tile_size``. Returns the first and
+    one-past-last source cells any tile touches (clipped to the raster) and a sparse
+    (cells in that range × tiles) matrix of fractions of the cell length.
+    """
+    cells: list[np.ndarray] = []
+    tiles: list[np.ndarray] = []
+    shares: list[np.ndarray] = []
+    for k in range(n_tiles):
+        lo = offset + k * tile_size
+        hi = lo + tile_size
+        # One cell of slack on each side; rounding cannot then drop a cell, and empty
+        # overlaps are filtered below.
+        start = max(math.floor(lo / cell_size) - 1, 0)
+        stop = min(math.ceil(hi / cell_size) + 1, n_cells)
+        index = np.arange(start, stop)
+        length = np.minimum((index + 1) * cell_size, hi) - np.maximum(index * cell_size, lo)
+        keep = length > 0
+        cells.append(index[keep])
+        tiles.append(np.full(int(keep.sum()), k))
+        shares.append(length[keep] / cell_size)
+    cell_index = np.concatenate(cells)
+    if cell_index.size == 0:
+        return 0, 0, sparse.csc_array((0, n_tiles))
+    first, last = int(cell_index.min()), int(cell_index.max()) + 1
+    matrix = sparse.csc_array(
+        (np.concatenate(shares), (cell_index - first, np.concatenate(tiles))),
+        shape=(last - first, n_tiles),
+    )
+    return first, last, matrix
+
+
+def _aggregate_separable(
+    source: MaskedSource, grid: TileGrid, rows_per_block: int, sums: _Sums
+) -> None:
+    """Same-CRS path: tile sums are ``Wr.T @ A @ Wc`` on each block's source window."""
+    t = source.grid.transform
+    cell_w, cell_h = t.a, -t.e
+    cell_area = cell_w * cell_h
+    col_first, col_last, w_cols = _interval_overlaps(
+        grid.x_min - t.c, grid.tile_size, grid.n_cols, cell_w, source.grid.width
+    )
+    w_cols_t = w_cols.T.tocsr()
+    col_cover = np.asarray(w_cols.sum(axis=0)) * cell_w
+    for row0, row1 in _row_blocks(grid, rows_per_block):
+        tiles = slice(row0 * grid.n_cols, row1 * grid.n_cols)
+        n_rows = row1 - row0
+        sums.tile_area[tiles] = float(grid.tile_size) ** 2
+        # Source rows are counted downwards from the top edge, like tile rows.
+        row_first, row_last, w_rows = _interval_overlaps(
+            t.f - grid.y_max + row0 * grid.tile_size,
+            grid.tile_size,
+            n_rows,
+            cell_h,
+            source.grid.height,
+        )
+        row_cover = np.asarray(w_rows.sum(axis=0)) * cell_h
+        sums.covered_area[tiles] = np.outer(row_cover, col_cover).ravel()
+        if row_last == row_first or col_last == col_first:
+            continue
+        window = Window(col_first, row_first, col_last - col_first, row_last - row_first)
+        values, valid = _read_masked(source, window)
+        w_rows_t = w_rows.T.tocsr()
+
+        def tile_sums(cells: np.ndarray, w_rows_t: sparse.csr_array = w_rows_t) -> np.ndarray:
+            # (tile rows × source rows) @ (source rows × source cols), then on to tile cols.
+            by_tile_row = w_rows_t @ cells
+            return (w_cols_t @ by_tile_row.T).T.ravel()
+
+        sums.valid_area[tiles] = cell_area * tile_sums(valid.astype(np.float64))
+        for band, band_values in enumerate(values):
+            band_total = tile_sums(band_values)
+            sums.total[band, tiles] = band_total
+            sums.weighted_sum[band, tiles] = cell_area * band_total
+
+
+# --- other CRS: exactextract coverage, cached as a sparse matrix ----------------------------
+
+
+@dataclass(frozen=True)
+class _Coverage:
+    """Coverage weights of one block of tiles over its source window."""
+
+    window: tuple[int, int, int, int]
+    """(row_off, col_off, height, width) of the window in the source grid."""
+    weights: sparse.csr_array
+    """(block tiles × window cells, row-major) area of each cell inside each tile."""
+    tile_area: np.ndarray
+    """(block tiles,) area of each tile, measured like the cells."""
+    row_cell_area: np.ndarray
+    """(window rows,) area of one cell in each window row."""
+
+    def save(self, path: Path) -> None:
+        """Write atomically, so a concurrent or interrupted run never sees half a file."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+        os.close(handle)
+        try:
+            with open(tmp, "wb") as out:
+                np.savez_compressed(
+                    out,
+                    format=np.array(_CACHE_FORMAT),
+                    window=np.array(self.window, dtype=np.int64),
+                    data=self.weights.data,
+                    indices=self.weights.indices,
+                    indptr=self.weights.indptr,
+                    shape=np.array(self.weights.shape, dtype=np.int64),
+                    tile_area=self.tile_area,
+                    row_cell_area=self.row_cell_area,
+                )
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    @classmethod
+    def load(cls, path: Path) -> _Coverage | None:
+        """The cached weights, or None when the file is missing, stale or unreadable."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                if int(z["format"]) != _CACHE_FORMAT:
+                    return None
+                shape = tuple(int(n) for n in z["shape"])
+                weights = sparse.csr_array((z["data"], z["indices"], z["indptr"]), shape=shape)
+                row_off, col_off, height, width = (int(n) for n in z["window"])
+                return cls(
+                    (row_off, col_off, height, width), weights, z["tile_area"], z["row_cell_area"]
+                )
+        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):
+            return None
+
+
+def _cache_path(cache_dir: Path, raster: RasterGrid, grid: TileGrid, row0: int, row1: int) -> Path:
+    identity = "|".join(
+        [
+            f"v{_CACHE_FORMAT}",
+            raster.key(),
+            f"EPSG:{grid.epsg}",
+            f"{grid.x_min!r},{grid.y_max!r},{grid.tile_size},{grid.n_rows}x{grid.n_cols}",
+            f"densify={DENSIFY_STEP_M!r}",
+            f"tol={GEOGRAPHIC_FRACTION_TOL!r}",
+        ]
+    )
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:24]
+    return Path(cache_dir) / f"coverage-{digest}" / f"rows{row0:04d}-{row1:04d}.npz"
+
+
+def _aggregate_reprojected(
+    source: MaskedSource,
+    grid: TileGrid,
+    rows_per_block: int,
+    cache_dir: Path | None,
+    sums: _Sums,
+) -> None:
+    """Other-CRS path: sparse coverage weights (cached) applied to each block's window."""
+    to_source = Transformer.from_crs(grid.crs, source.grid.crs, always_xy=True)
+    for row0, row1 in _row_blocks(grid, rows_per_block):
+        coverage = None
+        path = None
+        if cache_dir is not None:
+            path = _cache_path(cache_dir, source.grid, grid, row0, row1)
+            coverage = _Coverage.load(path)
+        if coverage is None:
+            coverage = _block_coverage(source.grid, grid, row0, row1, to_source)
+            if path is not None:
+                coverage.save(path)
+        _apply_coverage(source, coverage, slice(row0 * grid.n_cols, row1 * grid.n_cols), sums)
+
+
+def _apply_coverage(source: MaskedSource, coverage: _Coverage, tiles: slice, sums: _Sums) -> None:
+    weights = coverage.weights
+    sums.tile_area[tiles] = coverage.tile_area
+    sums.covered_area[tiles] = np.asarray(weights.sum(axis=1)).ravel()
+    row_off, col_off, height, width = coverage.window
+    if weights.nnz == 0:
+        return
+    values, valid = _read_masked(source, Window(col_off, row_off, width, height))
+    per_cell = values.reshape(len(values), -1).T
+    # Total uses the share of each cell in the tile, i.e. area weight ÷ cell area.
+    per_cell_share = (values / coverage.row_cell_area[None, :, None]).reshape(len(values), -1).T
+    sums.valid_area[tiles] = weights @ valid.ravel().astype(np.float64)
+    sums.weighted_sum[:, tiles] = (weights @ per_cell).T
+    sums.total[:, tiles] = (weights @ per_cell_share).T
+
+
+def _tile_rings(grid: TileGrid, row0: int, row1: int) -> np.ndarray:
+    """(tiles, vertices, 2) closed, densified outlines of the tiles of rows row0..row1."""
+    per_edge = max(1, math.ceil(grid.tile_size / DENSIFY_STEP_M))
+    steps = np.arange(per_edge) / per_edge * grid.tile_size
+    size = float(grid.tile_size)
+    # Counter-clockwise from the south-west corner, relative to it.
+    dx = np.concatenate([steps, np.full(per_edge, size), size - steps, np.zeros(per_edge), [0]])
+    dy = np.concatenate([np.zeros(per_edge), steps, np.full(per_edge, size), size - steps, [0]])
+    rows, cols = np.divmod(np.arange(row0 * grid.n_cols, row1 * grid.n_cols), grid.n_cols)
+    x0 = grid.x_min + cols * size
+    y0 = grid.y_max - (rows + 1) * size
+    return np.stack([x0[:, None] + dx[None, :], y0[:, None] + dy[None, :]], axis=-1)
+
+
+def _shoelace(rings: np.ndarray) -> np.ndarray:
+    x, y = rings[..., 0], rings[..., 1]
+    return 0.5 * np.abs(np.sum(x[:, :-1] * y[:, 1:] - x[:, 1:] * y[:, :-1], axis=1))
+
+
+def _authalic_q(lat_deg: np.ndarray, e2: float) -> np.ndarray:
+    """q(φ) of the authalic latitude: the area of a band is a²/2 · Δλ · Δq."""
+    s = np.sin(np.radians(lat_deg))
+    if e2 == 0:
+        return 2 * s
+    e = math.sqrt(e2)
+    return (1 - e2) * (s / (1 - e2 * s * s) - np.log((1 - e * s) / (1 + e * s)) / (2 * e))
+
+
+def _band_cell_areas(lat_edges: np.ndarray, dlon_deg: float, crs: CRS) -> np.ndarray:
+    """Exact ellipsoidal area of a lon/lat cell between consecutive latitude edges."""
+    a = crs.ellipsoid.semi_major_metre
+    b = crs.ellipsoid.semi_minor_metre
+    q = _authalic_q(lat_edges, 1 - (b / a) ** 2)
+    return 0.5 * a * a * math.radians(dlon_deg) * np.abs(np.diff(q))
+
+
+def _geographic_subrows(lat_top: float, lat_bottom: float, cell_h_deg: float, e2: float) -> int:
+    """Sub-rows per source row so the in-cell area gradient stays within tolerance.
+
+    Area density along latitude changes by g = Δφ·|d ln ρ/dφ| across a row; a cut at share f
+    of it is then off by g·f(1-f)/2 ≤ g/8 of the row's area. Splitting into k sub-rows bounds
+    the error of a cell by g/(8k²).
+    """
+    lat = np.radians(np.clip([lat_top, lat_bottom], -89.9, 89.9))
+    s, c = np.sin(lat), np.cos(lat)
+    slope = np.max(np.abs(-s / c + 4 * e2 * s * c / (1 - e2 * s * s)))
+    gradient = math.radians(cell_h_deg) * float(slope)
+    k = math.ceil(math.sqrt(gradient / (8 * GEOGRAPHIC_FRACTION_TOL)))
+    return int(min(max(k, 1), _MAX_SUBROWS))
+
+
+def _block_coverage(
+    raster: RasterGrid, grid: TileGrid, row0: int, row1: int, to_source: Transformer
+) -> _Coverage:
+    """Exact coverage of each tile of rows row0..row1 over the source cells, via exactextract."""
+    rings_utm = _tile_rings(grid, row0, row1)
+    xs, ys = to_source.transform(rings_utm[..., 0], rings_utm[..., 1])
+    rings = np.stack([np.asarray(xs), np.asarray(ys)], axis=-1)
+    if not np.isfinite(rings).all():
+        raise SourceReadError(
+            f"tiles of {grid.city} rows {row0}-{row1} cannot be projected into "
+            f"{raster.crs.to_string()}; the source does not cover this city"
+        )
+    geographic = raster.crs.is_geographic
+    if geographic:
+        ellipsoid = raster.crs.ellipsoid
+        geod = Geod(a=ellipsoid.semi_major_metre, b=ellipsoid.semi_minor_metre)
+        tile_area = np.array(
+            [abs(geod.polygon_area_perimeter(r[:-1, 0], r[:-1, 1])[0]) for r in rings]
+        )
+    else:
+        tile_area = _shoelace(rings)
+
+    t = raster.transform
+    cell_w, cell_h = t.a, -t.e
+    col_off = max(math.floor((rings[..., 0].min() - t.c) / cell_w), 0)
+    col_end = min(math.ceil((rings[..., 0].max() - t.c) / cell_w), raster.width)
+    row_off = max(math.floor((t.f - rings[..., 1].max()) / cell_h), 0)
+    row_end = min(math.ceil((t.f - rings[..., 1].min()) / cell_h), raster.height)
+    n_tiles = len(rings)
+    if col_end <= col_off or row_end <= row_off:
+        empty = sparse.csr_array((n_tiles, 0))
+        return _Coverage((0, 0, 0, 0), empty, tile_area, np.zeros(0))
+    width, height = col_end - col_off, row_end - row_off
+    top = t.f - row_off * cell_h
+    left = t.c + col_off * cell_w
+
+    if geographic:
+        e2 = 1 - (ellipsoid.semi_minor_metre / ellipsoid.semi_major_metre) ** 2
+        subrows = _geographic_subrows(top, top - height * cell_h, cell_h, e2)
+        edges = top - np.arange(height * subrows + 1) * (cell_h / subrows)
+        subrow_area = _band_cell_areas(edges, cell_w, raster.crs)
+        row_cell_area = subrow_area.reshape(height, subrows).sum(axis=1)
+    else:
+        subrows = 1
+        subrow_area = np.full(height, cell_w * cell_h)
+        row_cell_area = subrow_area
+
+    # exactextract only needs the grid: a zero-stride array stands in for the values.
+    grid_source = NumPyRasterSource(
+        np.broadcast_to(np.float32(0), (height * subrows, width)),
+        left,
+        top - height * cell_h,
+        left + width * cell_w,
+        top,
+    )
+    features = [
+        {
+            "type": "Feature",
+            "properties": {},
+            "geometry": {"type": "Polygon", "coordinates": [ring.tolist()]},
+        }
+        for ring in rings
+    ]
+    results = exact_extract(grid_source, features, ["cell_id", "coverage"])
+    tile_index, cell_index, area = [], [], []
+    for k, feature in enumerate(results):
+        ids = np.asarray(feature["properties"]["cell_id"], dtype=np.int64)
+        share = np.asarray(feature["properties"]["coverage"], dtype=np.float64)
+        subrow, col = np.divmod(ids, width)
+        tile_index.append(np.full(ids.size, k))
+        cell_index.append((subrow // subrows) * width + col)
+        area.append(share * subrow_area[subrow])
+    weights = sparse.coo_array(
+        (np.concatenate(area), (np.concatenate(tile_index), np.concatenate(cell_index))),
+        shape=(n_tiles, height * width),
+    ).tocsr()
+    weights.sum_duplicates()
+    return _Coverage((row_off, col_off, height, width), weights, tile_area, row_cell_area)

@@ -1,0 +1,652 @@
+"""Image chips: warp a source once per city-year onto the city's pixel grid and store it as Zarr.
+
+Image modalities (optical RGB, elevation, land cover, ...) are warped once per city-year onto the
+city's tile-aligned :class:`~citycube.grids.PixelGrid`; every 2 km and 5 km tile is then a plain
+window of that grid, so tiles are sliced, never warped one by one (SPEC §9 "Chips").
+
+Work proceeds by row bands on the 10 km lattice. Both tile grids have their edges on that
+lattice, so every tile lies inside exactly one band, and peak memory follows the band rather
+than the city (SPEC §9 "Memory").
+
+Validity (SPEC §3) is decided on the source's native grid by :class:`MaskedSource`; the warp
+carries it across as the valid fraction of each destination pixel's source support. A
+destination pixel is valid when at least half of its support is valid (``MIN_VALID_FRACTION``).
+The fraction is computed by warping the validity mask itself with area-weighted averaging
+rather than through GDAL's ``NODATA_VALUES_PCT_THRESHOLD`` warp option: in GDAL 3.10 that
+option treats exactly half-valid support as nodata and is ignored by mode resampling, so it
+cannot state the rule for categorical sources (see ``tests/test_chips.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import rioxarray  # noqa: F401  (registers the ``.rio`` accessor)
+import xarray as xr
+import zarr
+from affine import Affine
+from rasterio.crs import CRS as RioCRS
+from rasterio.warp import Resampling, reproject, transform_bounds
+from rasterio.windows import Window
+from zarr.codecs import ZstdCodec
+
+from citycube.cities import PARENT_SIZE_M
+from citycube.errors import CubeWriteError
+from citycube.grids import PixelGrid, Tile
+from citycube.rasters import MaskedSource
+
+__all__ = [
+    "MIN_VALID_FRACTION",
+    "ChipStoreWriter",
+    "TilePixelSummary",
+    "open_chips",
+    "read_tile_chip",
+    "row_bands",
+    "tile_pixel_summaries",
+    "tile_window",
+    "warp_rows",
+]
+
+MIN_VALID_FRACTION = 0.5
+"""A destination pixel is valid when at least this share of its source support is valid."""
+
+SOURCE_MARGIN_PX = 3
+"""Source pixels added around the destination footprint so edge pixels see their full support."""
+
+_FRACTION_TOLERANCE = 1e-6
+"""Float slack so a support that is exactly half valid is not lost to rounding."""
+
+_ZARR_COMPRESSOR = ZstdCodec(level=3)
+
+
+# --------------------------------------------------------------------------------------------
+# Row bands
+
+
+def row_bands(pixel_grid: PixelGrid, band_height_m: float = PARENT_SIZE_M) -> list[tuple[int, int]]:
+    """(row_start, row_stop) pixel-row ranges, lattice-aligned, covering the grid.
+
+    Band edges sit on multiples of ``band_height_m`` in northing, so with the default 10 km
+    every tile of both grids falls inside exactly one band and chunk writes never overlap.
+    A grid whose north edge is off the lattice gets a shorter first band.
+    """
+    rows_per_band = _whole(band_height_m / pixel_grid.resolution, "band height / resolution")
+    offset_m = pixel_grid.y_max % band_height_m
+    first = _whole(offset_m / pixel_grid.resolution, "north edge offset / resolution")
+    first %= rows_per_band
+    edges = [0]
+    next_edge = first or rows_per_band
+    while next_edge < pixel_grid.height:
+        edges.append(next_edge)
+        next_edge += rows_per_band
+    edges.append(pixel_grid.height)
+    return list(itertools.pairwise(edges))
+
+
+def _whole(value: float, what: str) -> int:
+    """``value`` as an int, insisting it is whole (a grid that does not nest is a spec error)."""
+    rounded = round(value)
+    if not math.isclose(value, rounded, rel_tol=0, abs_tol=1e-6):
+        raise ValueError(
+            f"{what} = {value} is not a whole number of pixels; pick a resolution "
+            "that divides the 10 km lattice"
+        )
+    return int(rounded)
+
+
+# --------------------------------------------------------------------------------------------
+# Warping
+
+
+def warp_rows(
+    source: MaskedSource,
+    pixel_grid: PixelGrid,
+    row_start: int,
+    row_stop: int,
+    *,
+    categorical: bool,
+    num_threads: int = 1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Warp the source onto rows [row_start,row_stop): (values[bands,h,W], valid[h,W]).
+
+    Continuous data is averaged with area weights over valid source pixels only (float32, or
+    float64 for wide source types); categorical data takes the most frequent valid id (mode),
+    so ids are never averaged or invented. Values where ``valid`` is False are NaN
+    (continuous) or an arbitrary sentinel (categorical) and must not be used.
+    """
+    if not 0 <= row_start < row_stop <= pixel_grid.height:
+        raise ValueError(
+            f"rows [{row_start}, {row_stop}) are outside the {pixel_grid.height}-row pixel grid"
+        )
+    height, width = row_stop - row_start, pixel_grid.width
+    dst_transform = pixel_grid.transform @ Affine.translation(0, row_start)
+    dst_crs = RioCRS.from_user_input(pixel_grid.crs)
+    n_bands = len(source.band_names)
+
+    window = _source_window(source, dst_transform, width, height, dst_crs)
+    clipped = _clip_window(window, source.grid.width, source.grid.height)
+    if clipped is None:
+        return _empty_output(n_bands, height, width, categorical)
+
+    raw_values, raw_valid = source.read(clipped)
+    if raw_values.shape[0] != n_bands:
+        raise ValueError(
+            f"the source read returned {raw_values.shape[0]} bands but declares {n_bands}"
+        )
+    values, valid = _pad_to_window(raw_values, raw_valid, clipped, window)
+    src_transform = source.grid.transform @ Affine.translation(window.col_off, window.row_off)
+    src_crs = RioCRS.from_user_input(source.grid.crs.to_wkt())
+    geometry: dict[str, Any] = {
+        "src_transform": src_transform,
+        "src_crs": src_crs,
+        "dst_transform": dst_transform,
+        "dst_crs": dst_crs,
+        "num_threads": num_threads,
+    }
+
+    fraction = np.zeros((height, width), dtype=np.float32)
+    reproject(
+        valid.astype(np.float32),
+        fraction,
+        resampling=Resampling.average,
+        **geometry,
+    )
+    supported = fraction >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE
+
+    if categorical:
+        ids, sentinel = _with_sentinel(values, valid)
+        out = np.full((n_bands, height, width), sentinel, dtype=ids.dtype)
+        reproject(
+            ids,
+            out,
+            src_nodata=sentinel,
+            dst_nodata=sentinel,
+            resampling=Resampling.mode,
+            **geometry,
+        )
+        out_valid = supported & np.all(out != sentinel, axis=0)
+    else:
+        work = _float_type(values.dtype)
+        floats = values.astype(work, copy=True)
+        floats[:, ~valid] = np.nan
+        out = np.full((n_bands, height, width), np.nan, dtype=work)
+        reproject(
+            floats,
+            out,
+            src_nodata=np.nan,
+            dst_nodata=np.nan,
+            resampling=Resampling.average,
+            **geometry,
+        )
+        out_valid = supported & np.all(np.isfinite(out), axis=0)
+        out[:, ~out_valid] = np.nan
+    return out, out_valid
+
+
+def _source_window(
+    source: MaskedSource, dst_transform: Affine, width: int, height: int, dst_crs: RioCRS
+) -> Window:
+    """The (unclipped) whole-pixel source window covering the destination rows plus a margin."""
+    left, top = dst_transform @ (0, 0)
+    right, bottom = dst_transform @ (width, height)
+    src_crs = RioCRS.from_user_input(source.grid.crs.to_wkt())
+    if src_crs != dst_crs:
+        left, bottom, right, top = transform_bounds(
+            dst_crs, src_crs, left, bottom, right, top, densify_pts=21
+        )
+    inverse = ~source.grid.transform
+    cols, rows = zip(*(inverse @ xy for xy in ((left, top), (right, bottom))), strict=True)
+    col0 = math.floor(min(cols)) - SOURCE_MARGIN_PX
+    row0 = math.floor(min(rows)) - SOURCE_MARGIN_PX
+    col1 = math.ceil(max(cols)) + SOURCE_MARGIN_PX
+    row1 = math.ceil(max(rows)) + SOURCE_MARGIN_PX
+    return Window(col0, row0, col1 - col0, row1 - row0)
+
+
+def _clip_window(window: Window, width: int, height: int) -> Window | None:
+    """The part of ``window`` inside the raster, or None when they do not meet."""
+    col0, row0 = max(int(window.col_off), 0), max(int(window.row_off), 0)
+    col1 = min(int(window.col_off + window.width), width)
+    row1 = min(int(window.row_off + window.height), height)
+    if col1 <= col0 or row1 <= row0:
+        return None
+    return Window(col0, row0, col1 - col0, row1 - row0)
+
+
+def _pad_to_window(
+    values: np.ndarray, valid: np.ndarray, clipped: Window, window: Window
+) -> tuple[np.ndarray, np.ndarray]:
+    """Place a clipped read inside the full window, marking cells beyond the raster invalid.
+
+    Without this, a destination pixel half outside the source would be judged on its inside
+    part alone; outside a source's coverage is unavailable, not absent (SPEC §3).
+    """
+    if (clipped.col_off, clipped.row_off, clipped.width, clipped.height) == (
+        window.col_off,
+        window.row_off,
+        window.width,
+        window.height,
+    ):
+        return values, valid.astype(bool, copy=False)
+    r0, c0 = int(clipped.row_off - window.row_off), int(clipped.col_off - window.col_off)
+    h, w = int(clipped.height), int(clipped.width)
+    padded_values = np.zeros((values.shape[0], int(window.height), int(window.width)), values.dtype)
+    padded_valid = np.zeros((int(window.height), int(window.width)), dtype=bool)
+    padded_values[:, r0 : r0 + h, c0 : c0 + w] = values
+    padded_valid[r0 : r0 + h, c0 : c0 + w] = valid
+    return padded_values, padded_valid
+
+
+def _float_type(dtype: np.dtype) -> type[np.floating]:
+    """float32 for types it holds exactly enough (uint8/int16/uint16/float32), else float64."""
+    narrow = (np.uint8, np.int8, np.uint16, np.int16, np.float16, np.float32)
+    return np.float32 if any(np.dtype(dtype) == np.dtype(t) for t in narrow) else np.float64
+
+
+def _with_sentinel(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, int]:
+    """Integer ids with invalid cells set to a nodata sentinel that no valid cell uses."""
+    if not np.issubdtype(values.dtype, np.integer):
+        as_int = np.rint(values[:, valid])
+        if not np.array_equal(as_int, values[:, valid]):
+            raise ValueError("categorical source holds non-integer values; ids must be integers")
+    fits32 = values.dtype.itemsize < 4 or values.dtype == np.int32
+    if not fits32 and valid.any():
+        present = values[:, valid]
+        fits32 = present.min() >= np.iinfo(np.int32).min and present.max() < np.iinfo(np.int32).max
+    work = np.int32 if fits32 else np.int64
+    ids = np.where(valid, values, 0).astype(work)  # invalid cells may hold NaN or junk
+    present_ids = set(np.unique(ids[:, valid]).tolist()) if valid.any() else set()
+    sentinel = int(np.iinfo(work).min)
+    while sentinel in present_ids:
+        sentinel += 1
+    ids[:, ~valid] = sentinel
+    return ids, sentinel
+
+
+def _empty_output(
+    n_bands: int, height: int, width: int, categorical: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """All-invalid output for rows that the source does not reach."""
+    if categorical:
+        values = np.full((n_bands, height, width), np.iinfo(np.int32).min, dtype=np.int32)
+    else:
+        values = np.full((n_bands, height, width), np.nan, dtype=np.float32)
+    return values, np.zeros((height, width), dtype=bool)
+
+
+# --------------------------------------------------------------------------------------------
+# Zarr store
+
+
+class ChipStoreWriter:
+    """Writes one city-year (or static) chip store as Zarr v3, atomically.
+
+    The store is built in a sibling temp directory and swapped in only when every row was
+    written, so readers never see a half-written store and a failed run leaves the previous
+    version in place. Use as a context manager; ``commit`` runs on a clean exit.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        pixel_grid: PixelGrid,
+        band_names: Sequence[str],
+        dtype: Any,
+        fill_value: Any,
+        attrs: Mapping[str, Any],
+    ) -> None:
+        if not band_names:
+            raise ValueError("a chip store needs at least one band name")
+        if len(set(band_names)) != len(band_names):
+            raise ValueError(f"band names must be unique, got {list(band_names)}")
+        self.path = Path(path)
+        self.pixel_grid = pixel_grid
+        self.band_names = tuple(band_names)
+        self.dtype = np.dtype(dtype)
+        self.fill_value = _checked_fill(self.dtype, fill_value)
+        self.attrs = dict(attrs)
+        self.chunk_px = _whole(PARENT_SIZE_M / pixel_grid.resolution, "10 km / resolution")
+        self._tmp_path = self.path.parent / f".{self.path.name}.tmp-{uuid.uuid4().hex}"
+        self._rows_written = np.zeros(pixel_grid.height, dtype=bool)
+        self._started = False
+        self._committed = False
+
+    def __enter__(self) -> ChipStoreWriter:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._write_template()
+        except BaseException:
+            self._discard()
+            raise
+        self._started = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self._discard()
+            return
+        try:
+            if not self._committed:
+                self.commit()
+        finally:
+            self._discard()
+
+    def write_rows(self, row_start: int, values: np.ndarray, valid: np.ndarray) -> None:
+        """Write rows starting at ``row_start``: values[bands,h,W] and valid[h,W].
+
+        Invalid pixels are stored as the fill value; floats going into an integer store are
+        rounded (averaged uint8 RGB stays uint8), while integer ids that do not fit the store
+        type are an error rather than being clipped into another class.
+        """
+        if not self._started:
+            raise RuntimeError("use ChipStoreWriter as a context manager before writing rows")
+        n_bands, width = len(self.band_names), self.pixel_grid.width
+        if values.ndim != 3 or values.shape[0] != n_bands or values.shape[2] != width:
+            raise ValueError(f"values must have shape ({n_bands}, h, {width}), got {values.shape}")
+        height = values.shape[1]
+        if valid.shape != (height, width):
+            raise ValueError(f"valid must have shape ({height}, {width}), got {valid.shape}")
+        if row_start < 0 or row_start + height > self.pixel_grid.height:
+            raise ValueError(
+                f"rows [{row_start}, {row_start + height}) are outside the "
+                f"{self.pixel_grid.height}-row pixel grid"
+            )
+        valid = valid.astype(bool, copy=False)
+        stored = self._to_store_type(values, valid)
+        rows = slice(row_start, row_start + height)
+        region = xr.Dataset(
+            {
+                "data": (("band", "y", "x"), stored),
+                "valid": (("y", "x"), valid.astype(np.uint8)),
+            }
+        )
+        try:
+            region.to_zarr(
+                self._tmp_path,
+                region={"band": slice(0, n_bands), "y": rows, "x": slice(0, width)},
+                zarr_format=3,
+                consolidated=False,
+            )
+        except Exception as exc:
+            raise CubeWriteError(
+                f"writing rows {rows.start}:{rows.stop} of {self.path} failed: {exc}"
+            ) from exc
+        self._rows_written[rows] = True
+
+    def commit(self) -> None:
+        """Swap the finished temp store into ``path``; the old store is removed afterwards.
+
+        A directory cannot be renamed over a non-empty one, so the old store is first moved
+        aside and restored if the swap fails; for that instant ``path`` is absent, never
+        partial. A crash in between can leave a ``.<name>.old-*`` sibling behind.
+        """
+        if self._committed:
+            return
+        if not self._started:
+            raise RuntimeError("nothing to commit: the writer was never entered")
+        missing = np.flatnonzero(~self._rows_written)
+        if missing.size:
+            raise CubeWriteError(
+                f"{self.path}: {missing.size} rows were never written (first {missing[0]}); "
+                "write every row band before committing, or the gap would read as nodata"
+            )
+        self._consolidate()
+        old = None
+        if self.path.exists():
+            old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex}"
+            os.replace(self.path, old)
+        try:
+            os.replace(self._tmp_path, self.path)
+        except OSError as exc:
+            if old is not None:
+                os.replace(old, self.path)
+            raise CubeWriteError(f"could not move the new store into {self.path}: {exc}") from exc
+        self._committed = True
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _consolidate(self) -> None:
+        """One metadata document, so opening a store to cut a tile costs one read, not ten."""
+        with warnings.catch_warnings():
+            # zarr notes that consolidated metadata is not yet in the v3 spec; the per-array
+            # metadata stays complete, so readers that ignore it lose nothing.
+            warnings.filterwarnings("ignore", message="Consolidated metadata is currently not")
+            zarr.consolidate_metadata(str(self._tmp_path), zarr_format=3)
+
+    def _write_template(self) -> None:
+        """Write metadata and coordinates; data chunks are written later, band by band."""
+        grid = self.pixel_grid
+        n_bands, chunk = len(self.band_names), self.chunk_px
+        data = da.full(
+            (n_bands, grid.height, grid.width),
+            self.fill_value,
+            dtype=self.dtype,
+            chunks=(n_bands, chunk, chunk),
+        )
+        valid = da.zeros((grid.height, grid.width), dtype=np.uint8, chunks=(chunk, chunk))
+        template = xr.Dataset(
+            {"data": (("band", "y", "x"), data), "valid": (("y", "x"), valid)},
+            coords={
+                "band": ("band", np.array(self.band_names, dtype=object)),
+                "y": ("y", grid.y_coords()),
+                "x": ("x", grid.x_coords()),
+            },
+            attrs=self._store_attrs(),
+        )
+        template["data"].attrs["nodata"] = self.fill_value
+        template["data"].attrs["long_name"] = list(self.band_names)
+        template["valid"].attrs["description"] = (
+            "1 where at least half of the pixel's source support is valid, else 0"
+        )
+        template = template.rio.write_crs(grid.crs).rio.write_transform(grid.transform)
+        for name in ("data", "valid"):
+            template[name].attrs["grid_mapping"] = "spatial_ref"
+        encoding = {
+            "data": {
+                "chunks": (n_bands, chunk, chunk),
+                "compressors": (_ZARR_COMPRESSOR,),
+                "fill_value": self.fill_value,
+            },
+            "valid": {
+                "chunks": (chunk, chunk),
+                "compressors": (_ZARR_COMPRESSOR,),
+                "fill_value": 0,
+            },
+        }
+        template.to_zarr(
+            self._tmp_path,
+            mode="w-",
+            compute=False,
+            zarr_format=3,
+            consolidated=False,
+            encoding=encoding,
+        )
+
+    def _store_attrs(self) -> dict[str, Any]:
+        """Caller attrs plus the grid facts a reader needs; the grid facts cannot be overridden."""
+        grid = self.pixel_grid
+        facts = {
+            "city": grid.city,
+            "epsg": grid.epsg,
+            "resolution_m": grid.resolution,
+            "chunk_size_m": PARENT_SIZE_M,
+            "band_names": list(self.band_names),
+            "nodata": self.fill_value,
+        }
+        clashes = {k for k in facts if k in self.attrs and self.attrs[k] != facts[k]}
+        if clashes:
+            raise ValueError(f"attrs {sorted(clashes)} contradict the pixel grid or bands")
+        return {**self.attrs, **facts}
+
+    def _to_store_type(self, values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Cast to the store dtype with invalid pixels set to the fill value."""
+        out_is_int = np.issubdtype(self.dtype, np.integer)
+        if out_is_int and np.issubdtype(values.dtype, np.floating):
+            info = np.iinfo(self.dtype)
+            inside = np.clip(np.rint(np.where(valid, values, 0)), info.min, info.max)
+            stored = inside.astype(self.dtype)
+        elif out_is_int:
+            info = np.iinfo(self.dtype)
+            present = values[:, valid]
+            if present.size and (present.min() < info.min or present.max() > info.max):
+                raise CubeWriteError(
+                    f"values {present.min()}..{present.max()} do not fit the store type "
+                    f"{self.dtype}; choose a wider dtype for {self.path.name}"
+                )
+            stored = np.where(valid, values, 0).astype(self.dtype)
+        else:
+            stored = values.astype(self.dtype)
+        stored[:, ~valid] = self.fill_value
+        return stored
+
+    def _discard(self) -> None:
+        """Remove the temp store (after a failure, or whatever is left after a commit)."""
+        shutil.rmtree(self._tmp_path, ignore_errors=True)
+
+
+def _checked_fill(dtype: np.dtype, fill_value: Any) -> int | float:
+    """The fill value as a plain Python number that the store dtype can hold."""
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        if not (isinstance(fill_value, int | np.integer) and info.min <= fill_value <= info.max):
+            raise ValueError(f"fill value {fill_value!r} does not fit {dtype}")
+        return int(fill_value)
+    if np.issubdtype(dtype, np.floating):
+        return float(fill_value)
+    raise ValueError(f"chip stores hold integer or float data, not {dtype}")
+
+
+def open_chips(path: Path) -> xr.Dataset:
+    """Open a chip store lazily (dask-backed) with its CRS and transform decoded."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no chip store at {path}; materialise its chips asset first")
+    return xr.open_zarr(
+        path,
+        zarr_format=3,
+        consolidated=True,
+        decode_coords="all",
+        mask_and_scale=False,
+    )
+
+
+def tile_window(chips: xr.Dataset, pixel_grid: PixelGrid, tile: Tile) -> xr.Dataset:
+    """The tile's window of an open chip store (lazy), after checking the store's grid."""
+    transform = chips.rio.transform()
+    if (
+        not transform.almost_equals(pixel_grid.transform)
+        or (chips.sizes["y"], chips.sizes["x"]) != pixel_grid.shape
+    ):
+        raise ValueError(
+            f"the chip store grid {transform} {dict(chips.sizes)} is not the pixel grid "
+            f"{pixel_grid.transform} {pixel_grid.shape}; rebuild the store for this grid"
+        )
+    row_off, col_off, height, width = pixel_grid.window(tile)
+    return chips.isel(y=slice(row_off, row_off + height), x=slice(col_off, col_off + width))
+
+
+def read_tile_chip(path: Path, pixel_grid: PixelGrid, tile: Tile) -> xr.Dataset:
+    """The tile's window (data + valid), loaded into memory."""
+    with open_chips(path) as chips:
+        return tile_window(chips, pixel_grid, tile).load()
+
+
+# --------------------------------------------------------------------------------------------
+# Per-tile pixel summaries
+
+
+@dataclass(frozen=True)
+class TilePixelSummary:
+    """Valid-pixel counts and a value summary of one tile's chip window."""
+
+    tile_id: str
+    """Tile text id."""
+    valid_pixels: int
+    """Pixels valid after the warp."""
+    total_pixels: int
+    """Pixels in the tile window."""
+    band_means: tuple[float, ...]
+    """Mean of valid pixels per band (continuous); NaN when none is valid; empty if categorical."""
+    mode_class: int | None
+    """Most frequent valid id, ties to the smallest (categorical); None otherwise or if none."""
+    class_counts: tuple[tuple[int, int], ...] | None = None
+    """(id, count) of valid pixels in ascending id order (categorical); None otherwise."""
+
+    @property
+    def valid_fraction(self) -> float:
+        """Share of valid pixels, the quantity the 98 % image rule is checked against."""
+        return self.valid_pixels / self.total_pixels if self.total_pixels else 0.0
+
+
+def tile_pixel_summaries(
+    values: np.ndarray,
+    valid: np.ndarray,
+    row_start: int,
+    pixel_grid: PixelGrid,
+    tiles: Sequence[Tile],
+    *,
+    categorical: bool,
+) -> list[TilePixelSummary]:
+    """Summaries of the tiles whose window lies inside rows [row_start, row_start + h).
+
+    Called per row band with the warped arrays, so tile availability is known without
+    reading the store back. Tiles outside the band are skipped (they belong to another band).
+    """
+    n_bands, height, _ = values.shape
+    if categorical and n_bands != 1:
+        raise ValueError(f"categorical chips have one band of ids, got {n_bands}")
+    summaries = []
+    for tile in tiles:
+        row_off, col_off, h, w = pixel_grid.window(tile)
+        if row_off < row_start or row_off + h > row_start + height:
+            continue
+        rows = slice(row_off - row_start, row_off - row_start + h)
+        cols = slice(col_off, col_off + w)
+        tile_valid = valid[rows, cols].astype(bool, copy=False)
+        tile_values = values[:, rows, cols]
+        n_valid = int(tile_valid.sum())
+        if categorical:
+            ids, counts = np.unique(tile_values[0][tile_valid], return_counts=True)
+            mode = int(ids[np.argmax(counts)]) if ids.size else None
+            summaries.append(
+                TilePixelSummary(
+                    tile_id=tile.tile_id,
+                    valid_pixels=n_valid,
+                    total_pixels=h * w,
+                    band_means=(),
+                    mode_class=mode,
+                    class_counts=tuple(zip(ids.tolist(), counts.tolist(), strict=True)),
+                )
+            )
+        else:
+            means = tuple(
+                float(band[tile_valid].mean(dtype=np.float64)) if n_valid else math.nan
+                for band in tile_values
+            )
+            summaries.append(
+                TilePixelSummary(
+                    tile_id=tile.tile_id,
+                    valid_pixels=n_valid,
+                    total_pixels=h * w,
+                    band_means=means,
+                    mode_class=None,
+                )
+            )
+    return summaries

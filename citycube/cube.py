@@ -1,0 +1,343 @@
+"""Cube I/O: the versioned release layout, partition writes and the DuckDB catalogue.
+
+A release lives under ``<data>/releases/<version>/``. Observations are partitioned by
+city/year/modality so rewriting one city-year touches only its files; every file is written
+to a temporary name and moved into place, so a killed run never leaves a half-written file and
+the previous version of each partition stays readable until its replacement is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import geopandas as gpd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyproj import Transformer
+from shapely.geometry import box
+from shapely.ops import transform as shapely_transform
+
+from citycube.catalogue import Catalogue, catalogue_digest
+from citycube.cities import SCALES, load_cities
+from citycube.errors import CubeWriteError
+from citycube.grids import city_grid
+
+OBSERVATION_SCHEMA = pa.schema(
+    [
+        pa.field("tile_id", pa.string(), nullable=False),
+        pa.field("city", pa.string(), nullable=False),
+        pa.field("scale", pa.string(), nullable=False),
+        pa.field("year", pa.int16(), nullable=False),
+        pa.field("modality", pa.string(), nullable=False),
+        pa.field("field", pa.string(), nullable=False),
+        pa.field("value", pa.float64()),
+        pa.field("unit", pa.string(), nullable=False),
+        pa.field("valid_fraction", pa.float64()),
+        pa.field("available", pa.bool_(), nullable=False),
+        pa.field("reason", pa.string()),
+        pa.field("temporal_basis", pa.string(), nullable=False),
+        pa.field("source_year", pa.int16()),
+        pa.field("source_id", pa.string(), nullable=False),
+        pa.field("source_version", pa.string(), nullable=False),
+        pa.field("synthetic", pa.bool_(), nullable=False),
+    ]
+)
+
+CHIP_INDEX_SCHEMA = pa.schema(
+    [
+        pa.field("tile_id", pa.string(), nullable=False),
+        pa.field("city", pa.string(), nullable=False),
+        pa.field("scale", pa.string(), nullable=False),
+        pa.field("year", pa.int16(), nullable=False),
+        pa.field("modality", pa.string(), nullable=False),
+        pa.field("store", pa.string(), nullable=False),
+        pa.field("row_off", pa.int32(), nullable=False),
+        pa.field("col_off", pa.int32(), nullable=False),
+        pa.field("height", pa.int32(), nullable=False),
+        pa.field("width", pa.int32(), nullable=False),
+        pa.field("resolution_m", pa.float64(), nullable=False),
+        pa.field("valid_fraction", pa.float64(), nullable=False),
+        pa.field("available", pa.bool_(), nullable=False),
+        pa.field("temporal_basis", pa.string(), nullable=False),
+        pa.field("source_year", pa.int16()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Release:
+    """Paths of one versioned release."""
+
+    data_root: Path
+    """Root of all CityCube data (sources cache, releases)."""
+    version: str
+    """Release version id, also recorded in ``release.json`` and every file's metadata."""
+
+    @property
+    def root(self) -> Path:
+        """The release directory."""
+        return self.data_root / "releases" / self.version
+
+    @property
+    def tiles_file(self) -> Path:
+        """GeoParquet tiles table."""
+        return self.root / "tiles.parquet"
+
+    @property
+    def duckdb_file(self) -> Path:
+        """DuckDB database with views over the Parquet."""
+        return self.root / "cube.duckdb"
+
+    @property
+    def metadata_file(self) -> Path:
+        """Release metadata."""
+        return self.root / "release.json"
+
+    @property
+    def sources_dir(self) -> Path:
+        """Local cache of fetched source items (shared by releases)."""
+        return self.data_root / "sources"
+
+    @property
+    def cache_dir(self) -> Path:
+        """Reusable intermediate results (coverage weights, derived tile stats)."""
+        return self.data_root / "cache"
+
+    def observations_file(self, city: str, year: int, modality: str) -> Path:
+        """One partition of the observations table."""
+        return self.root / "observations" / f"city={city}" / f"year={year}" / f"{modality}.parquet"
+
+    def chip_index_file(self, city: str, year: int, modality: str) -> Path:
+        """One partition of the chip index."""
+        return self.root / "chip_index" / f"city={city}" / f"year={year}" / f"{modality}.parquet"
+
+    def chip_store(self, modality: str, city: str, label: str) -> Path:
+        """Zarr store of one modality, city and source year (or 'static')."""
+        return self.root / "chips" / modality / city / f"{label}.zarr"
+
+    def derived_file(self, modality: str, city: str, label: str) -> Path:
+        """Per-tile results for one source year, reused by every calendar year it serves."""
+        return self.root / "derived" / modality / city / f"{label}.parquet"
+
+
+def file_metadata(release: Release, **extra: str) -> dict[bytes, bytes]:
+    """Parquet key-value metadata stamped on every file of a release."""
+    meta = {"citycube:release": release.version, **extra}
+    return {k.encode(): str(v).encode() for k, v in meta.items()}
+
+
+def write_parquet_atomic(
+    table: pa.Table, path: Path, metadata: Mapping[bytes, bytes] | None = None
+) -> Path:
+    """Write a Parquet file to a temporary name, then move it over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    except Exception as exc:
+        tmp.unlink(missing_ok=True)
+        raise CubeWriteError(f"could not write {path}: {exc}") from exc
+    return path
+
+
+def write_json_atomic(data: Mapping[str, Any], path: Path) -> Path:
+    """Write JSON to a temporary name, then move it over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def tiles_frame(cities: Iterable[str] | None = None) -> gpd.GeoDataFrame:
+    """The tiles table: ids, grid position, parent, UTM bounds and WGS84 geometry.
+
+    The cities span 13 UTM zones and a GeoParquet geometry column has a single CRS, so the
+    geometry is WGS84 (densified edges) and the UTM bounds travel as plain columns with the
+    city's EPSG code.
+    """
+    rows: list[dict[str, Any]] = []
+    geoms = []
+    for key in cities or load_cities():
+        spec = load_cities()[key]
+        to_wgs84 = Transformer.from_crs(spec.epsg, 4326, always_xy=True).transform
+        for scale in SCALES:
+            grid = city_grid(key, scale)
+            for tile in grid.tiles():
+                xmin, ymin, xmax, ymax = tile.bounds
+                poly = box(xmin, ymin, xmax, ymax).segmentize(grid.tile_size / 8)
+                geoms.append(shapely_transform(to_wgs84, poly))
+                rows.append(
+                    {
+                        "tile_id": tile.tile_id,
+                        "city": key,
+                        "city_name": spec.name,
+                        "country": spec.country,
+                        "scale": scale,
+                        "row": tile.row,
+                        "col": tile.col,
+                        "parent_id": tile.parent_id,
+                        "epsg": spec.epsg,
+                        "utm_xmin": xmin,
+                        "utm_ymin": ymin,
+                        "utm_xmax": xmax,
+                        "utm_ymax": ymax,
+                    }
+                )
+    frame = gpd.GeoDataFrame(rows, geometry=geoms, crs="EPSG:4326")
+    bounds = frame.geometry.bounds
+    frame["lon_min"], frame["lat_min"] = bounds["minx"], bounds["miny"]
+    frame["lon_max"], frame["lat_max"] = bounds["maxx"], bounds["maxy"]
+    return frame
+
+
+def write_tiles(release: Release) -> Path:
+    """Write the GeoParquet tiles table for all cities, atomically."""
+    path = release.tiles_file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tiles_frame().to_parquet(tmp, index=False, compression="zstd")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def catalogue_table(catalogue: Catalogue) -> pa.Table:
+    """One row per modality field: what is released and how."""
+    rows = []
+    for m in catalogue.modalities:
+        for f in m.fields:
+            rows.append(
+                {
+                    "modality": m.code,
+                    "label": m.display_code,
+                    "name": m.name,
+                    "family": m.family,
+                    "kind": m.kind.value,
+                    "temporal": m.temporal.value,
+                    "field": f.name,
+                    "unit": f.unit,
+                    "product": f.product or m.product,
+                    "aggregation": m.aggregation.value,
+                    "min_valid_fraction": m.validity.min_valid_fraction,
+                    "chip_resolution_m": m.chip.resolution_m if m.chip else None,
+                    "chip_resampling": m.chip.resampling.value if m.chip else None,
+                    "processing": m.processing.value,
+                }
+            )
+    return pa.Table.from_pylist(rows)
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _glob_view(con: duckdb.DuckDBPyConnection, name: str, root: Path, schema: pa.Schema) -> None:
+    files = list(root.glob("city=*/year=*/*.parquet")) if root.exists() else []
+    if files:
+        pattern = _sql_str(str(root.resolve() / "city=*" / "year=*" / "*.parquet"))
+        con.execute(
+            f"CREATE VIEW {name} AS SELECT * FROM read_parquet({pattern}, "
+            "hive_partitioning = false, union_by_name = true)"
+        )
+    else:
+        con.register("_empty", pa.Table.from_pylist([], schema=schema))
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM (SELECT * FROM _empty) WHERE false")
+        con.unregister("_empty")
+
+
+def build_duckdb(release: Release, catalogue: Catalogue, metadata: Mapping[str, Any]) -> Path:
+    """(Re)build ``cube.duckdb``: views over the Parquet plus small metadata tables.
+
+    Views use absolute paths, so ``duckdb <release>/cube.duckdb`` works from any directory;
+    after moving a release, rebuild it with ``citycube views``.
+    """
+    path = release.duckdb_file
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        con = duckdb.connect(str(tmp))
+        try:
+            tiles = _sql_str(str(release.tiles_file.resolve()))
+            con.execute(f"CREATE VIEW tiles AS SELECT * FROM read_parquet({tiles})")
+            _glob_view(con, "observations", release.root / "observations", OBSERVATION_SCHEMA)
+            _glob_view(con, "chip_index", release.root / "chip_index", CHIP_INDEX_SCHEMA)
+            con.register("_modalities", catalogue_table(catalogue))
+            con.execute("CREATE TABLE modalities AS SELECT * FROM _modalities")
+            con.unregister("_modalities")
+            meta_rows = [
+                {"key": k, "value": json.dumps(v, default=str)} for k, v in metadata.items()
+            ]
+            con.register("_release", pa.Table.from_pylist(meta_rows))
+            con.execute("CREATE TABLE release AS SELECT * FROM _release")
+            con.unregister("_release")
+            con.execute(
+                """
+                CREATE VIEW availability AS
+                SELECT city, year, modality,
+                       count(*) FILTER (WHERE available) AS available_tiles,
+                       count(*) AS tiles,
+                       bool_or(available) AS available
+                FROM (SELECT DISTINCT city, year, modality, tile_id, available
+                      FROM observations)
+                GROUP BY city, year, modality
+                """
+            )
+        finally:
+            con.close()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)
+    return path
+
+
+def release_metadata(
+    release: Release, *, backend: str, synthetic: bool, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Metadata recorded in ``release.json`` and the DuckDB ``release`` table."""
+    return {
+        "version": release.version,
+        "backend": backend,
+        "synthetic": synthetic,
+        "notice": (
+            "SYNTHETIC SAMPLE DATA: generated by CityCube's sample backend; not observations."
+            if synthetic
+            else "Built from the configured real sources."
+        ),
+        "catalogue_digest": catalogue_digest(),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **(extra or {}),
+    }
+
+
+def replace_dir_atomic(src: Path, dest: Path) -> None:
+    """Move a fully written directory over ``dest``; the old one is removed only afterwards."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    old = None
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.old")
+        os.replace(dest, old)
+    os.replace(src, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def scratch_dir(near: Path) -> Path:
+    """A temporary directory on the same filesystem as ``near`` (so renames are atomic)."""
+    near.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=".tmp-", dir=near))

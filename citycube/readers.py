@@ -1,0 +1,110 @@
+"""Open a fetched source item as a ``MaskedSource`` that applies the modality's validity rules."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+
+import numpy as np
+import rasterio
+from pyproj import CRS
+from rasterio.windows import Window
+
+from citycube.catalogue import ModalitySpec
+from citycube.errors import SourceReadError
+from citycube.products import load_products
+from citycube.rasters import MaskedSource, RasterGrid, open_raster, read_checked
+from sources.base import SourceItem
+
+
+def _same_crs(a: CRS, b: CRS) -> bool:
+    return (
+        a == b
+        or a.to_wkt() == b.to_wkt()
+        or (a.to_epsg() is not None and a.to_epsg() == b.to_epsg())
+    )
+
+
+def check_native_crs(ds: rasterio.DatasetReader, item: SourceItem) -> CRS:
+    """Fail clearly when a file is not in its product's native CRS."""
+    crs = CRS.from_user_input(ds.crs)
+    spec = load_products().get(item.product)
+    if spec is not None:
+        expected = spec.expected_crs(item.city)
+        if not _same_crs(crs, expected):
+            raise SourceReadError(
+                f"{ds.name} is in {crs.to_string()} but {item.product} is published in "
+                f"{expected.to_string()} for {item.city}; the file is wrong or mislabelled — "
+                "fetch it again or fix the adapter"
+            )
+    return crs
+
+
+def _pixel_validity(
+    values: np.ndarray,
+    modality: ModalitySpec,
+    valid_ids: frozenset[int] | None,
+    file_nodata: float | None,
+) -> np.ndarray:
+    """Valid where finite, not nodata (all bands filled), in range and in the legend."""
+    rules = modality.validity
+    valid = np.ones(values.shape[1:], dtype=bool)
+    if np.issubdtype(values.dtype, np.floating):
+        valid &= np.isfinite(values).all(axis=0)
+    for nodata in {rules.nodata, file_nodata} - {None}:
+        if len(values) > 1:
+            valid &= ~(values == nodata).all(axis=0)
+        else:
+            valid &= values[0] != nodata
+    if rules.valid_range is not None:
+        lo, hi = rules.valid_range
+        with np.errstate(invalid="ignore"):
+            valid &= ((values >= lo) & (values <= hi)).all(axis=0)
+    if valid_ids is not None:
+        valid &= np.isin(values[0], np.fromiter(valid_ids, dtype=np.int64))
+    return valid
+
+
+@contextmanager
+def open_masked_source(
+    item: SourceItem,
+    modality: ModalitySpec,
+    bands: Sequence[int],
+    valid_ids: frozenset[int] | None = None,
+) -> Iterator[MaskedSource]:
+    """Yield a reader over ``bands`` of the item's data file with validity applied.
+
+    QA bits (``qa_invalid_bits``) are read from the item's 'qa' file on the same grid.
+    """
+    with ExitStack() as stack:
+        data = stack.enter_context(open_raster(item.files["data"]))
+        crs = check_native_crs(data, item)
+        missing = [b for b in bands if b > data.count]
+        if missing:
+            raise SourceReadError(
+                f"{data.name} has {data.count} bands; {modality.code} needs band(s) {missing}"
+            )
+        qa = None
+        if modality.validity.qa_invalid_bits:
+            if "qa" not in item.files:
+                raise SourceReadError(f"{item.product} item for {item.city} has no 'qa' file")
+            qa = stack.enter_context(open_raster(item.files["qa"]))
+            if qa.transform != data.transform or qa.shape != data.shape:
+                raise SourceReadError(f"{qa.name} is not on the same grid as {data.name}")
+        qa_mask = sum(1 << b for b in modality.validity.qa_invalid_bits)
+        file_nodata = data.nodata
+        band_list = list(bands)
+
+        def read(window: Window) -> tuple[np.ndarray, np.ndarray]:
+            values = read_checked(data, band_list, window)
+            valid = _pixel_validity(values, modality, valid_ids, file_nodata)
+            if qa is not None:
+                qa_values = read_checked(qa, [1], window)[0]
+                valid &= (qa_values & qa_mask) == 0
+            return values, valid
+
+        grid = RasterGrid(crs, data.transform, data.width, data.height)
+        names = tuple(
+            f.name for f in modality.fields if (f.product or modality.product) == item.product
+        )
+        yield MaskedSource(grid=grid, read=read, band_names=names)

@@ -1,0 +1,481 @@
+"""Chips: warping onto the city pixel grid, the 50 % validity rule and the atomic Zarr store."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+import xarray as xr
+import zarr
+from affine import Affine
+from pyproj import CRS, Transformer
+from rasterio.warp import Resampling, reproject
+from rasterio.windows import Window
+
+from citycube.chips import (
+    ChipStoreWriter,
+    open_chips,
+    read_tile_chip,
+    row_bands,
+    tile_pixel_summaries,
+    warp_rows,
+)
+from citycube.errors import CubeWriteError
+from citycube.grids import PixelGrid, Tile, city_grids, pixel_grid
+from citycube.rasters import MaskedSource, RasterGrid
+
+EPSG = 32631
+X_MIN, Y_MAX = 600_000.0, 5_820_000.0  # both on the 10 km lattice
+
+
+def small_grid(resolution: float = 50.0, width: int = 120, height: int = 80) -> PixelGrid:
+    """A city-like pixel grid with a lattice-aligned north-west corner."""
+    return PixelGrid("Testville", EPSG, X_MIN, Y_MAX, resolution, width, height)
+
+
+def grid_tile(grid: PixelGrid, row: int, col: int, size_m: int = 2000) -> Tile:
+    """A tile of a tile grid that shares the pixel grid's north-west corner."""
+    x0, y1 = grid.x_min + col * size_m, grid.y_max - row * size_m
+    return Tile(grid.city, "2km", row, col, (x0, y1 - size_m, x0 + size_m, y1))
+
+
+def write_raster(
+    path: Path, values: np.ndarray, crs: str, transform: Affine, nodata: float | None
+) -> Path:
+    """Write bands[b, h, w] as a GeoTIFF, the way a source asset would."""
+    with rasterio.open(
+        path,
+        "w",
+        driver="GTiff",
+        width=values.shape[2],
+        height=values.shape[1],
+        count=values.shape[0],
+        dtype=values.dtype,
+        crs=crs,
+        transform=transform,
+        nodata=nodata,
+    ) as ds:
+        ds.write(values)
+    return path
+
+
+def masked_source(
+    path: Path, nodata: float | None, windows: list[Window] | None = None
+) -> MaskedSource:
+    """A source whose reader applies the nodata and finite rules (and records its windows)."""
+    with rasterio.open(path) as ds:
+        names = tuple(f"b{i}" for i in range(1, ds.count + 1))
+
+    def read(window: Window) -> tuple[np.ndarray, np.ndarray]:
+        if windows is not None:
+            windows.append(window)
+        with rasterio.open(path) as ds:
+            values = ds.read(window=window)
+        valid = np.all(np.isfinite(values), axis=0)
+        if nodata is not None:
+            valid &= np.all(values != nodata, axis=0)
+        return values, valid
+
+    return MaskedSource(RasterGrid.of(path), read, names)
+
+
+def utm_transform(resolution: float, x0: float = X_MIN, y0: float = Y_MAX) -> Affine:
+    return Affine(resolution, 0, x0, 0, -resolution, y0)
+
+
+def overlap_matrix(dst_res: float, n_dst: int, src_res: float, n_src: int) -> np.ndarray:
+    """1-D overlap fractions [dst, src] of cells starting at the same origin (exact areas)."""
+    d0 = np.arange(n_dst)[:, None] * dst_res
+    s0 = np.arange(n_src)[None, :] * src_res
+    overlap = np.clip(np.minimum(d0 + dst_res, s0 + src_res) - np.maximum(d0, s0), 0, None)
+    return overlap / dst_res
+
+
+def write_store(
+    path: Path,
+    grid: PixelGrid,
+    values: np.ndarray,
+    valid: np.ndarray,
+    bands: Sequence[tuple[int, int]] | None = None,
+    dtype: type = np.uint8,
+    fill: int = 0,
+) -> None:
+    with ChipStoreWriter(
+        path,
+        grid,
+        [f"b{i}" for i in range(values.shape[0])],
+        dtype,
+        fill,
+        {"synthetic": True, "modality": "OPT"},
+    ) as writer:
+        for start, stop in bands or [(0, grid.height)]:
+            writer.write_rows(start, values[:, start:stop], valid[start:stop])
+
+
+# --------------------------------------------------------------------------------------------
+# Row bands
+
+
+def test_row_bands_cover_the_grid_on_the_lattice() -> None:
+    grid = small_grid(resolution=100.0, width=150, height=250)
+    bands = row_bands(grid)
+    assert bands == [(0, 100), (100, 200), (200, 250)]
+    for start, _ in bands:
+        assert (grid.y_max - start * grid.resolution) % 10_000 == 0
+
+
+def test_row_bands_start_short_when_the_north_edge_is_off_the_lattice() -> None:
+    grid = PixelGrid("Testville", EPSG, X_MIN, Y_MAX - 4_000, 100.0, 10, 250)
+    assert row_bands(grid) == [(0, 60), (60, 160), (160, 250)]
+
+
+def test_every_city_tile_lies_in_exactly_one_band() -> None:
+    grid = pixel_grid("Amsterdam", 25)
+    bands = row_bands(grid)
+    edges = [b[0] for b in bands] + [bands[-1][1]]
+    assert edges[0] == 0 and edges[-1] == grid.height
+    assert all(lo < hi for lo, hi in bands) and np.all(np.diff(edges) > 0)
+    for tile_grid in city_grids("Amsterdam").values():
+        for tile in tile_grid.tiles():
+            row_off, _, height, _ = grid.window(tile)
+            holders = [b for b in bands if b[0] <= row_off and row_off + height <= b[1]]
+            assert len(holders) == 1, tile.tile_id
+
+
+# --------------------------------------------------------------------------------------------
+# Zarr store
+
+
+def test_store_round_trip_keeps_georeferencing_values_and_mask(tmp_path: Path) -> None:
+    grid = small_grid()
+    rng = np.random.default_rng(1)
+    values = rng.integers(0, 256, (3, grid.height, grid.width)).astype(np.uint8)
+    valid = rng.random(grid.shape) > 0.2
+    write_store(tmp_path / "opt.zarr", grid, values, valid)
+
+    chips = xr.open_zarr(tmp_path / "opt.zarr", decode_coords="all")
+    assert chips.rio.crs == CRS.from_epsg(EPSG)
+    assert chips["data"].rio.crs == CRS.from_epsg(EPSG)
+    assert chips.rio.transform().almost_equals(grid.transform)
+    assert chips.rio.bounds() == (X_MIN, Y_MAX - 80 * 50, X_MIN + 120 * 50, Y_MAX)
+    assert chips.attrs["synthetic"] is True and chips.attrs["modality"] == "OPT"
+
+    opened = open_chips(tmp_path / "opt.zarr")
+    assert opened["data"].chunks is not None  # lazy, dask-backed
+    assert opened["data"].dtype == np.uint8
+    assert list(opened["band"].values) == ["b0", "b1", "b2"]
+    np.testing.assert_array_equal(opened["valid"].values, valid)
+    np.testing.assert_array_equal(opened["data"].values, np.where(valid, values, 0))
+    np.testing.assert_allclose(opened["x"].values, grid.x_coords())
+    np.testing.assert_allclose(opened["y"].values, grid.y_coords())
+
+    tile = grid_tile(grid, row=1, col=2)
+    chip = read_tile_chip(tmp_path / "opt.zarr", grid, tile)
+    np.testing.assert_array_equal(chip["data"].values, np.where(valid, values, 0)[:, 40:80, 80:120])
+    np.testing.assert_array_equal(chip["valid"].values, valid[40:80, 80:120])
+    assert chip.rio.transform().almost_equals(Affine(50, 0, tile.bounds[0], 0, -50, tile.bounds[3]))
+
+
+def test_store_chunks_follow_the_10km_lattice(tmp_path: Path) -> None:
+    grid = small_grid(resolution=100.0, width=150, height=250)
+    values = np.ones((3, grid.height, grid.width), dtype=np.uint8)
+    write_store(tmp_path / "c.zarr", grid, values, np.ones(grid.shape, bool))
+    group = zarr.open_group(tmp_path / "c.zarr", mode="r")
+    assert group.metadata.zarr_format == 3
+    assert group["data"].chunks == (3, 100, 100)
+    assert group["valid"].chunks == (100, 100)
+    assert group["data"].compressors  # compressed
+
+
+def test_failed_write_leaves_the_committed_store_and_no_temp_dirs(tmp_path: Path) -> None:
+    grid = small_grid()
+    first = np.full((3, grid.height, grid.width), 7, dtype=np.uint8)
+    everywhere = np.ones(grid.shape, dtype=bool)
+    write_store(tmp_path / "opt.zarr", grid, first, everywhere)
+
+    rgb = ["b0", "b1", "b2"]
+    with (
+        pytest.raises(RuntimeError, match="source exploded"),
+        ChipStoreWriter(tmp_path / "opt.zarr", grid, rgb, np.uint8, 0, {}) as writer,
+    ):
+        writer.write_rows(0, first[:, :40] + 1, everywhere[:40])
+        raise RuntimeError("source exploded")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["opt.zarr"]
+    np.testing.assert_array_equal(open_chips(tmp_path / "opt.zarr")["data"].values, first)
+
+    with (
+        pytest.raises(CubeWriteError, match="never written"),
+        ChipStoreWriter(tmp_path / "opt.zarr", grid, rgb, np.uint8, 0, {}) as writer,
+    ):
+        writer.write_rows(0, first[:, :40] + 1, everywhere[:40])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["opt.zarr"]
+    np.testing.assert_array_equal(open_chips(tmp_path / "opt.zarr")["data"].values, first)
+
+    write_store(tmp_path / "opt.zarr", grid, first + 1, everywhere)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["opt.zarr"]
+    np.testing.assert_array_equal(open_chips(tmp_path / "opt.zarr")["data"].values, first + 1)
+
+
+def test_float_values_are_rounded_into_an_integer_store(tmp_path: Path) -> None:
+    grid = small_grid()
+    values = np.full((1, grid.height, grid.width), 254.6, dtype=np.float32)
+    valid = np.ones(grid.shape, dtype=bool)
+    valid[0, 0] = False
+    with ChipStoreWriter(tmp_path / "s.zarr", grid, ["grey"], np.uint8, 0, {}) as writer:
+        writer.write_rows(0, values, valid)
+    data = open_chips(tmp_path / "s.zarr")["data"].values
+    assert data[0, 0, 0] == 0 and data[0, 1, 1] == 255
+
+
+def test_ids_that_do_not_fit_the_store_type_are_refused(tmp_path: Path) -> None:
+    grid = small_grid()
+    ids = np.full((1, grid.height, grid.width), 300, dtype=np.int32)
+    with (
+        pytest.raises(CubeWriteError, match="do not fit"),
+        ChipStoreWriter(tmp_path / "lc.zarr", grid, ["class"], np.uint8, 255, {}) as writer,
+    ):
+        writer.write_rows(0, ids, np.ones(grid.shape, dtype=bool))
+    assert not (tmp_path / "lc.zarr").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Warping
+
+
+@pytest.mark.parametrize("source_crs", ["EPSG:4326", "EPSG:32631"])
+def test_coordinate_image_lands_on_the_destination_pixel_centres(
+    tmp_path: Path, source_crs: str
+) -> None:
+    """An image whose values are its own pixel-centre coordinates must warp onto ours."""
+    grid = small_grid()
+    if source_crs == "EPSG:4326":
+        to_lonlat = Transformer.from_crs(f"EPSG:{EPSG}", "EPSG:4326", always_xy=True)
+        lon0, lat1 = to_lonlat.transform(X_MIN - 500, Y_MAX + 500)
+        step = 0.0005  # ~34 m east-west, ~55 m north-south at 52 °N
+        width, height = 260, 120
+        transform = Affine(step, 0, lon0, 0, -step, lat1)
+        tolerance = step / 4
+    else:
+        to_lonlat = None
+        step, width, height = 30.0, 220, 150
+        transform = utm_transform(step, X_MIN - 300, Y_MAX + 300)
+        tolerance = step / 4
+    cols, rows = np.meshgrid(np.arange(width) + 0.5, np.arange(height) + 0.5)
+    xs, ys = transform.c + cols * transform.a, transform.f + rows * transform.e
+    values = np.stack([xs, ys]).astype(np.float64)
+    path = write_raster(tmp_path / "xy.tif", values, source_crs, transform, nodata=None)
+
+    out, valid = warp_rows(masked_source(path, None), grid, 0, grid.height, categorical=False)
+
+    assert out.dtype == np.float64 and valid.all()
+    dst_x, dst_y = np.meshgrid(grid.x_coords(), grid.y_coords())
+    if to_lonlat is not None:
+        dst_x, dst_y = to_lonlat.transform(dst_x, dst_y)
+    assert np.abs(out[0] - dst_x).max() < tolerance
+    assert np.abs(out[1] - dst_y).max() < tolerance
+
+
+def test_average_is_area_weighted_over_valid_support_with_the_50_percent_rule(
+    tmp_path: Path,
+) -> None:
+    """10 m cells onto 25 m pixels: partial overlaps weigh by area, invalid cells drop out."""
+    grid = small_grid(resolution=25.0, width=40, height=40)
+    rng = np.random.default_rng(7)
+    n = 100
+    values = rng.uniform(-5, 40, (1, n, n)).astype(np.float32)  # negatives stay valid
+    row_ok, col_ok = rng.random(n) > 0.35, rng.random(n) > 0.35
+    support = row_ok[:, None] & col_ok[None, :]
+    values[0, ~support] = -9999
+    path = write_raster(
+        tmp_path / "dem.tif", values, f"EPSG:{EPSG}", utm_transform(10.0), nodata=-9999
+    )
+
+    out, valid = warp_rows(masked_source(path, -9999), grid, 0, 40, categorical=False)
+
+    weights_r, weights_c = overlap_matrix(25, 40, 10, n), overlap_matrix(25, 40, 10, n)
+    fraction = weights_r @ support @ weights_c.T
+    expected_valid = fraction >= 0.5
+    assert 0 < expected_valid.sum() < expected_valid.size
+    assert not np.any(np.isclose(fraction, 0.5))  # no ties here; see the exact-half test
+    np.testing.assert_array_equal(valid, expected_valid)
+    weighted = weights_r @ np.where(support, values[0], 0) @ weights_c.T
+    mean = weighted[valid] / fraction[valid]
+    np.testing.assert_allclose(out[0][valid], mean, rtol=1e-4)
+    assert np.isnan(out[0][~valid]).all()
+
+
+@pytest.mark.parametrize("categorical", [False, True])
+def test_a_pixel_is_valid_when_at_least_half_of_its_support_is(
+    tmp_path: Path, categorical: bool
+) -> None:
+    """2×2 source cells per pixel with 0–4 valid: 0 and 1 of 4 invalid; 2, 3, 4 of 4 valid."""
+    grid = small_grid(resolution=20.0, width=5, height=1)
+    cells = np.full((1, 2, 10), 4, dtype=np.uint8)
+    nodata = 255
+    # Pixel p holds p valid cells out of its 4 (cells are valid in row-major order).
+    valid_cells = np.zeros((2, 10), dtype=bool)
+    for p in range(5):
+        block = np.zeros(4, dtype=bool)
+        block[:p] = True
+        valid_cells[:, 2 * p : 2 * p + 2] = block.reshape(2, 2)
+    cells[0, ~valid_cells] = nodata
+    path = write_raster(
+        tmp_path / "half.tif", cells, f"EPSG:{EPSG}", utm_transform(10.0), nodata=nodata
+    )
+
+    out, valid = warp_rows(masked_source(path, nodata), grid, 0, 1, categorical=categorical)
+
+    assert valid[0].tolist() == [False, False, True, True, True]
+    assert out[0, 0, 2:].tolist() == [4, 4, 4]
+
+
+def test_gdal_nodata_pct_threshold_is_not_the_50_percent_rule() -> None:
+    """Why chips.py warps the validity mask instead of relying on NODATA_VALUES_PCT_THRESHOLD.
+
+    In GDAL 3.10 the option makes ``average`` return nodata when the nodata share is at least
+    the threshold (so exactly half-valid support is lost at 50), and ``mode`` ignores it. If
+    this test starts failing after a GDAL upgrade, the option may now express the rule.
+    """
+
+    def warp_block(n_valid: int, resampling: Resampling) -> bool:
+        block = np.full((4, 4), -1, dtype=np.float32)
+        block.reshape(-1)[:n_valid] = 5
+        out = np.full((1, 1), -1, dtype=np.float32)
+        reproject(
+            block,
+            out,
+            src_transform=utm_transform(10),
+            src_crs=f"EPSG:{EPSG}",
+            dst_transform=utm_transform(40),
+            dst_crs=f"EPSG:{EPSG}",
+            src_nodata=-1,
+            dst_nodata=-1,
+            resampling=resampling,
+            NODATA_VALUES_PCT_THRESHOLD=50,
+        )
+        return bool(out[0, 0] != -1)
+
+    assert [warp_block(k, Resampling.average) for k in (7, 8, 9)] == [False, False, True]
+    assert warp_block(1, Resampling.mode)
+
+
+def test_categorical_warp_keeps_source_ids_and_the_majority_wins(tmp_path: Path) -> None:
+    grid = small_grid()  # 50 m pixels over 10 m cells: 5×5 cells per pixel
+    rng = np.random.default_rng(3)
+    classes = np.array([0, 3, 7, 11, 200])  # 0 is a valid class (non-green / ocean)
+    h, w = grid.height, grid.width
+    majority = rng.choice(classes, (h, w))
+    minority = rng.choice(classes, (h, w))
+    cells = np.repeat(np.repeat(majority, 5, axis=0), 5, axis=1).astype(np.uint8)
+    for r in range(h):
+        for c in range(w):
+            flips = rng.choice(25, 10, replace=False)  # 10 minority cells vs 15 majority
+            block = cells[5 * r : 5 * r + 5, 5 * c : 5 * c + 5].reshape(-1)
+            block[flips] = minority[r, c]
+            cells[5 * r : 5 * r + 5, 5 * c : 5 * c + 5] = block.reshape(5, 5)
+    cells[:, :2] = 255  # a strip of nodata at the west edge (2 of 5 cell columns)
+    path = write_raster(
+        tmp_path / "lc.tif", cells[None], f"EPSG:{EPSG}", utm_transform(10.0), nodata=255
+    )
+
+    out, valid = warp_rows(masked_source(path, 255), grid, 0, h, categorical=True)
+
+    assert np.issubdtype(out.dtype, np.integer)
+    assert valid.all()
+    assert set(np.unique(out[0][valid]).tolist()) <= set(classes.tolist())
+    np.testing.assert_array_equal(out[0][:, 1:], majority[:, 1:])
+
+
+def test_rows_beyond_the_source_are_invalid_not_zero(tmp_path: Path) -> None:
+    grid = small_grid()
+    values = np.zeros((1, 100, 600), dtype=np.float32)  # covers the top 1 km only, all zeros
+    path = write_raster(
+        tmp_path / "ntl.tif", values, f"EPSG:{EPSG}", utm_transform(10.0), nodata=-1
+    )
+
+    out, valid = warp_rows(masked_source(path, -1), grid, 0, grid.height, categorical=False)
+    assert valid[:20].all() and not valid[20:].any()
+    assert (out[0][:20] == 0).all()
+
+    out, valid = warp_rows(masked_source(path, -1), grid, 40, 80, categorical=True)
+    assert not valid.any()
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming by row band
+
+
+def test_band_by_band_equals_all_at_once_and_reads_follow_the_band(tmp_path: Path) -> None:
+    grid = small_grid(resolution=100.0, width=150, height=250)
+    rng = np.random.default_rng(11)
+    cells = rng.integers(0, 256, (3, 870, 520)).astype(np.uint8)
+    cells[:, rng.random((870, 520)) < 0.1] = 0
+    path = write_raster(tmp_path / "opt.tif", cells, f"EPSG:{EPSG}", utm_transform(30.0), nodata=0)
+    windows: list[Window] = []
+    source = masked_source(path, 0, windows)
+
+    whole_values, whole_valid = warp_rows(source, grid, 0, grid.height, categorical=False)
+    write_store(tmp_path / "whole.zarr", grid, whole_values, whole_valid)
+
+    windows.clear()
+    bands = row_bands(grid)
+    with ChipStoreWriter(
+        tmp_path / "banded.zarr", grid, ["b0", "b1", "b2"], np.uint8, 0, {"synthetic": True}
+    ) as writer:
+        for start, stop in bands:
+            values, valid = warp_rows(source, grid, start, stop, categorical=False)
+            np.testing.assert_array_equal(valid, whole_valid[start:stop])
+            np.testing.assert_allclose(values, whole_values[:, start:stop], rtol=1e-5)
+            writer.write_rows(start, values, valid)
+
+    assert len(windows) == len(bands)
+    for window, (start, stop) in zip(windows, bands, strict=True):
+        assert window.height <= math.ceil((stop - start) * 100 / 30) + 2 * 3 + 1
+    banded, whole = open_chips(tmp_path / "banded.zarr"), open_chips(tmp_path / "whole.zarr")
+    np.testing.assert_array_equal(banded["valid"].values, whole["valid"].values)
+    np.testing.assert_array_equal(banded["data"].values, whole["data"].values)
+
+
+# --------------------------------------------------------------------------------------------
+# Tile summaries
+
+
+def test_tile_summaries_count_valid_pixels_and_average_them() -> None:
+    grid = small_grid()
+    values = np.zeros((2, 40, 120), dtype=np.float32)
+    values[0, :, :40] = 2.0
+    values[1, :, :40] = -3.0
+    valid = np.ones((40, 120), dtype=bool)
+    valid[:, 40:80] = False
+    values[:, :, 40:80] = np.nan
+    tiles = [grid_tile(grid, 0, c) for c in range(3)] + [grid_tile(grid, 1, 0)]
+
+    summaries = tile_pixel_summaries(values, valid, 0, grid, tiles, categorical=False)
+
+    assert [s.tile_id for s in summaries] == [
+        "Testville_2KM_r0_c0",
+        "Testville_2KM_r0_c1",
+        "Testville_2KM_r0_c2",
+    ]
+    first, empty, zeros = summaries
+    assert (first.valid_pixels, first.total_pixels, first.band_means) == (1600, 1600, (2.0, -3.0))
+    assert empty.valid_pixels == 0 and all(math.isnan(m) for m in empty.band_means)
+    assert zeros.band_means == (0.0, 0.0) and zeros.valid_fraction == 1.0
+
+
+def test_tile_mode_breaks_ties_to_the_smallest_id() -> None:
+    grid = small_grid()
+    ids = np.full((1, 40, 120), 9, dtype=np.int32)
+    ids[0, :20, :40] = 4  # tile c0: 800 × 4 and 800 × 9 → tie
+    valid = np.ones((40, 120), dtype=bool)
+    valid[:, 40:80] = False
+    tiles = [grid_tile(grid, 1, c) for c in range(3)]
+    summaries = tile_pixel_summaries(ids, valid, 40, grid, tiles, categorical=True)
+    tie, empty, plain = summaries
+    assert tie.mode_class == 4 and tie.class_counts == ((4, 800), (9, 800))
+    assert empty.mode_class is None and empty.valid_pixels == 0
+    assert plain.mode_class == 9 and plain.band_means == ()
