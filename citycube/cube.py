@@ -23,9 +23,9 @@ import duckdb
 import geopandas as gpd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import shapely
 from pyproj import Transformer
 from shapely.geometry import box
-from shapely.ops import transform as shapely_transform
 
 from citycube.catalogue import Catalogue, catalogue_digest
 from citycube.cities import SCALES, load_cities
@@ -179,7 +179,7 @@ def tiles_frame(cities: Iterable[str] | None = None) -> gpd.GeoDataFrame:
             for tile in grid.tiles():
                 xmin, ymin, xmax, ymax = tile.bounds
                 poly = box(xmin, ymin, xmax, ymax).segmentize(grid.tile_size / 8)
-                geoms.append(shapely_transform(to_wgs84, poly))
+                geoms.append(shapely.transform(poly, to_wgs84, interleaved=False))
                 rows.append(
                     {
                         "tile_id": tile.tile_id,

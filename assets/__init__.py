@@ -1,0 +1,1 @@
+"""Dagster assets: thin wrappers over the pure ``citycube`` core."""

@@ -1,0 +1,1 @@
+"""Dagster wiring (Definitions, partitions, resources, schedules) and the command line."""

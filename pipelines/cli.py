@@ -1,0 +1,243 @@
+"""Command line: build a release through Dagster, rebuild views, print summaries, render.
+
+``make run`` calls ``citycube build``; see ``citycube --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_CITIES = ("Amsterdam", "Boston")
+DEFAULT_YEARS = (2020, 2024, 2025)
+# Dagster's console logger prints every event at DEBUG; the CLI prints its own progress lines.
+QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+def _parse_cities(text: str) -> list[str]:
+    from citycube.cities import get_city, load_cities
+
+    text = text.strip()
+    if text in ("", "default"):
+        return list(DEFAULT_CITIES)
+    if text == "all":
+        return list(load_cities())
+    return [get_city(c.strip()).key for c in text.split(",") if c.strip()]
+
+
+def _parse_years(text: str) -> list[int]:
+    from citycube.temporal import parse_years
+
+    text = text.strip()
+    if text in ("", "default"):
+        return list(DEFAULT_YEARS)
+    return parse_years(text)
+
+
+def _env_defaults(args: argparse.Namespace) -> None:
+    os.environ["CITYCUBE_DATA"] = str(Path(args.data).resolve())
+    os.environ["CITYCUBE_RELEASE"] = args.release
+    home = Path(os.environ.get("DAGSTER_HOME", ".dagster_home")).resolve()
+    os.environ["DAGSTER_HOME"] = str(home)
+    ensure_dagster_home(home)
+
+
+def ensure_dagster_home(home: Path) -> Path:
+    """Create DAGSTER_HOME with telemetry off, so the UI and runs work offline."""
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        config.write_text("telemetry:\n  enabled: false\n", encoding="utf-8")
+    return home
+
+
+def summary_text(duckdb_file: Path) -> str:
+    """A short DuckDB summary of a release: tiles, availability, fields."""
+    import duckdb
+
+    con = duckdb.connect(str(duckdb_file), read_only=True)
+    try:
+        out = [f"release database: {duckdb_file}"]
+        tiles = con.execute("SELECT scale, count(*) FROM tiles GROUP BY 1 ORDER BY 1").fetchall()
+        out.append("tiles: " + ", ".join(f"{s}={n}" for s, n in tiles))
+        rel = dict(con.execute("SELECT key, value FROM release").fetchall())
+        out.append(f"version {rel.get('version')}  synthetic={rel.get('synthetic')}")
+        rows = con.execute(
+            """
+            SELECT modality, city, count(DISTINCT year) AS years,
+                   count(*) FILTER (WHERE available) AS available_rows, count(*) AS rows,
+                   string_agg(DISTINCT reason, ', ') FILTER (WHERE reason IS NOT NULL) AS reasons
+            FROM observations GROUP BY ALL ORDER BY modality, city
+            """
+        ).fetchall()
+        out.append(f"{'modality':<9}{'city':<14}{'years':>6}{'available':>12}{'rows':>8}  reasons")
+        for m, c, y, a, n, r in rows:
+            out.append(f"{m:<9}{c:<14}{y:>6}{a:>12}{n:>8}  {r or '-'}")
+        return "\n".join(out)
+    finally:
+        con.close()
+
+
+def build(args: argparse.Namespace) -> int:
+    """Materialise the selected city-years and the cube assets through Dagster."""
+    cities = _parse_cities(args.cities)
+    years = _parse_years(args.years)
+    _env_defaults(args)
+
+    import dagster as dg
+
+    from assets.cube import cube_assets
+    from assets.sources import source_assets
+    from pipelines.definitions import all_assets
+    from pipelines.partitions import city_partitions, city_year_key
+    from pipelines.resources import CubeResource
+    from pipelines.schedules import city_year_assets
+
+    resource = CubeResource(data_root=os.environ["CITYCUBE_DATA"], release_version=args.release)
+    instance = dg.DagsterInstance.get()
+    static_sources = [a for a in source_assets if a.partitions_def == city_partitions]
+    total = len(cities) * len(years)
+    started = time.monotonic()
+    print(
+        f"Building release {args.release} (SYNTHETIC sample sources) for {len(cities)} cities × "
+        f"{len(years)} years = {total} city-years into {os.environ['CITYCUBE_DATA']}",
+        flush=True,
+    )
+
+    def run(
+        selection: Sequence[dg.AssetsDefinition], partition_key: str | None
+    ) -> dg.ExecuteInProcessResult:
+        return dg.materialize(
+            all_assets,
+            selection=dg.AssetSelection.assets(*selection),
+            partition_key=partition_key,
+            run_config=QUIET_RUN_CONFIG,
+            resources={"cube": resource},
+            instance=instance,
+            tags={"citycube/release": args.release},
+        )
+
+    done = 0
+    for city in cities:
+        if static_sources:
+            run(static_sources, city)
+        for year in years:
+            t0 = time.monotonic()
+            result = run(city_year_assets, city_year_key(city, year))
+            done += 1
+            parts = []
+            for event in result.get_asset_materialization_events():
+                key = event.asset_key.path
+                meta = event.materialization.metadata
+                if key[0] == "modalities" and "tiles" in meta:
+                    parts.append(
+                        f"{key[-1].upper()} {meta['available_tiles'].value}/{meta['tiles'].value}"
+                    )
+            print(
+                f"[{done:>{len(str(total))}}/{total}] {city} {year}: "
+                f"{'  '.join(parts)}  ({time.monotonic() - t0:.1f}s, "
+                f"elapsed {time.monotonic() - started:.0f}s)",
+                flush=True,
+            )
+    print("Building tiles table and DuckDB catalogue ...", flush=True)
+    result = run(cube_assets, None)
+    for check in result.get_asset_check_evaluations():
+        status = "PASS" if check.passed else "FAIL"
+        print(f"  check {check.check_name}: {status}")
+    release = resource.release()
+    print(f"Done in {time.monotonic() - started:.0f}s.\n")
+    print(summary_text(release.duckdb_file))
+    print(f"\nQuery it: duckdb {release.duckdb_file}")
+    return 0
+
+
+def views(args: argparse.Namespace) -> int:
+    """Rebuild cube.duckdb for a release (e.g. after moving it)."""
+    from citycube.catalogue import load_catalogue
+    from citycube.cube import Release, build_duckdb, release_metadata
+
+    release = Release(Path(args.data).resolve(), args.release)
+    if not release.root.exists():
+        print(f"no release at {release.root}", file=sys.stderr)
+        return 2
+    meta = release_metadata(release, backend="sample", synthetic=True)
+    print(build_duckdb(release, load_catalogue(), meta))
+    return 0
+
+
+def summary(args: argparse.Namespace) -> int:
+    """Print the DuckDB summary of a release."""
+    from citycube.cube import Release
+
+    release = Release(Path(args.data).resolve(), args.release)
+    if not release.duckdb_file.exists():
+        print(f"no database at {release.duckdb_file}; run `make run` first", file=sys.stderr)
+        return 2
+    print(summary_text(release.duckdb_file))
+    return 0
+
+
+def dagster_home(args: argparse.Namespace) -> int:
+    """Create DAGSTER_HOME with telemetry off (used by `make dev`)."""
+    print(ensure_dagster_home(Path(os.environ.get("DAGSTER_HOME", ".dagster_home")).resolve()))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser (also used to render --help in the README)."""
+    from pipelines.resources import DEFAULT_RELEASE
+
+    p = argparse.ArgumentParser(
+        prog="citycube",
+        description="Build and inspect CityCube releases (multimodal urban data cube).",
+    )
+    p.add_argument(
+        "--data",
+        default=os.environ.get("CITYCUBE_DATA", "data"),
+        help="data root holding sources/, cache/ and releases/ (env CITYCUBE_DATA; default ./data)",
+    )
+    p.add_argument(
+        "--release",
+        default=os.environ.get("CITYCUBE_RELEASE", DEFAULT_RELEASE),
+        help=f"release version id (env CITYCUBE_RELEASE; default {DEFAULT_RELEASE})",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="materialise city-years and the cube through Dagster")
+    b.add_argument(
+        "--cities",
+        default="default",
+        help="'default' (Amsterdam,Boston), 'all', or comma-separated city keys",
+    )
+    b.add_argument(
+        "--years",
+        default="default",
+        help="'default' (2020,2024,2025), 'all', or e.g. 2019-2021 or 2000,2005",
+    )
+    b.set_defaults(func=build)
+    v = sub.add_parser("views", help="rebuild cube.duckdb views for a release")
+    v.set_defaults(func=views)
+    s = sub.add_parser("summary", help="print a DuckDB summary of a release")
+    s.set_defaults(func=summary)
+    d = sub.add_parser("dagster-home", help="prepare DAGSTER_HOME for offline `dagster dev`")
+    d.set_defaults(func=dagster_home)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    args = parser().parse_args(argv)
+    from citycube.errors import CityCubeError
+
+    try:
+        return int(args.func(args))
+    except CityCubeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,437 @@
+"""Sample Landsat Collection 2 Level-2 scenes: a 30 m RGB file plus a QA_PIXEL bit field.
+
+One scene per city and year, in the city's UTM zone on the Landsat pixel lattice (corners on
+odd multiples of 15 m, so pixels do not line up with the 2 km tile edges). The colours follow
+the city's synthetic world; clouds, their shadows, swath edges and Landsat 7 SLC-off gaps
+make the optical modality miss tiles the way real scenes do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from datetime import UTC, date, datetime, time, timedelta
+
+import numpy as np
+from scipy import ndimage
+
+from sources.sample.world import (
+    FIRST_YEAR,
+    LAST_YEAR,
+    PRODUCT_MARGIN_M,
+    GeneratedItem,
+    NativeGrid,
+    RasterLayer,
+    SyntheticCity,
+    WorldPoints,
+    row_blocks,
+    smooth_noise,
+    smoothstep,
+    snapped_grid,
+)
+
+PIXEL_SIZE_M = 30.0
+"""Landsat reflective-band pixel size."""
+PIXEL_CORNER_OFFSET_M = 15.0
+"""Landsat pixel corners lie on odd multiples of 15 m (pixel centres on multiples of 30 m)."""
+
+# QA_PIXEL bits (Landsat Collection 2).
+QA_FILL = 1 << 0
+QA_DILATED_CLOUD = 1 << 1
+QA_CIRRUS = 1 << 2
+QA_CLOUD = 1 << 3
+QA_CLOUD_SHADOW = 1 << 4
+QA_SNOW = 1 << 5
+QA_CLEAR = 1 << 6
+QA_WATER = 1 << 7
+QA_CLOUD_CONFIDENCE_SHIFT = 8
+QA_SHADOW_CONFIDENCE_SHIFT = 10
+QA_SNOW_CONFIDENCE_SHIFT = 12
+QA_CIRRUS_CONFIDENCE_SHIFT = 14
+CONFIDENCE_LOW, CONFIDENCE_MEDIUM, CONFIDENCE_HIGH = 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Sensor:
+    """The Landsat mission that supplies a year's scene."""
+
+    code: str
+    """Scene-id prefix, e.g. 'LC08'."""
+    platform: str
+    """STAC platform name."""
+    instruments: tuple[str, ...]
+    """STAC instrument names."""
+    has_cirrus_band: bool
+    """OLI has a cirrus band; TM and ETM+ do not, so their cirrus bits stay 0."""
+    slc_off: bool
+    """Landsat 7 after May 2003: scan-line-corrector gaps."""
+
+
+def sensor_for(year: int) -> Sensor:
+    """The mission used for a year (one sensor per year keeps the series simple)."""
+    if year <= 2011:
+        return Sensor("LT05", "landsat-5", ("tm",), False, False)
+    if year == 2012:
+        return Sensor("LE07", "landsat-7", ("etm+",), False, True)
+    if year <= 2020:
+        return Sensor("LC08", "landsat-8", ("oli", "tirs"), True, False)
+    return Sensor("LC09", "landsat-9", ("oli", "tirs"), True, False)
+
+
+def wrs2_path_row(lat: float, lon: float) -> tuple[int, int]:
+    """Approximate WRS-2 path and row of a point (descending daytime pass)."""
+    path = round((-66.6 - lon + 0.333 * lat) / (360 / 233)) % 233 + 1
+    row = round(60 - lat / 1.45)
+    return int(path), int(row)
+
+
+def scene_grid(world: SyntheticCity) -> NativeGrid:
+    """The scene's window: city extent plus margin, on the Landsat 30 m UTM lattice."""
+    xmin, ymin, xmax, ymax = world.extent
+    m = PRODUCT_MARGIN_M
+    return snapped_grid(
+        world.crs,
+        (xmin - m, ymin - m, xmax + m, ymax + m),
+        (PIXEL_SIZE_M, PIXEL_SIZE_M),
+        (PIXEL_CORNER_OFFSET_M, PIXEL_CORNER_OFFSET_M),
+    )
+
+
+def acquisition_time(world: SyntheticCity, year: int, sensor: Sensor) -> datetime:
+    """A summer overpass at about 10:30 local solar time, in UTC."""
+    rng = world.rng("landsat-date", year)
+    north = world.latitude >= 0
+    if sensor.code == "LC09":  # operational from late 2021
+        doy = int(rng.integers(305, 364))
+    elif sensor.code == "LC08" and year == 2013:  # operational from April 2013
+        doy = int(rng.integers(152, 259)) if north else int(rng.integers(335, 364))
+    else:
+        doy = int(rng.integers(152, 259)) if north else int(rng.integers(1, 75))
+    local = datetime.combine(date(year, 1, 1) + timedelta(days=doy - 1), time(10, 30))
+    local += timedelta(minutes=float(rng.normal(0, 8)))
+    return (local - timedelta(hours=world.longitude / 15)).replace(tzinfo=UTC, microsecond=0)
+
+
+def scene_id(world: SyntheticCity, year: int, sensor: Sensor, acquired: datetime) -> str:
+    """A Collection 2 Level-2 product id: sensor, path/row, acquisition and processing date."""
+    path, row = wrs2_path_row(world.latitude, world.longitude)
+    rng = world.rng("landsat-processing", year)
+    reprocessing = datetime(2020, 8, 1, tzinfo=UTC)
+    if acquired < reprocessing:
+        processed = reprocessing + timedelta(days=int(rng.integers(0, 150)))
+    else:
+        processed = acquired + timedelta(days=int(rng.integers(8, 20)))
+    return f"{sensor.code}_L2SP_{path:03d}{row:03d}_{acquired:%Y%m%d}_{processed:%Y%m%d}_02_T1"
+
+
+# Surface colours (uint8 RGB as supplied), per climate where vegetation differs.
+_WATER_SEA = np.array([18, 40, 66], dtype=np.float32)
+_WATER_RIVER = np.array([32, 56, 66], dtype=np.float32)
+_URBAN_2000 = np.array([116, 114, 117], dtype=np.float32)
+_URBAN_2025 = np.array([136, 133, 131], dtype=np.float32)
+_BARE = {
+    "default": np.array([152, 128, 98], dtype=np.float32),
+    "semiarid": np.array([176, 156, 124], dtype=np.float32),
+}
+_VEG_DENSE = {
+    "temperate": (34, 70, 38),
+    "subtropical": (30, 74, 40),
+    "tropical": (24, 80, 34),
+    "mediterranean": (52, 74, 44),
+    "semiarid": (70, 80, 52),
+}
+_VEG_OPEN = {
+    "temperate": (96, 130, 64),
+    "subtropical": (90, 128, 60),
+    "tropical": (80, 130, 56),
+    "mediterranean": (146, 142, 94),
+    "semiarid": (160, 148, 108),
+}
+_CLOUD = np.array([232, 232, 236], dtype=np.float32)
+
+
+def surface_colour(
+    world: SyntheticCity, pts: WorldPoints, year: int, grain: np.ndarray
+) -> np.ndarray:
+    """Cloud-free RGB (3, rows, cols) float32 from land cover, relief shading and texture."""
+    urban = world.urban_intensity(pts, year)
+    green = world.green_fraction(pts, year, urban)
+    bare = np.clip(1 - urban - green, 0, 1)
+    total = np.maximum(urban + green + bare, 1e-6)
+    urban, green, bare = urban / total, green / total, bare / total
+    climate = world.traits.climate
+    dense = np.array(_VEG_DENSE[climate], dtype=np.float32)
+    open_ = np.array(_VEG_OPEN[climate], dtype=np.float32)
+    bare_rgb = _BARE.get(climate, _BARE["default"])
+    g = world.growth_progress(year)
+    urban_rgb = _URBAN_2000 + g * (_URBAN_2025 - _URBAN_2000)
+    wooded = smoothstep((pts.field("forest") - 0.45) / 0.3)
+    fields = 1 + 0.1 * np.tanh(3 * pts.field("crop"))
+    texture = 1 + 0.05 * pts.field("texture") + 0.035 * grain
+    shade = _hillshade(pts.elevation, world.latitude >= 0)
+    sea = pts.sea
+    river = pts.water & ~sea
+    gain = float(world.rng("landsat-gain", year).uniform(0.97, 1.03))
+    rgb = np.empty((3, *pts.shape), dtype=np.float32)
+    for band in range(3):
+        veg = open_[band] * fields + wooded * (dense[band] - open_[band] * fields)
+        land = urban * urban_rgb[band] + green * veg + bare * bare_rgb[band]
+        land *= shade * texture * gain
+        water = np.where(sea, _WATER_SEA[band], _WATER_RIVER[band]) * (1 + 0.02 * texture)
+        rgb[band] = np.where(sea | river, water, land)
+    return rgb
+
+
+def grain_field(world: SyntheticCity, shape: tuple[int, int]) -> np.ndarray:
+    """Pixel-scale texture, the same every year (roofs and fields do not flicker)."""
+    noise = world.rng("landsat-grain").standard_normal(shape, dtype=np.float32)
+    return ndimage.uniform_filter(noise, 3, output=np.float32) * np.float32(3)
+
+
+def _hillshade(elevation: np.ndarray, north: bool) -> np.ndarray:
+    """Lambertian shading for a morning sun (south-east in the north, north-east in the south)."""
+    d_row, d_col = np.gradient(elevation, PIXEL_SIZE_M)
+    dz_dx, dz_dy = d_col, -d_row
+    azimuth = math.radians(135 if north else 45)
+    altitude = math.radians(50)
+    sx, sy = math.sin(azimuth) * math.cos(altitude), math.cos(azimuth) * math.cos(altitude)
+    sz = math.sin(altitude)
+    shade = (-dz_dx * sx - dz_dy * sy + sz) / np.sqrt(1 + dz_dx**2 + dz_dy**2) / sz
+    return np.clip(0.55 + 0.45 * shade, 0.35, 1.3).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Sky:
+    """Atmospheric effects of one scene on its grid."""
+
+    cloud_alpha: np.ndarray
+    """Cloud opacity in [0, 1]."""
+    cloud: np.ndarray
+    """Opaque cloud (QA bit 3)."""
+    dilated: np.ndarray
+    """Thin cloud edge around opaque cloud (QA bit 1)."""
+    shadow_alpha: np.ndarray
+    """Shadow strength in [0, 1]."""
+    shadow: np.ndarray
+    """Cloud shadow (QA bit 4)."""
+    cirrus: np.ndarray
+    """Thin high cloud (QA bit 2; OLI only)."""
+
+    def rows(self, start: int, stop: int) -> Sky:
+        """The effects on rows [start, stop)."""
+        return Sky(*(getattr(self, f.name)[start:stop] for f in fields(self)))
+
+
+def sky_effects(
+    world: SyntheticCity,
+    year: int,
+    grid: NativeGrid,
+    sensor: Sensor,
+    extent_window: tuple[slice, slice],
+) -> Sky:
+    """Blobby clouds with offset shadows; the cloud share follows the world's year."""
+    rng = world.rng("landsat-clouds", year)
+    h, w = grid.height, grid.width
+    coarse = (h // 3 + 2, w // 3 + 2)
+    spacing = 3 * PIXEL_SIZE_M
+    density = (
+        0.75 * smooth_noise(rng, coarse, spacing, 5000)
+        + 0.40 * smooth_noise(rng, coarse, spacing, 1200)
+        + 0.15 * smooth_noise(rng, coarse, spacing, 300)
+    )
+    density = ndimage.zoom(density, 3, order=1)[:h, :w]
+    fraction = world.cloud_fraction(year)
+    sample = density[extent_window][::4, ::4]
+    threshold = float(np.quantile(sample, 1 - fraction)) if fraction > 0 else np.inf
+    haze = 0.06
+    cloud = density > threshold
+    dilated = (density > threshold - haze) & ~cloud
+    alpha = smoothstep((density - threshold + haze) / (2.5 * haze)).astype(np.float32)
+
+    # Shadows fall away from the sun: north-west in the north, south-west in the south.
+    distance_px = float(rng.uniform(30, 80))
+    bearing = math.radians(-45 if world.latitude >= 0 else -135)
+    east, north = distance_px * math.sin(bearing), distance_px * math.cos(bearing)
+    shadow_alpha = _shift(alpha, rows=-round(north), cols=round(east))
+    shadow = (shadow_alpha > 0.35) & ~cloud
+
+    cirrus = np.zeros((h, w), dtype=bool)
+    if sensor.has_cirrus_band and rng.random() < 0.3:
+        thin = ndimage.zoom(smooth_noise(rng, coarse, spacing, 8000), 3, order=1)[:h, :w]
+        cirrus = thin > np.quantile(thin[::8, ::8], 1 - rng.uniform(0.05, 0.25))
+    return Sky(alpha, cloud, dilated, shadow_alpha, shadow, cirrus)
+
+
+def _shift(values: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Values moved by (rows, cols) pixels, zero where nothing moved in."""
+    out = np.zeros_like(values)
+    h, w = values.shape
+    if abs(rows) >= h or abs(cols) >= w:
+        return out
+    src_r = slice(max(-rows, 0), h - max(rows, 0))
+    dst_r = slice(max(rows, 0), h - max(-rows, 0))
+    src_c = slice(max(-cols, 0), w - max(cols, 0))
+    dst_c = slice(max(cols, 0), w - max(-cols, 0))
+    out[dst_r, dst_c] = values[src_r, src_c]
+    return out
+
+
+def compose_scene(rgb: np.ndarray, sky: Sky, fill: np.ndarray) -> np.ndarray:
+    """Shadows darken, clouds whiten (with soft edges); fill pixels become nodata 0."""
+    shadow = sky.shadow_alpha * (1 - sky.cloud_alpha)
+    veil = np.clip(sky.cloud_alpha + np.where(sky.cirrus, np.float32(0.15), np.float32(0)), 0, 1)
+    out = np.empty(rgb.shape, dtype=np.uint8)
+    for band in range(3):
+        value = rgb[band] * (1 - 0.5 * shadow)
+        value += veil * (_CLOUD[band] - value)
+        out[band] = np.clip(np.rint(value), 1, 255).astype(np.uint8)
+        out[band][fill] = 0
+    return out
+
+
+def fill_mask(world: SyntheticCity, year: int, sensor: Sensor, pts: WorldPoints) -> np.ndarray:
+    """Pixels outside the imaged swath, plus Landsat 7 SLC-off gaps."""
+    rng = world.rng("landsat-swath", year)
+    lat = abs(world.latitude)
+    heading = math.radians(9 + 5 * lat / 60)  # ground track tilt from north
+    x, y = pts.local_x, pts.local_y
+    across = x * math.cos(heading) - y * math.sin(heading)
+    along = x * math.sin(heading) + y * math.cos(heading)
+    fill = np.zeros(pts.shape, dtype=bool)
+    if rng.random() < 0.2:  # the swath edge crosses the city this year
+        xmin, _, xmax, _ = world.extent
+        half_width = (xmax - xmin) / 2
+        cut = rng.uniform(0.2, 0.9) * half_width
+        side = rng.choice([-1.0, 1.0])
+        fill |= side * across > half_width - cut
+    if sensor.slc_off:
+        centre_offset = rng.uniform(-70_000, 70_000)
+        gap_px = 14 * np.minimum(np.abs(across - centre_offset) / 92_500, 1)
+        phase = np.mod(along / PIXEL_SIZE_M + rng.uniform(0, 32), 32)
+        fill |= phase < gap_px
+    return fill
+
+
+def qa_pixel(
+    sensor: Sensor,
+    sky: Sky,
+    fill: np.ndarray,
+    water: np.ndarray,
+    snow: np.ndarray,
+) -> np.ndarray:
+    """QA_PIXEL values with Collection 2 bit semantics (flags plus 2-bit confidences)."""
+    cloud_conf = np.where(
+        sky.cloud, CONFIDENCE_HIGH, np.where(sky.dilated, CONFIDENCE_MEDIUM, CONFIDENCE_LOW)
+    )
+    qa = cloud_conf.astype(np.uint16) << QA_CLOUD_CONFIDENCE_SHIFT
+    qa |= (
+        np.where(sky.shadow, CONFIDENCE_HIGH, CONFIDENCE_LOW).astype(np.uint16)
+        << QA_SHADOW_CONFIDENCE_SHIFT
+    )
+    qa |= (
+        np.where(snow, CONFIDENCE_HIGH, CONFIDENCE_LOW).astype(np.uint16)
+        << QA_SNOW_CONFIDENCE_SHIFT
+    )
+    if sensor.has_cirrus_band:
+        cirrus_conf = np.where(sky.cirrus, CONFIDENCE_HIGH, CONFIDENCE_LOW).astype(np.uint16)
+        qa |= cirrus_conf << QA_CIRRUS_CONFIDENCE_SHIFT
+        qa |= np.where(sky.cirrus, QA_CIRRUS, 0).astype(np.uint16)
+    qa |= np.where(sky.dilated, QA_DILATED_CLOUD, 0).astype(np.uint16)
+    qa |= np.where(sky.cloud, QA_CLOUD, 0).astype(np.uint16)
+    qa |= np.where(sky.shadow, QA_CLOUD_SHADOW, 0).astype(np.uint16)
+    qa |= np.where(snow & ~sky.cloud, QA_SNOW, 0).astype(np.uint16)
+    qa |= np.where(~(sky.cloud | sky.dilated), QA_CLEAR, 0).astype(np.uint16)
+    qa |= np.where(water & ~sky.cloud, QA_WATER, 0).astype(np.uint16)
+    return np.where(fill, np.uint16(QA_FILL), qa).astype(np.uint16)
+
+
+class LandsatC2L2:
+    """Annual Landsat Collection 2 Level-2 scenes (RGB as supplied plus QA_PIXEL)."""
+
+    product_id = "landsat_c2l2"
+
+    def years(self) -> list[int] | None:
+        """Every calendar year has a scene (cloud and gaps decide what is usable)."""
+        return list(range(FIRST_YEAR, LAST_YEAR + 1))
+
+    def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
+        """One scene: RGB file (role 'data') and QA_PIXEL file (role 'qa')."""
+        assert year is not None
+        grid = scene_grid(world)
+        sensor = sensor_for(year)
+        acquired = acquisition_time(world, year, sensor)
+        product_id = scene_id(world, year, sensor, acquired)
+        t = grid.transform
+        xmin, ymin, xmax, ymax = world.extent
+        extent_window = (
+            slice(round((t.f - ymax) / PIXEL_SIZE_M), round((t.f - ymin) / PIXEL_SIZE_M)),
+            slice(round((xmin - t.c) / PIXEL_SIZE_M), round((xmax - t.c) / PIXEL_SIZE_M)),
+        )
+        sky = sky_effects(world, year, grid, sensor, extent_window)
+        grain = grain_field(world, (grid.height, grid.width))
+        pixels = np.empty((3, grid.height, grid.width), dtype=np.uint8)
+        qa = np.empty((grid.height, grid.width), dtype=np.uint16)
+        fill = np.empty((grid.height, grid.width), dtype=bool)
+        for start, stop in row_blocks(grid.height):
+            # One halo row each side so relief shading has no seams between blocks.
+            lo, hi = max(start - 1, 0), min(stop + 1, grid.height)
+            core = slice(start - lo, stop - lo)
+            pts = world.grid_points(grid.row_window(lo, hi))
+            rgb = surface_colour(world, pts, year, grain[lo:hi])[:, core]
+            block_sky = sky.rows(start, stop)
+            block_fill = (fill_mask(world, year, sensor, pts) | ~pts.inside)[core]
+            pixels[:, start:stop] = compose_scene(rgb, block_sky, block_fill)
+            snow = (pts.elevation > world.snowline_m)[core]
+            qa[start:stop] = qa_pixel(sensor, block_sky, block_fill, pts.water[core], snow)
+            fill[start:stop] = block_fill
+        del grain
+        observed = ~fill
+        cloud_cover = 100.0 * float((sky.cloud & observed).sum()) / max(int(observed.sum()), 1)
+        path, row = wrs2_path_row(world.latitude, world.longitude)
+        layers = (
+            RasterLayer(
+                role="data",
+                filename=f"{product_id}_SR_RGB.TIF",
+                data=pixels,
+                grid=grid,
+                nodata=0,
+                band_descriptions=("red", "green", "blue"),
+                units="digital number (uint8 RGB as supplied)",
+                title="Surface reflectance RGB (red, green, blue)",
+            ),
+            RasterLayer(
+                role="qa",
+                filename=f"{product_id}_QA_PIXEL.TIF",
+                data=qa[None],
+                grid=grid,
+                nodata=QA_FILL,
+                band_descriptions=("qa_pixel",),
+                units="bit field",
+                title="Pixel quality assessment (Collection 2 QA_PIXEL bits)",
+                categorical=True,
+            ),
+        )
+        return GeneratedItem(
+            item_id=product_id,
+            layers=layers,
+            timestamp=acquired,
+            start_datetime=None,
+            end_datetime=None,
+            properties={
+                "platform": sensor.platform,
+                "instruments": list(sensor.instruments),
+                "eo:cloud_cover": round(cloud_cover, 2),
+                "landsat:scene_id": product_id,
+                "landsat:wrs_path": f"{path:03d}",
+                "landsat:wrs_row": f"{row:03d}",
+                "landsat:collection_number": "02",
+                "landsat:collection_category": "T1",
+                "landsat:correction": "L2SP",
+            },
+            extra={
+                "scene_id": product_id,
+                "sensor": sensor.code,
+                "cloud_cover_percent": f"{cloud_cover:.2f}",
+                "units": "uint8 RGB",
+            },
+        )
