@@ -325,6 +325,7 @@ class ChipStoreWriter:
 
     def __enter__(self) -> ChipStoreWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._remove_leftovers()
         try:
             self._write_template()
         except BaseException:
@@ -332,6 +333,15 @@ class ChipStoreWriter:
             raise
         self._started = True
         return self
+
+    def _remove_leftovers(self) -> None:
+        """Delete temp/old siblings a killed earlier write of this same store left behind.
+
+        One partition is written by one run at a time, so any such sibling is stale.
+        """
+        for pattern in (f".{self.path.name}.tmp-*", f".{self.path.name}.old-*"):
+            for leftover in self.path.parent.glob(pattern):
+                shutil.rmtree(leftover, ignore_errors=True)
 
     def __exit__(
         self,

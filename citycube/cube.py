@@ -141,6 +141,8 @@ def write_parquet_atomic(
 ) -> Path:
     """Write a Parquet file to a temporary name, then move it over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a killed earlier write
+        stale.unlink(missing_ok=True)
     if metadata:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
