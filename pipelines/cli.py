@@ -151,7 +151,8 @@ def build(args: argparse.Namespace) -> int:
     release = resource.release()
     print(f"Done in {time.monotonic() - started:.0f}s.\n")
     print(summary_text(release.duckdb_file))
-    print(f"\nQuery it: duckdb {release.duckdb_file}")
+    shell = Path(sys.executable).with_name("duckdb")
+    print(f"\nQuery it: {shell if shell.exists() else 'duckdb'} {release.duckdb_file}")
     return 0
 
 

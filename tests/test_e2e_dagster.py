@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -114,3 +117,27 @@ def test_schedule_requests_last_year_for_every_city() -> None:
     requests = yearly_backfill(context)
     assert len(requests) == 16
     assert all(r.partition_key.keys_by_dimension["year"] == "2024" for r in requests)
+
+
+def _readme_sql() -> list[str]:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    return re.findall(r"```sql\n(.*?)```", readme, flags=re.DOTALL)
+
+
+def test_readme_queries_run_on_the_release(release_dir: Path) -> None:
+    queries = _readme_sql()
+    assert len(queries) >= 3
+    con = duckdb.connect(str(release_dir / "cube.duckdb"), read_only=True)
+    results = [con.execute(q).fetchall() for q in queries]
+    assert all(results[:2])  # availability table and a tile history are non-empty here
+
+
+def test_duckdb_command_opens_the_release(release_dir: Path) -> None:
+    cli = Path(sys.executable).with_name("duckdb")
+    out = subprocess.run(
+        [str(cli), str(release_dir / "cube.duckdb"), "-csv", "-c", "SELECT count(*) FROM tiles"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip().splitlines()[-1] == "6586"
