@@ -190,7 +190,10 @@ class SampleBackend(SourceBackend):
             "CITYCUBE_GENERATOR": f"sample:{product} {self.version} seed={self.seed}",
         }
         for layer in generated.layers:
-            write_cog(staging / layer.filename, layer, tags)
+            if isinstance(layer, RasterLayer):
+                write_cog(staging / layer.filename, layer, tags)
+            else:
+                layer.write(staging / layer.filename, tags)
         stac = stac_item(generated, product, city, source_year)
         _write_json(staging / STAC_ITEM_FILE, stac)
         extra = {
@@ -315,9 +318,11 @@ def _iso(value: datetime | None) -> str | None:
     return value.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _footprint(layer: RasterLayer) -> tuple[list[float], dict[str, Any]]:
-    """WGS84 bbox and polygon of a layer's grid (edges densified before reprojection)."""
-    xmin, ymin, xmax, ymax = layer.grid.bounds
+def _footprint(
+    bounds: tuple[float, float, float, float], crs: CRS
+) -> tuple[list[float], dict[str, Any]]:
+    """WGS84 bbox and polygon of a box in ``crs`` (edges densified before reprojection)."""
+    xmin, ymin, xmax, ymax = bounds
     n = 16
     xs = np.concatenate(
         [
@@ -335,7 +340,6 @@ def _footprint(layer: RasterLayer) -> tuple[list[float], dict[str, Any]]:
             np.linspace(ymin, ymax, n),
         ]
     )
-    crs = CRS.from_user_input(layer.grid.crs)
     if crs.to_epsg() != 4326:
         lon, lat = Transformer.from_crs(crs, "EPSG:4326", always_xy=True).transform(xs, ys)
     else:
@@ -356,16 +360,19 @@ def stac_item(
 ) -> dict[str, Any]:
     """A STAC Item (plain JSON) for the generated files, with projection and raster fields."""
     first = generated.layers[0]
-    crs = CRS.from_user_input(first.grid.crs)
-    bbox, geometry = _footprint(first)
-    t = first.grid.transform
+    if isinstance(first, RasterLayer):
+        crs = CRS.from_user_input(first.grid.crs)
+        bounds = first.grid.bounds
+    else:
+        if first.crs is None or first.bounds is None:
+            raise ValueError(f"the first layer of {generated.item_id} must be spatial")
+        crs, bounds = CRS.from_user_input(first.crs), first.bounds
+    bbox, geometry = _footprint(bounds, crs)
     properties: dict[str, Any] = {
         "datetime": _iso(generated.timestamp),
         "proj:epsg": crs.to_epsg(),
         "proj:wkt2": crs.to_wkt(),
-        "proj:transform": [t.a, t.b, t.c, t.d, t.e, t.f],
-        "proj:shape": [first.grid.height, first.grid.width],
-        "proj:bbox": list(first.grid.bounds),
+        "proj:bbox": list(bounds),
         "citycube:synthetic": True,
         "citycube:product": product,
         "citycube:city": city,
@@ -376,9 +383,22 @@ def stac_item(
         properties["start_datetime"] = _iso(generated.start_datetime)
     if generated.end_datetime is not None:
         properties["end_datetime"] = _iso(generated.end_datetime)
+    if isinstance(first, RasterLayer):
+        t = first.grid.transform
+        properties["proj:transform"] = [t.a, t.b, t.c, t.d, t.e, t.f]
+        properties["proj:shape"] = [first.grid.height, first.grid.width]
     properties.update(generated.properties)
     assets: dict[str, Any] = {}
     for layer in generated.layers:
+        if not isinstance(layer, RasterLayer):
+            assets[layer.role] = {
+                "href": f"./{layer.filename}",
+                "type": layer.media_type,
+                "title": layer.title,
+                "roles": [layer.role],
+                **layer.stac_fields(),
+            }
+            continue
         assets[layer.role] = {
             "href": f"./{layer.filename}",
             "type": COG_MEDIA_TYPE,

@@ -358,7 +358,7 @@ class GeneratedItem:
 
     item_id: str
     """STAC item id; also names the files where the product has a naming convention."""
-    layers: tuple[RasterLayer, ...]
+    layers: tuple[RasterLayer | FileLayer, ...]
     """Files of the item."""
     timestamp: datetime | None
     """Nominal acquisition time (None for products that only have a range)."""
@@ -370,6 +370,35 @@ class GeneratedItem:
     """Product-specific STAC properties."""
     extra: dict[str, str] = field(default_factory=dict)
     """Product-specific metadata for ``SourceItem.extra``."""
+
+
+class FileLayer(Protocol):
+    """A non-raster file of an item (vector, table, NetCDF): it writes itself.
+
+    Raster layers are ``RasterLayer`` and written as COGs by the backend; every other kind of
+    file implements this protocol so the backend stays format-agnostic.
+    """
+
+    role: str
+    """Role in the item (e.g. 'data', 'coverage', 'cpi')."""
+    filename: str
+    """File name inside the item directory."""
+    title: str
+    """Human-readable title of the asset."""
+    media_type: str
+    """IANA media type for the STAC asset."""
+    crs: CRS | None
+    """CRS of the file's geometries or grid; None for plain tables."""
+    bounds: tuple[float, float, float, float] | None
+    """(xmin, ymin, xmax, ymax) in ``crs``; None for plain tables."""
+
+    def write(self, path: Path, tags: dict[str, str]) -> None:
+        """Write the file to ``path``, embedding the synthetic ``tags`` where the format allows."""
+        ...
+
+    def stac_fields(self) -> dict[str, object]:
+        """Extra STAC asset fields (e.g. table:columns, cube:variables)."""
+        ...
 
 
 class SampleProduct(Protocol):
