@@ -91,14 +91,54 @@ class LegendEntry(BaseModel):
         return self
 
 
+class Conversion(StrEnum):
+    """Value conversions that need more than a scale and offset."""
+
+    PPP_2017 = "ppp_2017"
+
+
 class FieldSpec(BaseModel):
-    """One released field: which band of which product, in which unit."""
+    """One released field: which band of which file of which product, in which unit."""
 
     model_config = _STRICT
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="Field name in observations.")
-    band: int = Field(ge=1, description="1-based band index in the product's data file.")
+    band: int = Field(1, ge=1, description="1-based band index in the file.")
     unit: str = Field(description="Physical unit of the released value.")
     product: str | None = Field(None, description="Product override (e.g. AQ's two products).")
+    role: str = Field("data", description="File role inside the source item.")
+    role_by_product: dict[str, str] = Field(
+        default_factory=dict, description="File role when a per-city product names it otherwise."
+    )
+    column: str | None = Field(None, description="Value column for point or record sources.")
+    scale: float = Field(1.0, description="Unit conversion applied after the file's own scale.")
+    offset: float = Field(0.0, description="Unit conversion offset (e.g. −273.15 for K → °C).")
+    conversion: Conversion | None = Field(None, description="e.g. ppp_2017 for property values.")
+
+    def role_for(self, product: str) -> str:
+        """The file role that holds this field in ``product``."""
+        return self.role_by_product.get(product, self.role)
+
+
+class RasterizeSpec(BaseModel):
+    """How a vector source becomes an image on the chip grid (no buffering, no dilation)."""
+
+    model_config = _STRICT
+    layer: str = Field(description="Layer name in the vector file.")
+    filter_column: str | None = Field(None, description="Keep features whose column value ...")
+    filter_values: tuple[str, ...] = Field((), description="... is one of these.")
+    burn_value: float | None = Field(None, description="Constant value burnt for features.")
+    burn_column: str | None = Field(None, description="Numeric column burnt for features.")
+    classify: str | None = Field(None, description="Registered classifier giving class ids.")
+    background: float = Field(0.0, description="Value where no feature lies (valid).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        given = [x is not None for x in (self.burn_value, self.burn_column, self.classify)]
+        if sum(given) != 1:
+            raise ValueError("rasterize needs exactly one of burn_value, burn_column, classify")
+        if self.filter_values and not self.filter_column:
+            raise ValueError("rasterize filter_values need a filter_column")
+        return self
 
 
 class Validity(BaseModel):
@@ -175,6 +215,13 @@ class ModalitySpec(BaseModel):
     kind: Kind
     temporal: Temporal
     product: str = Field(description="Default source product id for its fields.")
+    product_by_city: dict[str, str] = Field(
+        default_factory=dict, description="Per-city product (e.g. Daymet for North America)."
+    )
+    auxiliary_products: tuple[str, ...] = Field(
+        (), description="Products needed for conversions (e.g. CPI and PPP series)."
+    )
+    rasterize: RasterizeSpec | None = Field(None, description="For vector sources of images.")
     fields: tuple[FieldSpec, ...] = Field(min_length=1)
     validity: Validity
     aggregation: Aggregation
@@ -222,14 +269,31 @@ class ModalitySpec(BaseModel):
         """True for image and categorical-image modalities."""
         return self.kind != Kind.NUMERIC
 
-    def products(self) -> list[str]:
-        """Distinct source products this modality reads, in field order."""
+    def product_for(self, field: FieldSpec, city: str | None = None) -> str:
+        """The product a field is read from (for a city, honouring per-city products)."""
+        if field.product:
+            return field.product
+        if city is not None:
+            return self.product_by_city.get(city, self.product)
+        return self.product
+
+    def products(self, city: str | None = None) -> list[str]:
+        """Distinct source products this modality reads (for one city, or for any city)."""
         seen: list[str] = []
-        for f in self.fields:
-            p = f.product or self.product
-            if p not in seen:
-                seen.append(p)
+        cities = [city] if city is not None else [None, *self.product_by_city]
+        for c in cities:
+            for f in self.fields:
+                p = self.product_for(f, c)
+                if p not in seen:
+                    seen.append(p)
         return seen
+
+    def field_groups(self, city: str) -> list[tuple[str, list[FieldSpec]]]:
+        """Fields grouped by the product that serves them in ``city``; groups are independent."""
+        groups: dict[str, list[FieldSpec]] = {}
+        for f in self.fields:
+            groups.setdefault(self.product_for(f, city), []).append(f)
+        return list(groups.items())
 
 
 class Catalogue(BaseModel):

@@ -18,12 +18,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import shapely
+from pyproj import Transformer
 
 from citycube.aggregate import aggregate_tiles
-from citycube.catalogue import Aggregation, Catalogue, Kind, ModalitySpec
+from citycube.catalogue import Aggregation, Catalogue, Conversion, FieldSpec, Kind, ModalitySpec
 from citycube.chips import ChipStoreWriter, row_bands, tile_pixel_summaries, warp_rows
-from citycube.cities import SCALES
+from citycube.cities import SCALES, get_city
 from citycube.cube import (
     CHIP_INDEX_SCHEMA,
     OBSERVATION_SCHEMA,
@@ -31,9 +34,22 @@ from citycube.cube import (
     file_metadata,
     write_parquet_atomic,
 )
+from citycube.errors import SourceReadError, SourceUnavailableError
 from citycube.grids import PixelGrid, Tile, city_grid, pixel_grid
+from citycube.money import ppp_2017_factor
+from citycube.products import load_products
 from citycube.readers import open_masked_source
 from citycube.temporal import Resolution, resolve
+from citycube.vectors import (
+    coverage_fractions,
+    load_coverage,
+    load_features,
+    load_points,
+    load_records,
+    point_counts,
+    rasterize_rows,
+    tile_index,
+)
 from sources.base import SourceBackend, SourceItem
 
 ProgressFn = Callable[[str], None]
@@ -80,18 +96,8 @@ def _image_results(
     tiles = _all_tiles(city)
     dtype = np.dtype(modality.chip.dtype)
     fill = 255 if categorical else (0 if np.issubdtype(dtype, np.integer) else np.nan)
-    attrs = {
-        "citycube_release": release.version,
-        "modality": modality.code,
-        "city": city,
-        "source_id": item.source_id,
-        "source_version": item.version,
-        "source_year": item.source_year if item.source_year is not None else "static",
-        "synthetic": str(item.synthetic).lower(),
-        "resolution_m": modality.chip.resolution_m,
-        "resampling": modality.chip.resampling.value,
-    }
     store = release.chip_store(modality.code, city, _label(item.source_year))
+    attrs = _chip_attrs(modality, city, item, release)
     rows: list[dict] = []
     with (
         open_masked_source(item, modality, bands, valid_ids) as source,
@@ -105,55 +111,138 @@ def _image_results(
                 stored = np.where(valid, values, fill)
             w.write_rows(row_start, stored.astype(dtype), valid)
             in_band = [t for t in tiles if row_start <= grid.window(t)[0] < row_stop]
-            for summary in tile_pixel_summaries(
+            summaries = tile_pixel_summaries(
                 values, valid, row_start, grid, in_band, categorical=categorical
-            ):
-                fraction = summary.valid_pixels / summary.total_pixels
-                ok = _meets(fraction, modality.validity.min_valid_fraction)
-                reason = (
-                    None
-                    if ok
-                    else (
-                        "no_valid_pixels"
-                        if summary.valid_pixels == 0
-                        else "insufficient_valid_pixels"
-                    )
-                )
-                scale = "2km" if "_2KM_" in summary.tile_id else "5km"
-                for i, f in enumerate(modality.fields):
-                    value = (
-                        float(summary.mode_class)
-                        if categorical and summary.mode_class is not None
-                        else (summary.band_means[i] if not categorical else math.nan)
-                    )
-                    rows.append(
-                        {
-                            "tile_id": summary.tile_id,
-                            "scale": scale,
-                            "field": f.name,
-                            "value": value if ok else math.nan,
-                            "valid_fraction": fraction,
-                            "reason": reason,
-                        }
-                    )
+            )
+            rows += _summary_rows(modality, summaries, categorical)
             if progress:
                 progress(f"{modality.code} {city} rows {row_stop}/{grid.height}")
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
-def _numeric_results(
+def _vector_image_results(
     modality: ModalitySpec,
     catalogue: Catalogue,
     city: str,
-    items: dict[str, SourceItem],
+    item: SourceItem,
+    release: Release,
+    progress: ProgressFn | None,
+) -> pd.DataFrame:
+    """Draw vector features straight onto the chip grid (no buffering), write chips, summarise."""
+    assert modality.chip is not None and modality.rasterize is not None
+    spec = modality.rasterize
+    grid = pixel_grid(city, modality.chip.resolution_m)
+    categorical = modality.kind == Kind.CATEGORICAL_IMAGE
+    dtype = np.dtype(modality.chip.dtype)
+    features = load_features(
+        item.files["data"],
+        spec,
+        get_city(city).epsg,
+        load_products()[item.product].expected_crs(city),
+        item.files.get("coverage"),
+    )
+    tiles = _all_tiles(city)
+    store = release.chip_store(modality.code, city, _label(item.source_year))
+    attrs = _chip_attrs(modality, city, item, release)
+    rows: list[dict] = []
+    fill = 255 if categorical else 0
+    with ChipStoreWriter(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w:
+        for row_start, row_stop in row_bands(grid):
+            values, valid = rasterize_rows(
+                features, grid, row_start, row_stop, background=spec.background, dtype=dtype
+            )
+            w.write_rows(row_start, np.where(valid, values, fill).astype(dtype), valid)
+            in_band = [t for t in tiles if row_start <= grid.window(t)[0] < row_stop]
+            summaries = tile_pixel_summaries(
+                values.astype(np.float64) if not categorical else values,
+                valid,
+                row_start,
+                grid,
+                in_band,
+                categorical=categorical,
+            )
+            rows += _summary_rows(modality, summaries, categorical)
+            if progress:
+                progress(f"{modality.code} {city} rows {row_stop}/{grid.height}")
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def _chip_attrs(
+    modality: ModalitySpec, city: str, item: SourceItem, release: Release
+) -> dict[str, object]:
+    assert modality.chip is not None
+    return {
+        "citycube_release": release.version,
+        "modality": modality.code,
+        "city": city,
+        "source_id": item.source_id,
+        "source_version": item.version,
+        "source_year": item.source_year if item.source_year is not None else "static",
+        "synthetic": str(item.synthetic).lower(),
+        "resolution_m": modality.chip.resolution_m,
+        "resampling": "rasterized" if modality.rasterize else modality.chip.resampling.value,
+    }
+
+
+def _summary_rows(modality: ModalitySpec, summaries: Sequence, categorical: bool) -> list[dict]:
+    rows = []
+    for summary in summaries:
+        fraction = summary.valid_pixels / summary.total_pixels
+        ok = _meets(fraction, modality.validity.min_valid_fraction)
+        reason = None
+        if not ok:
+            reason = "no_valid_pixels" if summary.valid_pixels == 0 else "insufficient_valid_pixels"
+        scale = "2km" if "_2KM_" in summary.tile_id else "5km"
+        for i, f in enumerate(modality.fields):
+            if categorical:
+                value = float(summary.mode_class) if summary.mode_class is not None else math.nan
+            else:
+                value = summary.band_means[i] * f.scale + f.offset
+            rows.append(
+                {
+                    "tile_id": summary.tile_id,
+                    "scale": scale,
+                    "field": f.name,
+                    "value": value if ok else math.nan,
+                    "valid_fraction": fraction,
+                    "reason": reason,
+                }
+            )
+    return rows
+
+
+def _reason(covered: float, fraction: float, threshold: float, value: float, positive: bool):
+    if covered <= 0:
+        return "outside_source_coverage"
+    if not _meets(fraction, threshold):
+        return "insufficient_valid_support"
+    if not np.isfinite(value):
+        return "no_valid_support"
+    if positive and not value > 0:
+        return "non_positive_value"
+    return None
+
+
+def _numeric_results(
+    modality: ModalitySpec,
+    city: str,
+    item: SourceItem,
+    fields: Sequence[FieldSpec],
     release: Release,
 ) -> pd.DataFrame:
-    """Exact area-weighted aggregation of each field's product onto both tile grids."""
+    """Exact area-weighted aggregation of each file (role) onto both tile grids.
+
+    Fields in different files are aggregated with their own validity masks, so one field's gaps
+    never remove another's values (e.g. weather variables, or AQ's two products).
+    """
     rows: list[dict] = []
     threshold = modality.validity.min_valid_fraction
-    for product, item in items.items():
-        fields = [f for f in modality.fields if (f.product or modality.product) == product]
-        with open_masked_source(item, modality, [f.band for f in fields]) as source:
+    by_role: dict[str, list[FieldSpec]] = {}
+    for f in fields:
+        by_role.setdefault(f.role_for(item.product), []).append(f)
+    for role, role_fields in by_role.items():
+        bands = [f.band for f in role_fields]
+        with open_masked_source(item, modality, bands, role=role) as source:
             for scale in SCALES:
                 grid = city_grid(city, scale)
                 stats = aggregate_tiles(source, grid, cache_dir=release.cache_dir / "coverage")
@@ -161,24 +250,18 @@ def _numeric_results(
                 for t_index, tile_id in enumerate(grid.tile_ids()):
                     fraction = float(stats.valid_fraction[t_index])
                     covered = float(stats.covered_fraction[t_index])
-                    for b, f in enumerate(fields):
+                    for b, f in enumerate(role_fields):
                         if modality.aggregation == Aggregation.SUM_PER_NOMINAL_AREA:
-                            value = float(stats.total[b, t_index]) / nominal_km2
+                            value = float(stats.total[b, t_index]) * f.scale / nominal_km2
                         elif modality.aggregation == Aggregation.AREA_MEAN:
-                            value = float(stats.mean[b, t_index])
+                            value = float(stats.mean[b, t_index]) * f.scale + f.offset
                         else:
                             raise NotImplementedError(
-                                f"{modality.code}: aggregation {modality.aggregation} is declared "
-                                "but not implemented for raster sources"
+                                f"{modality.code}: {modality.aggregation} does not apply to rasters"
                             )
-                        if covered <= 0:
-                            reason = "outside_source_coverage"
-                        elif not _meets(fraction, threshold):
-                            reason = "insufficient_valid_support"
-                        elif modality.validity.positive and not value > 0:
-                            reason = "non_positive_value"
-                        else:
-                            reason = None
+                        reason = _reason(
+                            covered, fraction, threshold, value, modality.validity.positive
+                        )
                         rows.append(
                             {
                                 "tile_id": tile_id,
@@ -192,28 +275,148 @@ def _numeric_results(
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
+def _point_density_results(
+    modality: ModalitySpec, city: str, item: SourceItem, fields: Sequence[FieldSpec]
+) -> pd.DataFrame:
+    """log(1 + points/km²) per tile; a tile without points has no trace data (unavailable)."""
+    x, y = load_points(
+        item.files["data"], get_city(city).epsg, load_products()[item.product].expected_crs(city)
+    )
+    rows: list[dict] = []
+    for scale in SCALES:
+        grid = city_grid(city, scale)
+        counts = point_counts(grid, x, y)
+        density = counts / (grid.tile_size**2 / 1e6)
+        for t_index, tile_id in enumerate(grid.tile_ids()):
+            value = float(np.log1p(density[t_index]))
+            reason = None if counts[t_index] > 0 else "no_trace_data"
+            for f in fields:
+                rows.append(
+                    {
+                        "tile_id": tile_id,
+                        "scale": scale,
+                        "field": f.name,
+                        "value": value if reason is None else math.nan,
+                        "valid_fraction": math.nan,
+                        "reason": reason,
+                    }
+                )
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def _record_sum_results(
+    modality: ModalitySpec, city: str, item: SourceItem, fields: Sequence[FieldSpec]
+) -> pd.DataFrame:
+    """Sum of record values inside the reported coverage ÷ nominal tile area; never scaled up.
+
+    The valid support of a tile is the share of its area inside the coverage polygon (e.g. a
+    city limit): outside it the tile is unavailable, not zero.
+    """
+    epsg = get_city(city).epsg
+    if "coverage" not in item.files:
+        raise SourceReadError(f"{item.product} item for {city} has no 'coverage' file")
+    coverage = load_coverage(item.files["coverage"], epsg)
+    threshold = modality.validity.min_valid_fraction
+    rows: list[dict] = []
+    for f in fields:
+        lon, lat, values, _unusable = load_records(
+            item.files["data"], f.column or "value", item.source_year
+        )
+        x, y = Transformer.from_crs(4326, epsg, always_xy=True).transform(lon, lat)
+        inside = shapely.contains_xy(coverage, x, y)
+        for scale in SCALES:
+            grid = city_grid(city, scale)
+            fractions = coverage_fractions(grid, coverage)
+            index = tile_index(grid, np.asarray(x)[inside], np.asarray(y)[inside])
+            keep = index >= 0
+            sums = np.bincount(index[keep], weights=values[inside][keep], minlength=grid.n_tiles)
+            nominal_km2 = grid.tile_size**2 / 1e6
+            for t_index, tile_id in enumerate(grid.tile_ids()):
+                fraction = float(fractions[t_index])
+                value = float(sums[t_index]) * f.scale / nominal_km2
+                reason = _reason(fraction, fraction, threshold, value, modality.validity.positive)
+                rows.append(
+                    {
+                        "tile_id": tile_id,
+                        "scale": scale,
+                        "field": f.name,
+                        "value": value if reason is None else math.nan,
+                        "valid_fraction": fraction,
+                        "reason": reason,
+                    }
+                )
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def _apply_conversions(
+    frame: pd.DataFrame,
+    fields: Sequence[FieldSpec],
+    city: str,
+    source_year: int | None,
+    aux: dict[str, SourceItem],
+) -> pd.DataFrame:
+    """Convert money to 2017 PPP international dollars (keeping the local field as is)."""
+    for f in fields:
+        if f.conversion != Conversion.PPP_2017:
+            continue
+        factor = None
+        if source_year is not None and "worldbank_indicators" in aux:
+            factor = ppp_2017_factor(aux["worldbank_indicators"], get_city(city).iso3, source_year)
+        rows = frame["field"] == f.name
+        if factor is None:
+            frame.loc[rows & frame["reason"].isna(), "reason"] = "conversion_factor_missing"
+            frame.loc[rows, "value"] = math.nan
+        else:
+            frame.loc[rows, "value"] = frame.loc[rows, "value"] * factor
+    return frame
+
+
+def _compute(
+    modality: ModalitySpec,
+    catalogue: Catalogue,
+    city: str,
+    item: SourceItem,
+    fields: Sequence[FieldSpec],
+    aux: dict[str, SourceItem],
+    release: Release,
+    progress: ProgressFn | None,
+) -> pd.DataFrame:
+    fmt = load_products()[item.product].format if item.product in load_products() else "raster"
+    if modality.is_image:
+        if modality.rasterize is not None:
+            frame = _vector_image_results(modality, catalogue, city, item, release, progress)
+        else:
+            frame = _image_results(modality, catalogue, city, item, release, progress)
+    elif modality.aggregation == Aggregation.LOG1P_POINT_DENSITY:
+        frame = _point_density_results(modality, city, item, fields)
+    elif fmt == "records":
+        frame = _record_sum_results(modality, city, item, fields)
+    else:
+        frame = _numeric_results(modality, city, item, fields, release)
+    return _apply_conversions(frame, fields, city, item.source_year, aux)
+
+
 def tile_results(
     modality: ModalitySpec,
     catalogue: Catalogue,
     city: str,
-    items: dict[str, SourceItem],
+    item: SourceItem,
+    fields: Sequence[FieldSpec],
     release: Release,
+    aux: dict[str, SourceItem] | None = None,
     progress: ProgressFn | None = None,
 ) -> pd.DataFrame:
-    """Per-tile results for one source year; cached until the source item changes."""
-    first = next(iter(items.values()))
-    label = _label(first.source_year)
-    cached = release.derived_file(modality.code, city, label)
-    signature = "||".join(item_signature(i) for i in items.values())
+    """Per-tile results of one field group for one source year; cached until sources change."""
+    aux = aux or {}
+    label = _label(item.source_year)
+    cached = release.derived_file(modality.code, city, f"{item.product}-{label}")
+    signature = "||".join(item_signature(i) for i in (item, *aux.values()))
     chips_ok = not modality.is_image or release.chip_store(modality.code, city, label).exists()
     if cached.exists() and chips_ok:
         meta = pq.read_schema(cached).metadata or {}
         if meta.get(b"citycube:signature", b"").decode() == signature:
             return pq.read_table(cached).to_pandas()
-    if modality.is_image:
-        frame = _image_results(modality, catalogue, city, first, release, progress)
-    else:
-        frame = _numeric_results(modality, catalogue, city, items, release)
+    frame = _compute(modality, catalogue, city, item, fields, aux, release, progress)
     table = pa.Table.from_pandas(frame, preserve_index=False)
     write_parquet_atomic(table, cached, file_metadata(release, **{"citycube:signature": signature}))
     return frame
@@ -248,7 +451,7 @@ class PartitionSummary:
         }
 
 
-def _missing_results(modality: ModalitySpec, city: str, reason: str) -> pd.DataFrame:
+def _missing_results(fields: Sequence[FieldSpec], city: str, reason: str) -> pd.DataFrame:
     rows = [
         {
             "tile_id": t.tile_id,
@@ -259,20 +462,27 @@ def _missing_results(modality: ModalitySpec, city: str, reason: str) -> pd.DataF
             "reason": reason,
         }
         for t in _all_tiles(city)
-        for f in modality.fields
+        for f in fields
     ]
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Who served one field group of a partition, and how its year was resolved."""
+
+    resolution: Resolution
+    source_id: str
+    source_version: str
+    synthetic: bool
 
 
 def observation_table(
     modality: ModalitySpec,
     city: str,
     year: int,
-    resolution: Resolution,
+    provenance: Provenance,
     results: pd.DataFrame,
-    source_id: str,
-    source_version: str,
-    synthetic: bool,
 ) -> pa.Table:
     """Rows for one calendar year: values only where available, NULL plus a reason elsewhere."""
     units = {f.name: f.unit for f in modality.fields}
@@ -280,6 +490,7 @@ def observation_table(
     value = results["value"].to_numpy(dtype=float)
     fraction = results["valid_fraction"].to_numpy(dtype=float)
     n = len(results)
+    resolution = provenance.resolution
     columns = {
         "tile_id": results["tile_id"].tolist(),
         "city": [city] * n,
@@ -297,9 +508,9 @@ def observation_table(
         "reason": [None if ok else r for ok, r in zip(available, results["reason"], strict=True)],
         "temporal_basis": [resolution.basis] * n,
         "source_year": [resolution.source_year] * n,
-        "source_id": [source_id] * n,
-        "source_version": [source_version] * n,
-        "synthetic": [synthetic] * n,
+        "source_id": [provenance.source_id] * n,
+        "source_version": [provenance.source_version] * n,
+        "synthetic": [provenance.synthetic] * n,
     }
     return pa.Table.from_pydict(columns, schema=OBSERVATION_SCHEMA)
 
@@ -343,6 +554,18 @@ def chip_index_table(
     return pa.Table.from_pylist(rows, schema=CHIP_INDEX_SCHEMA)
 
 
+def _fetch_aux(
+    modality: ModalitySpec, city: str, backend: SourceBackend, release: Release
+) -> dict[str, SourceItem]:
+    aux: dict[str, SourceItem] = {}
+    for product in modality.auxiliary_products:
+        try:
+            aux[product] = backend.fetch(product, city, None, release.sources_dir)
+        except SourceUnavailableError:
+            continue  # conversions that need it mark their fields unavailable
+    return aux
+
+
 def process_partition(
     modality: ModalitySpec,
     catalogue: Catalogue,
@@ -352,47 +575,68 @@ def process_partition(
     release: Release,
     progress: ProgressFn | None = None,
 ) -> PartitionSummary:
-    """Build and write one (modality, city, year) partition of the cube."""
-    products = modality.products()
-    resolutions = {
-        p: resolve(modality.temporal, year, backend.source_years(p, city)) for p in products
-    }
-    resolution = resolutions[products[0]]
-    items: dict[str, SourceItem] = {}
-    if resolution.available:
-        for p in products:
-            items[p] = backend.fetch(p, city, resolutions[p].source_year, release.sources_dir)
-        results = tile_results(modality, catalogue, city, items, release, progress)
-        first = items[products[0]]
-        source_id, source_version, synthetic = first.source_id, first.version, first.synthetic
-    else:
-        results = _missing_results(modality, city, resolution.missing_reason or "unavailable")
-        source_id = f"{backend.name}:{products[0]}"
-        source_version, synthetic = "n/a", backend.name == "sample"
-    table = observation_table(
-        modality, city, year, resolution, results, source_id, source_version, synthetic
-    )
+    """Build and write one (modality, city, year) partition of the cube.
+
+    Field groups served by different products (AQ's NO2 and PM2.5) are resolved, fetched and
+    aggregated independently: one product's missing year never blanks or fills the other.
+    """
+    tables: list[pa.Table] = []
+    frames: list[pd.DataFrame] = []
+    image_resolution: Resolution | None = None
+    aux = _fetch_aux(modality, city, backend, release)
+    sample = backend.name == "sample"
+    for product, fields in modality.field_groups(city):
+        resolution = resolve(modality.temporal, year, backend.source_years(product, city))
+        provenance = Provenance(resolution, f"{backend.name}:{product}", "n/a", sample)
+        if not resolution.available:
+            results = _missing_results(fields, city, resolution.missing_reason or "unavailable")
+        else:
+            try:
+                item = backend.fetch(product, city, resolution.source_year, release.sources_dir)
+            except SourceUnavailableError as exc:
+                resolution = Resolution(year, None, resolution.basis, exc.reason)
+                provenance = Provenance(resolution, provenance.source_id, "n/a", sample)
+                results = _missing_results(fields, city, exc.reason)
+            else:
+                results = tile_results(
+                    modality, catalogue, city, item, fields, release, aux, progress
+                )
+                provenance = Provenance(resolution, item.source_id, item.version, item.synthetic)
+                if modality.is_image:
+                    image_resolution = resolution
+        tables.append(observation_table(modality, city, year, provenance, results))
+        frames.append(results)
+    table = pa.concat_tables(tables)
+    results = pd.concat(frames, ignore_index=True)
+    synthetic = bool(pc.all(table["synthetic"]).as_py()) if table.num_rows else sample
     meta = file_metadata(release, **{"citycube:synthetic": str(synthetic).lower()})
-    if modality.is_image and resolution.available:
+    if modality.is_image and image_resolution is not None:
         write_parquet_atomic(
-            chip_index_table(modality, city, year, resolution, results, release),
+            chip_index_table(modality, city, year, image_resolution, results, release),
             release.chip_index_file(city, year, modality.code),
             meta,
         )
     else:
         release.chip_index_file(city, year, modality.code).unlink(missing_ok=True)
     path = write_parquet_atomic(table, release.observations_file(city, year, modality.code), meta)
-    per_tile = results.drop_duplicates("tile_id")
-    reasons = per_tile["reason"].dropna().value_counts().to_dict()
+    per_tile = (
+        results.assign(ok=results["reason"].isna())
+        .groupby("tile_id")
+        .agg(ok=("ok", "any"), reason=("reason", "first"))
+    )
+    reasons = results.drop_duplicates(["tile_id", "reason"])["reason"].dropna().value_counts()
+    first = tables[0]
+    basis = first["temporal_basis"][0].as_py()
+    source_year = first["source_year"][0].as_py()
     return PartitionSummary(
         modality=modality.code,
         city=city,
         year=year,
         rows=table.num_rows,
         tiles=len(per_tile),
-        available_tiles=int(per_tile["reason"].isna().sum()),
-        basis=resolution.basis,
-        source_year=resolution.source_year,
+        available_tiles=int(per_tile["ok"].sum()),
+        basis=basis,
+        source_year=source_year,
         reason_counts={str(k): int(v) for k, v in reasons.items()},
         path=path,
     )

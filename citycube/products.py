@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 from importlib import resources
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -23,9 +24,14 @@ class ProductSpec(BaseModel):
     native_crs: str = Field(description="Authority code, or 'city_utm'.")
     resolution: str = Field(description="Native cell size, as published.")
     coverage: str = Field(description="Temporal coverage, as published.")
+    format: Literal["raster", "vector", "points", "records", "table"] = Field(
+        "raster", description="How the engine reads it."
+    )
 
     def expected_crs(self, city: str) -> CRS:
         """The CRS a file of this product must have for a city."""
+        if self.native_crs == "none":
+            raise SpecError(f"{self.id} is a table without a CRS")
         if self.native_crs == "city_utm":
             return CRS.from_epsg(get_city(city).epsg)
         return CRS.from_user_input(self.native_crs)

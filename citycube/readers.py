@@ -42,20 +42,21 @@ def check_native_crs(ds: rasterio.DatasetReader, item: SourceItem) -> CRS:
 
 def _pixel_validity(
     values: np.ndarray,
+    raw: np.ndarray,
     modality: ModalitySpec,
     valid_ids: frozenset[int] | None,
     file_nodata: float | None,
 ) -> np.ndarray:
-    """Valid where finite, not nodata (all bands filled), in range and in the legend."""
+    """Valid where finite, not nodata (raw; all bands filled), in range and in the legend."""
     rules = modality.validity
     valid = np.ones(values.shape[1:], dtype=bool)
     if np.issubdtype(values.dtype, np.floating):
         valid &= np.isfinite(values).all(axis=0)
     for nodata in {rules.nodata, file_nodata} - {None}:
-        if len(values) > 1:
-            valid &= ~(values == nodata).all(axis=0)
+        if len(raw) > 1:
+            valid &= ~(raw == nodata).all(axis=0)
         else:
-            valid &= values[0] != nodata
+            valid &= raw[0] != nodata
     if rules.valid_range is not None:
         lo, hi = rules.valid_range
         with np.errstate(invalid="ignore"):
@@ -71,13 +72,20 @@ def open_masked_source(
     modality: ModalitySpec,
     bands: Sequence[int],
     valid_ids: frozenset[int] | None = None,
+    role: str = "data",
 ) -> Iterator[MaskedSource]:
-    """Yield a reader over ``bands`` of the item's data file with validity applied.
+    """Yield a reader over ``bands`` of the item's ``role`` file with validity applied.
 
-    QA bits (``qa_invalid_bits``) are read from the item's 'qa' file on the same grid.
+    Values come back in physical units when the file declares a scale/offset (GDAL metadata,
+    as CHELSA does); nodata is judged on the raw values. QA bits (``qa_invalid_bits``) are
+    read from the item's 'qa' file on the same grid.
     """
+    if role not in item.files:
+        raise SourceReadError(
+            f"{item.product} item for {item.city} has no {role!r} file (has {sorted(item.files)})"
+        )
     with ExitStack() as stack:
-        data = stack.enter_context(open_raster(item.files["data"]))
+        data = stack.enter_context(open_raster(item.files[role]))
         crs = check_native_crs(data, item)
         missing = [b for b in bands if b > data.count]
         if missing:
@@ -94,10 +102,16 @@ def open_masked_source(
         qa_mask = sum(1 << b for b in modality.validity.qa_invalid_bits)
         file_nodata = data.nodata
         band_list = list(bands)
+        scales = np.array([data.scales[b - 1] for b in band_list], dtype=float)
+        offsets = np.array([data.offsets[b - 1] for b in band_list], dtype=float)
+        scaled = bool(np.any(scales != 1) or np.any(offsets != 0))
 
         def read(window: Window) -> tuple[np.ndarray, np.ndarray]:
-            values = read_checked(data, band_list, window)
-            valid = _pixel_validity(values, modality, valid_ids, file_nodata)
+            raw = read_checked(data, band_list, window)
+            values = (
+                raw * scales[:, None, None] + offsets[:, None, None] if scaled else raw
+            )
+            valid = _pixel_validity(values, raw, modality, valid_ids, file_nodata)
             if qa is not None:
                 qa_values = read_checked(qa, [1], window)[0]
                 valid &= (qa_values & qa_mask) == 0
@@ -105,6 +119,9 @@ def open_masked_source(
 
         grid = RasterGrid(crs, data.transform, data.width, data.height)
         names = tuple(
-            f.name for f in modality.fields if (f.product or modality.product) == item.product
+            f.name
+            for f in modality.fields
+            if modality.product_for(f, item.city) == item.product
+            and f.role_for(item.product) == role
         )
         yield MaskedSource(grid=grid, read=read, band_names=names)

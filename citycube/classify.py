@@ -1,0 +1,177 @@
+"""Registered classifiers that turn vector attributes into class ids (one small function each).
+
+The catalogue names a classifier in a modality's ``rasterize.classify``; the engine looks it up
+here. Each takes the features' attribute table and returns one integer class id per feature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+Classifier = Callable[[pd.DataFrame], np.ndarray]
+
+# OSM building-function classes (seed 000 Table 12): 0 = no building (background), 1 = building
+# without a usable function tag, 2–12 functions, checked in this order (first match wins).
+_BUILDING_RULES: list[tuple[int, str, dict[str, set[str]]]] = [
+    (
+        5,
+        "healthcare",
+        {
+            "amenity": {"hospital", "clinic", "doctors", "dentist", "pharmacy"},
+            "building": {"hospital"},
+            "healthcare": {"*"},
+        },
+    ),
+    (
+        4,
+        "education",
+        {
+            "amenity": {"school", "university", "college", "kindergarten", "library"},
+            "building": {"school", "university", "college", "kindergarten"},
+        },
+    ),
+    (
+        11,
+        "religious",
+        {
+            "amenity": {"place_of_worship"},
+            "building": {
+                "church",
+                "mosque",
+                "temple",
+                "cathedral",
+                "chapel",
+                "synagogue",
+                "shrine",
+            },
+            "religion": {"*"},
+        },
+    ),
+    (
+        6,
+        "food service",
+        {
+            "amenity": {"restaurant", "cafe", "fast_food", "bar", "pub", "food_court"},
+        },
+    ),
+    (
+        8,
+        "transport / parking",
+        {
+            "amenity": {"parking", "bus_station", "ferry_terminal", "fuel"},
+            "building": {"train_station", "transportation", "garage", "garages", "parking"},
+            "public_transport": {"*"},
+            "railway": {"station", "halt"},
+        },
+    ),
+    (
+        7,
+        "civic / public",
+        {
+            "amenity": {
+                "townhall",
+                "courthouse",
+                "police",
+                "fire_station",
+                "post_office",
+                "community_centre",
+                "public_building",
+            },
+            "building": {"public", "civic", "government"},
+            "office": {"government"},
+        },
+    ),
+    (
+        9,
+        "tourism / leisure",
+        {
+            "tourism": {"*"},
+            "leisure": {"*"},
+            "building": {"hotel", "stadium", "sports_hall"},
+        },
+    ),
+    (
+        10,
+        "industrial / warehouse",
+        {
+            "building": {"industrial", "warehouse", "factory", "manufacture"},
+            "landuse": {"industrial"},
+        },
+    ),
+    (
+        3,
+        "commercial / retail / office",
+        {
+            "shop": {"*"},
+            "office": {"*"},
+            "building": {"commercial", "retail", "office", "supermarket", "kiosk"},
+        },
+    ),
+    (
+        2,
+        "residential",
+        {
+            "building": {
+                "residential",
+                "house",
+                "apartments",
+                "detached",
+                "semidetached_house",
+                "terrace",
+                "bungalow",
+                "dormitory",
+            },
+        },
+    ),
+    (
+        12,
+        "other",
+        {
+            "amenity": {"*"},
+            "building": {"*"},
+        },
+    ),
+]
+_UNLABELLED = {"yes", "", "building"}
+
+
+def _present(values: pd.Series) -> np.ndarray:
+    return values.notna().to_numpy() & (values.astype("string").fillna("").str.len() > 0).to_numpy()
+
+
+def osm_building_function(features: pd.DataFrame) -> np.ndarray:
+    """Class 1–12 per building from OSM tags; ``building=yes`` with no function tag → 1."""
+    n = len(features)
+    classes = np.zeros(n, dtype=np.uint8)
+    assigned = np.zeros(n, dtype=bool)
+    for class_id, _name, rules in _BUILDING_RULES:
+        hit = np.zeros(n, dtype=bool)
+        for column, values in rules.items():
+            if column not in features:
+                continue
+            col = features[column]
+            present = _present(col)
+            if column == "building":
+                present &= ~col.astype("string").fillna("").isin(_UNLABELLED).to_numpy()
+            if "*" in values:
+                hit |= present
+            else:
+                hit |= present & col.astype("string").isin(values).fillna(False).to_numpy()
+        new = hit & ~assigned
+        classes[new] = class_id
+        assigned |= new
+    classes[~assigned] = 1
+    return classes
+
+
+CLASSIFIERS: dict[str, Classifier] = {"osm_building_function": osm_building_function}
+
+
+def get_classifier(name: str) -> Classifier:
+    """A registered classifier by name, with an error listing what exists."""
+    if name not in CLASSIFIERS:
+        raise KeyError(f"unknown classifier {name!r}; registered: {sorted(CLASSIFIERS)}")
+    return CLASSIFIERS[name]

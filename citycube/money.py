@@ -1,0 +1,51 @@
+"""Money harmonisation: local currency of a year → 2017 PPP international dollars.
+
+value_2017ppp = value_local × CPI(2017) / CPI(year) ÷ PPP(2017), with the country's consumer
+price index (World Bank FP.CPI.TOTL) and its PPP conversion factor (PA.NUS.PPP, local currency
+units per international dollar). A missing factor leaves the value unavailable, never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+from citycube.errors import SourceReadError
+from sources.base import SourceItem
+
+BASE_YEAR = 2017
+
+
+@cache
+def _series(path: str) -> dict[tuple[str, int], float]:
+    """(iso3, year) → value from a World Bank API v2 JSON response (nulls dropped)."""
+    try:
+        payload = json.loads(Path(path).read_text(encoding="utf-8"))
+        records = payload[1]
+    except (OSError, ValueError, IndexError, KeyError, TypeError) as exc:
+        raise SourceReadError(
+            f"{path} is not a World Bank API v2 JSON response ({exc}); fetch it again"
+        ) from exc
+    series: dict[tuple[str, int], float] = {}
+    for record in records or []:
+        value = record.get("value")
+        iso3 = record.get("countryiso3code")
+        if value is None or not iso3:
+            continue
+        series[(iso3, int(record["date"]))] = float(value)
+    return series
+
+
+def ppp_2017_factor(indicators: SourceItem, iso3: str, year: int) -> float | None:
+    """Multiplier from local currency of ``year`` to 2017 PPP international dollars, or None."""
+    cpi = _series(str(indicators.files["cpi"]))
+    ppp = _series(str(indicators.files["ppp"]))
+    cpi_year, cpi_base, ppp_base = (
+        cpi.get((iso3, year)),
+        cpi.get((iso3, BASE_YEAR)),
+        ppp.get((iso3, BASE_YEAR)),
+    )
+    if not cpi_year or not cpi_base or not ppp_base:
+        return None
+    return (cpi_base / cpi_year) / ppp_base
