@@ -19,7 +19,7 @@ def modality_asset_key(code: str) -> dg.AssetKey:
 def build_modality_asset(modality: ModalitySpec) -> dg.AssetsDefinition:
     """Observations (and chips, for images) of one modality for one city-year."""
     deps = []
-    for product in modality.products():
+    for product in [*modality.products(), *modality.auxiliary_products]:
         if product_temporal(product) == Temporal.STATIC:
             with warnings.catch_warnings():  # the mapping is stable in use; Dagster flags it beta
                 warnings.simplefilter("ignore", dg.BetaWarning)

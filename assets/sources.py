@@ -3,6 +3,7 @@
 import dagster as dg
 
 from citycube.catalogue import Temporal, load_catalogue
+from citycube.errors import SourceUnavailableError
 from citycube.temporal import resolve
 from pipelines.partitions import city_partitions, city_year_partitions, split_key
 from pipelines.resources import CubeResource
@@ -16,6 +17,8 @@ def source_asset_key(product: str) -> dg.AssetKey:
 def product_temporal(product: str) -> Temporal:
     """The temporal kind of the modality that reads a product (static products: by city)."""
     for m in load_catalogue().modalities:
+        if product in m.auxiliary_products:
+            return Temporal.STATIC
         if product in m.products():
             return m.temporal
     raise KeyError(product)
@@ -48,7 +51,11 @@ def build_source_asset(product: str) -> dg.AssetsDefinition:
                     metadata={"available": False, "reason": resolution.missing_reason}
                 )
             source_year = resolution.source_year
-        item = backend.fetch(product, city, source_year, release.sources_dir)
+        try:
+            item = backend.fetch(product, city, source_year, release.sources_dir)
+        except SourceUnavailableError as exc:
+            context.log.info(f"{product} does not cover {city} {year or ''}: {exc.reason}")
+            return dg.MaterializeResult(metadata={"available": False, "reason": exc.reason})
         return dg.MaterializeResult(
             metadata={
                 "available": True,
@@ -67,7 +74,7 @@ def enabled_products() -> list[str]:
     """Products read by the modalities this release processes."""
     products: list[str] = []
     for m in load_catalogue().enabled():
-        products += [p for p in m.products() if p not in products]
+        products += [p for p in [*m.products(), *m.auxiliary_products] if p not in products]
     return products
 
 

@@ -84,7 +84,7 @@ def check_values(con: duckdb.DuckDBPyConnection, catalogue: Catalogue) -> CheckO
     )
 
 
-def check_availability_floor(con: duckdb.DuckDBPyConnection, floor: float = 0.5) -> CheckOutcome:
+def check_availability_floor(con: duckdb.DuckDBPyConnection, floor: float = 0.25) -> CheckOutcome:
     """Where a source covers the year, at least ``floor`` of tiles are available per modality."""
     rows = con.execute(
         """

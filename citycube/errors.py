@@ -37,6 +37,12 @@ class UnknownModalityError(CityCubeError):
     code = "CC103"
 
 
+class UnknownTileError(CityCubeError):
+    """A tile id that is malformed or lies outside its city's grid."""
+
+    code = "CC104"
+
+
 class SourceUnavailableError(CityCubeError):
     """The source does not cover the request (a year or area it never published)."""
 
@@ -63,3 +69,15 @@ class CubeWriteError(CityCubeError):
     """A cube partition could not be written; the previous version is left intact."""
 
     code = "CC300"
+
+
+class ChipsNotFoundError(CityCubeError):
+    """A release holds no chips for the request (numeric modality, unbuilt or uncovered year)."""
+
+    code = "CC301"
+
+
+class ReleaseNotFoundError(CityCubeError):
+    """A release, or its DuckDB database, is not where the data root and version point."""
+
+    code = "CC302"

@@ -108,9 +108,7 @@ def open_masked_source(
 
         def read(window: Window) -> tuple[np.ndarray, np.ndarray]:
             raw = read_checked(data, band_list, window)
-            values = (
-                raw * scales[:, None, None] + offsets[:, None, None] if scaled else raw
-            )
+            values = raw * scales[:, None, None] + offsets[:, None, None] if scaled else raw
             valid = _pixel_validity(values, raw, modality, valid_ids, file_nodata)
             if qa is not None:
                 qa_values = read_checked(qa, [1], window)[0]

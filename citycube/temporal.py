@@ -96,6 +96,8 @@ def resolve(temporal: Temporal, year: int, source_years: Iterable[int] | None) -
     if temporal == Temporal.STATIC:
         return Resolution(year, None, basis, None)
     covered = set(source_years or ())
+    if not covered:  # the source publishes nothing for this city at all
+        return Resolution(year, None, basis, "outside_source_coverage")
     wanted = epoch_of(year) if temporal == Temporal.EPOCH else year
     if wanted in covered:
         return Resolution(year, wanted, basis, None)

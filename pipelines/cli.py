@@ -91,6 +91,7 @@ def build(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from assets.cube import cube_assets
+    from assets.reports import availability_report
     from assets.sources import source_assets
     from pipelines.definitions import all_assets
     from pipelines.partitions import city_partitions, city_year_key
@@ -144,7 +145,7 @@ def build(args: argparse.Namespace) -> int:
                 flush=True,
             )
     print("Building tiles table and DuckDB catalogue ...", flush=True)
-    result = run(cube_assets, None)
+    result = run([*cube_assets, availability_report], None)
     for check in result.get_asset_check_evaluations():
         status = "PASS" if check.passed else "FAIL"
         print(f"  check {check.check_name}: {status}")
@@ -153,6 +154,8 @@ def build(args: argparse.Namespace) -> int:
     print(summary_text(release.duckdb_file))
     shell = Path(sys.executable).with_name("duckdb")
     print(f"\nQuery it: {shell if shell.exists() else 'duckdb'} {release.duckdb_file}")
+    print(f"Availability tables and heatmap: {release.root / 'reports'}")
+    print(f"Quick-looks: {release.root / 'quicklooks'}")
     return 0
 
 
@@ -185,6 +188,51 @@ def summary(args: argparse.Namespace) -> int:
 def dagster_home(args: argparse.Namespace) -> int:
     """Create DAGSTER_HOME with telemetry off (used by `make dev`)."""
     print(ensure_dagster_home(Path(os.environ.get("DAGSTER_HOME", ".dagster_home")).resolve()))
+    return 0
+
+
+def render(args: argparse.Namespace) -> int:
+    """Write one tile's chip, or a categorical legend, as a PNG with fixed colours."""
+    import numpy as np
+
+    from citycube.catalogue import load_catalogue
+    from citycube.cube import Release
+    from citycube.render import legend_image, legend_key, render_tile, write_png
+
+    release = Release(Path(args.data).resolve(), args.release)
+    catalogue = load_catalogue()
+    if args.out is None and not release.root.exists():
+        print(f"no release at {release.root}; pass --data/--release or --out", file=sys.stderr)
+        return 2
+    if args.legend:
+        legend_key(catalogue, args.legend)  # a clear error for an unknown name
+        out = Path(args.out or release.root / "renders" / f"legend_{args.legend}.png")
+        legend = np.asarray(legend_image(catalogue, args.legend).convert("RGBA"))
+        print(write_png(out, legend))
+        return 0
+    if not (args.tile and args.modality and args.year is not None):
+        print("error: render needs --tile, --modality and --year (or --legend)", file=sys.stderr)
+        return 2
+    code = args.modality.upper()
+    rgba = render_tile(release, catalogue, code, args.tile, args.year)
+    name = f"{args.tile}_{code}_{args.year}.png"
+    print(write_png(Path(args.out or release.root / "renders" / name), rgba))
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    """(Re)write a release's availability report and print its two tables."""
+    from citycube.catalogue import load_catalogue
+    from citycube.cube import Release
+    from citycube.report import write_report
+
+    release = Release(Path(args.data).resolve(), args.release)
+    paths = write_report(release, load_catalogue())
+    for key in ("modality_md", "city_md"):
+        print(paths[key].read_text(encoding="utf-8"))
+    print("written:")
+    for path in paths.values():
+        print(f"  {path}")
     return 0
 
 
@@ -225,6 +273,40 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=summary)
     d = sub.add_parser("dagster-home", help="prepare DAGSTER_HOME for offline `dagster dev`")
     d.set_defaults(func=dagster_home)
+    r = sub.add_parser(
+        "render",
+        help="render a tile's chip (or a legend) as PNG with fixed, never-stretched colours",
+        description=(
+            "Render one tile of an image modality with its fixed rendering (RGB as supplied, "
+            "fixed grey ranges, fixed palettes and legends; invalid pixels transparent), e.g. "
+            "`citycube render --tile Boston_2KM_r7_c8 --modality OPT --year 2020`, or write a "
+            "categorical legend with `citycube render --legend LC`."
+        ),
+    )
+    r.add_argument("--tile", help="tile id, e.g. Boston_2KM_r7_c8 (the city is taken from it)")
+    r.add_argument("--modality", help="image modality code, e.g. OPT, DEM, LC")
+    r.add_argument("--year", type=int, help="calendar year, 2000–2025")
+    r.add_argument(
+        "--legend",
+        metavar="NAME",
+        help="write the legend of a categorical modality (LC, LU, POI) or a legend name instead",
+    )
+    r.add_argument(
+        "--out",
+        help="output PNG (default <release>/renders/<tile>_<MODALITY>_<year>.png, "
+        "or <release>/renders/legend_<NAME>.png)",
+    )
+    r.set_defaults(func=render)
+    a = sub.add_parser(
+        "report",
+        help="(re)write the availability report of a release and print its tables",
+        description=(
+            "Count available city-year-modality combinations (at least one tile available) over "
+            "the city-years the release holds, for all 18 modalities; writes reports/"
+            "availability_by_{modality,city}.{csv,md} and reports/availability_heatmap.png."
+        ),
+    )
+    a.set_defaults(func=report)
     return p
 
 

@@ -3,13 +3,16 @@
 import dagster as dg
 
 from assets.modalities import modality_assets
+from assets.reports import quicklooks
 from assets.sources import source_assets
 from citycube.cities import load_cities
 from citycube.temporal import CALENDAR
 from pipelines.partitions import city_year_key, city_year_partitions
 
 city_year_assets = [
-    a for a in [*source_assets, *modality_assets] if a.partitions_def == city_year_partitions
+    a
+    for a in [*source_assets, *modality_assets, quicklooks]
+    if a.partitions_def == city_year_partitions
 ]
 
 city_year_job = dg.define_asset_job(

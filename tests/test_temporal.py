@@ -55,3 +55,8 @@ def test_unknown_years_rejected() -> None:
 def test_parse_years_forms() -> None:
     assert parse_years("all") == list(CALENDAR)
     assert parse_years("2000,2005,2010-2012") == [2000, 2005, 2010, 2011, 2012]
+
+
+def test_source_without_any_year_for_the_city_is_outside_coverage() -> None:
+    r = resolve(Temporal.ANNUAL, 2020, [])
+    assert not r.available and r.missing_reason == "outside_source_coverage"

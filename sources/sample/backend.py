@@ -24,11 +24,20 @@ from rasterio.crs import CRS as RioCRS
 from citycube.cities import get_city
 from citycube.errors import SourceUnavailableError
 from sources.base import SourceBackend, SourceItem
+from sources.sample.acag import AcagNo2, AcagPm25
 from sources.sample.copernicus_dem import CopernicusDemGlo30
 from sources.sample.ghsl import GhsBuiltV, GhsPop
 from sources.sample.glc import GlcFcs30d
+from sources.sample.globfp import GlobfpHeight
+from sources.sample.hilda import HildaPlus
 from sources.sample.landsat import LandsatC2L2
+from sources.sample.landsat_derived import LandsatNdvi, LandsatSurfaceTemperature
 from sources.sample.odiac import Odiac
+from sources.sample.osm import OsmBuildings, OsmGpsTraces, OsmRoads
+from sources.sample.property import CityProperty
+from sources.sample.records import CityElectricity, WorldBankIndicators
+from sources.sample.viirs import ViirsVnl
+from sources.sample.weather import Chelsa, Daymet
 from sources.sample.world import (
     SYNTHETIC_NOTICE,
     GeneratedItem,
@@ -60,8 +69,31 @@ def _all_products() -> dict[str, SampleProduct]:
         GhsPop(),
         GhsBuiltV(),
         Odiac(),
+        LandsatNdvi(),
+        LandsatSurfaceTemperature(),
+        ViirsVnl(),
+        HildaPlus(),
+        Chelsa(),
+        Daymet(),
+        AcagNo2(),
+        AcagPm25(),
+        CityProperty(),
+        OsmRoads(),
+        OsmBuildings(),
+        GlobfpHeight(),
+        OsmGpsTraces(),
+        CityElectricity(),
+        WorldBankIndicators(),
     ]
     return {p.product_id: p for p in products}
+
+
+def _years_for(generator: SampleProduct, city: str, seed: int) -> list[int] | None:
+    """Years a product covers for one city (products with city-specific years say so)."""
+    city_years = getattr(generator, "city_years", None)
+    if city_years is not None:
+        return city_years(city, seed)
+    return generator.years()
 
 
 class SampleBackend(SourceBackend):
@@ -92,7 +124,7 @@ class SampleBackend(SourceBackend):
         """Years the product covers for a city; None for a static product."""
         generator = self.product(product)
         get_city(city)
-        return generator.years()
+        return _years_for(generator, city, self.seed)
 
     # ---- fetch -------------------------------------------------------------------------------
 
@@ -126,13 +158,18 @@ class SampleBackend(SourceBackend):
         return item
 
     def _check_year(self, generator: SampleProduct, city: str, source_year: int | None) -> None:
-        years = generator.years()
+        years = _years_for(generator, city, self.seed)
         if years is None:
             if source_year is not None:
                 raise ValueError(
                     f"{generator.product_id} is static; fetch it with source_year=None"
                 )
             return
+        if not years:
+            raise SourceUnavailableError(
+                f"{generator.product_id} does not cover {city}",
+                reason="outside_source_coverage",
+            )
         if source_year is None:
             raise ValueError(
                 f"{generator.product_id} is not static; pass one of its source years "
@@ -157,7 +194,7 @@ class SampleBackend(SourceBackend):
         if marker.get("version") != self.version or marker.get("seed") != self.seed:
             return None
         files = {role: final / name for role, name in marker.get("files", {}).items()}
-        if "data" not in files or not all(path.exists() for path in files.values()):
+        if not files or not all(path.exists() for path in files.values()):
             return None
         extra = dict(marker.get("extra", {}))
         extra["stac_item"] = str(final / STAC_ITEM_FILE)

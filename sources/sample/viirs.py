@@ -1,0 +1,126 @@
+"""Sample VIIRS Nighttime Lights annual composites (VNL v2 "average_masked"), 2012–2025.
+
+Radiance in nW/cm²/sr on the VNL 15″ lattice (EPSG:4326, origin -180°, 75°: the VNL grid
+spans 75° N to 65° S). Brightness follows residents and non-residential floor space (offices,
+ports and industry shine more per person), large emitters add bright spots, the sensor's
+footprint blurs lights over their neighbours (blooming over the shore), and the masked
+background is exactly 0 — a valid "dark" value. Lights grow slightly year on year. The
+product starts in 2012 (Suomi NPP); earlier years are unavailable.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import numpy as np
+from pyproj import CRS, Transformer
+from scipy import ndimage
+
+from sources.sample.world import (
+    LAST_YEAR,
+    GeneratedItem,
+    NativeGrid,
+    RasterLayer,
+    SyntheticCity,
+    block_mean,
+    product_window,
+    row_blocks,
+    snapped_grid,
+)
+
+CELL_DEGREES = 1 / 240
+"""15 arc-second cell size."""
+LATTICE_ORIGIN = (-180.0, 75.0)
+"""Upper-left corner of the global VNL grid."""
+FIRST_VNL_YEAR = 2012
+"""First annual composite (Suomi NPP VIIRS)."""
+NODATA = -9999.0
+"""Nodata (rare cells)."""
+BACKGROUND_MASK = 0.3
+"""Radiance below which VNL's background mask sets cells to 0, nW/cm²/sr."""
+
+
+def vnl_grid(world: SyntheticCity) -> NativeGrid:
+    """The city window on the VNL 15″ lattice."""
+    crs = CRS.from_epsg(4326)
+    return snapped_grid(
+        crs, product_window(world, crs), (CELL_DEGREES, CELL_DEGREES), LATTICE_ORIGIN
+    )
+
+
+def vnl_name(year: int) -> str:
+    """The product's file stem: v2.1 (Suomi NPP) to 2021, v2.2 (NPP + NOAA-20) after."""
+    if year <= 2021:
+        config = "vcmcfg" if year <= 2013 else "vcmslcfg"
+        return f"VNL_v21_npp_{year}_global_{config}_c202205302300.average_masked.dat"
+    return f"VNL_v22_npp-j01_{year}_global_vcmslcfg_c{year + 1}03062300.average_masked.dat"
+
+
+class ViirsVnl:
+    """VIIRS VNL annual average radiance (float32 nW/cm²/sr, EPSG:4326), 2012–2025."""
+
+    product_id = "viirs_vnl"
+    supersample = 8
+
+    def years(self) -> list[int] | None:
+        """2012–2025; the instrument flew from late 2011."""
+        return list(range(FIRST_VNL_YEAR, LAST_YEAR + 1))
+
+    def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
+        """Cell-mean radiance, blurred by the sensor footprint, background masked to 0."""
+        assert year is not None
+        grid = vnl_grid(world)
+        radiance = np.empty((grid.height, grid.width), dtype=np.float32)
+        outside = np.empty((grid.height, grid.width), dtype=bool)
+        peak = world.peak_density
+        for start, stop in row_blocks(grid.height, 64):
+            pts = world.grid_points(grid.row_window(start, stop), self.supersample)
+            urban = world.urban_intensity(pts, year)
+            residents = world.population_density(pts, year)
+            _, nonres_volume = world.built_volume(pts, year)
+            glow = 18.0 * residents / peak + 4.0 * nonres_volume + 2.5 * urban
+            radiance[start:stop] = block_mean(glow, self.supersample)
+            outside[start:stop] = block_mean(pts.inside, self.supersample) < 1
+        self._add_point_sources(world, year, grid, radiance)
+        rng = world.rng("vnl-noise")  # fixed fixtures: stadiums, rail yards, dark parks
+        fixtures = np.exp(rng.normal(0, 0.25, radiance.shape)).astype(np.float32)
+        yearly = np.exp(world.rng("vnl-year", year).normal(0, 0.06, radiance.shape))
+        growth = 1.012 ** (year - FIRST_VNL_YEAR)
+        radiance = ndimage.gaussian_filter(radiance * fixtures, 0.8, mode="nearest")
+        radiance = (radiance * yearly * growth).astype(np.float32)
+        radiance[radiance < BACKGROUND_MASK] = 0.0
+        rare = world.rng("vnl-nodata", year).random(radiance.shape) < 0.001
+        radiance[outside | rare] = NODATA
+        name = vnl_name(year)
+        layer = RasterLayer(
+            role="data",
+            filename=f"{name}.tif",
+            data=radiance[None],
+            grid=grid,
+            nodata=NODATA,
+            band_descriptions=("average_masked",),
+            units="nW/cm2/sr",
+            title="Annual average night-time radiance, background masked",
+        )
+        return GeneratedItem(
+            item_id=f"{name}_{world.city}",
+            layers=(layer,),
+            timestamp=datetime(year, 1, 1, tzinfo=UTC),
+            start_datetime=datetime(year, 1, 1, tzinfo=UTC),
+            end_datetime=datetime(year, 12, 31, 23, 59, 59, tzinfo=UTC),
+            properties={"vnl:version": "2.1" if year <= 2021 else "2.2"},
+            extra={"units": "nW/cm2/sr", "nodata": str(NODATA)},
+        )
+
+    @staticmethod
+    def _add_point_sources(
+        world: SyntheticCity, year: int, grid: NativeGrid, radiance: np.ndarray
+    ) -> None:
+        """Ports, plants and refineries: floodlit sites brighter than their surroundings."""
+        to_geo = Transformer.from_crs(world.crs, "EPSG:4326", always_xy=True)
+        for x, y, _ in world.point_source_emissions(year):
+            lon, lat = to_geo.transform(x, y)
+            col = int((lon - grid.transform.c) / grid.transform.a)
+            row = int((lat - grid.transform.f) / grid.transform.e)
+            if 0 <= row < grid.height and 0 <= col < grid.width:
+                radiance[row, col] += np.float32(60.0)
