@@ -402,13 +402,28 @@ def render_mosaic(
         band_rows = stride * max(1, chunk_rows // stride)
         for r0 in range(0, grid.height, band_rows):
             r1 = min(r0 + band_rows, grid.height)
-            band = chips.isel(y=slice(r0, r1, stride), x=slice(0, None, stride))
-            values = band["data"].values
-            valid = band["valid"].values.astype(bool)
+            if modality.render.mode == RenderMode.BINARY and stride > 1:
+                # thin lines (one road pixel) would vanish under decimation: keep any hit
+                full = chips.isel(y=slice(r0, r1))
+                values = _block_max(full["data"].values, stride)
+                valid = _block_max(full["valid"].values[None], stride)[0].astype(bool)
+            else:
+                band = chips.isel(y=slice(r0, r1, stride), x=slice(0, None, stride))
+                values = band["data"].values
+                valid = band["valid"].values.astype(bool)
             o0 = r0 // stride
             rgba[o0 : o0 + valid.shape[0]] = render_chip(modality, catalogue, values, valid)
     _draw_tile_grid(rgba, city, grid.x_min, grid.y_max, grid.resolution * stride)
     return rgba
+
+
+def _block_max(values: np.ndarray, stride: int) -> np.ndarray:
+    """Max over stride × stride blocks of (bands, h, w), padding the ragged edge."""
+    bands, h, w = values.shape
+    out_h, out_w = math.ceil(h / stride), math.ceil(w / stride)
+    padded = np.zeros((bands, out_h * stride, out_w * stride), dtype=values.dtype)
+    padded[:, :h, :w] = values
+    return padded.reshape(bands, out_h, stride, out_w, stride).max(axis=(2, 4))
 
 
 def _draw_tile_grid(

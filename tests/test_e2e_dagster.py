@@ -141,3 +141,38 @@ def test_duckdb_command_opens_the_release(release_dir: Path) -> None:
         check=True,
     )
     assert out.stdout.strip().splitlines()[-1] == "6586"
+
+
+def test_all_18_modalities_listed_with_fields_and_units(release_dir: Path) -> None:
+    con = duckdb.connect(str(release_dir / "cube.duckdb"), read_only=True)
+    rows = con.execute("SELECT DISTINCT modality, field, unit FROM observations").fetchall()
+    assert len({m for m, _, _ in rows}) == 18
+    fields = {(m, f): u for m, f, u in rows}
+    assert fields[("WTH", "prcp_mm")] == "mm" and fields[("HEAT", "median_c")] == "°C"
+    assert fields[("PROP", "property_mean_2017ppp")] == "2017 PPP international dollars"
+    # Amsterdam publishes no electricity records: unavailable with a reason, never zero
+    elec = con.execute(
+        "SELECT bool_or(available), count(value), any_value(reason) FROM observations "
+        "WHERE modality = 'ELEC'"
+    ).fetchone()
+    assert elec == (False, 0, "outside_source_coverage")
+
+
+@pytest.mark.parametrize("code", ["OPT", "DEM", "NDVI", "BV", "LC", "LU", "RD", "POI", "HF"])
+def test_render_command_writes_png_for_each_image_modality(
+    release_dir: Path, tmp_path: Path, code: str
+) -> None:
+    from PIL import Image
+
+    from pipelines.cli import main
+
+    out = tmp_path / f"{code}.png"
+    args = ["--data", str(release_dir.parents[1]), "--release", release_dir.name, "render"]
+    args += ["--tile", "Amsterdam_2KM_r3_c4", "--modality", code, "--year", str(YEAR)]
+    assert main([*args, "--out", str(out)]) == 0
+    image = Image.open(out)
+    size = {"BV": 20, "LU": 8, "RD": 200, "POI": 200, "HF": 200}.get(code, 80)
+    assert image.size == (size, size)
+    if code == "RD":
+        colours = {c for _, c in image.convert("RGB").getcolors(maxcolors=1 << 16)}
+        assert colours <= {(224, 64, 69), (255, 255, 255)}
