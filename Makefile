@@ -9,6 +9,7 @@ export CITYCUBE_RELEASE ?= sample-0.1.0
 
 CITIES ?= default
 YEARS ?= default
+WORKERS ?= 1
 
 .PHONY: install run test dev lint bench clean
 
@@ -23,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 ## Materialise the default sample release through Dagster and print a DuckDB summary.
 run: install
-	$(BIN)/python -m pipelines.cli build --cities '$(CITIES)' --years '$(YEARS)'
+	$(BIN)/python -m pipelines.cli build --cities '$(CITIES)' --years '$(YEARS)' --workers $(WORKERS)
 
 ## Run the test suite.
 test: install

@@ -89,7 +89,7 @@ def check_availability_floor(con: duckdb.DuckDBPyConnection, floor: float = 0.25
     rows = con.execute(
         """
         SELECT modality, avg(available::INT) AS share FROM observations
-        WHERE coalesce(reason, '') <> 'source_year_missing'
+        WHERE coalesce(reason, '') NOT IN ('source_year_missing', 'outside_source_coverage')
         GROUP BY modality ORDER BY modality
         """
     ).fetchall()

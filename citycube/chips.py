@@ -23,7 +23,6 @@ import itertools
 import math
 import os
 import shutil
-import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from citycube.cities import PARENT_SIZE_M
 from citycube.errors import CubeWriteError
 from citycube.grids import PixelGrid, Tile
 from citycube.rasters import MaskedSource
+from citycube.scratch import owned_name, remove_dead_leftovers
 
 __all__ = [
     "MIN_VALID_FRACTION",
@@ -318,7 +318,7 @@ class ChipStoreWriter:
         self.fill_value = _checked_fill(self.dtype, fill_value)
         self.attrs = dict(attrs)
         self.chunk_px = _whole(PARENT_SIZE_M / pixel_grid.resolution, "10 km / resolution")
-        self._tmp_path = self.path.parent / f".{self.path.name}.tmp-{uuid.uuid4().hex}"
+        self._tmp_path = owned_name(self.path, "tmp")
         self._rows_written = np.zeros(pixel_grid.height, dtype=bool)
         self._started = False
         self._committed = False
@@ -335,13 +335,12 @@ class ChipStoreWriter:
         return self
 
     def _remove_leftovers(self) -> None:
-        """Delete temp/old siblings a killed earlier write of this same store left behind.
+        """Delete temp/old siblings that a killed earlier write of this store left behind.
 
-        One partition is written by one run at a time, so any such sibling is stale.
+        Only leftovers of processes that no longer exist are removed, so a concurrent writer of
+        the same shared store (e.g. static chips) is never disturbed.
         """
-        for pattern in (f".{self.path.name}.tmp-*", f".{self.path.name}.old-*"):
-            for leftover in self.path.parent.glob(pattern):
-                shutil.rmtree(leftover, ignore_errors=True)
+        remove_dead_leftovers(self.path)
 
     def __exit__(
         self,
@@ -420,7 +419,7 @@ class ChipStoreWriter:
         self._consolidate()
         old = None
         if self.path.exists():
-            old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex}"
+            old = owned_name(self.path, "old")
             os.replace(self.path, old)
         try:
             os.replace(self._tmp_path, self.path)

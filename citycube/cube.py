@@ -31,6 +31,7 @@ from citycube.catalogue import Catalogue, catalogue_digest
 from citycube.cities import SCALES, load_cities
 from citycube.errors import CubeWriteError
 from citycube.grids import city_grid
+from citycube.scratch import owned_name, remove_dead_leftovers
 
 OBSERVATION_SCHEMA = pa.schema(
     [
@@ -141,11 +142,10 @@ def write_parquet_atomic(
 ) -> Path:
     """Write a Parquet file to a temporary name, then move it over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a killed earlier write
-        stale.unlink(missing_ok=True)
+    remove_dead_leftovers(path)  # left by a killed earlier write
     if metadata:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp = owned_name(path)
     try:
         pq.write_table(table, tmp, compression="zstd")
         os.replace(tmp, path)
@@ -158,7 +158,7 @@ def write_parquet_atomic(
 def write_json_atomic(data: Mapping[str, Any], path: Path) -> Path:
     """Write JSON to a temporary name, then move it over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp = owned_name(path)
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str), encoding="utf-8")
     os.replace(tmp, path)
     return path
@@ -210,7 +210,7 @@ def write_tiles(release: Release) -> Path:
     """Write the GeoParquet tiles table for all cities, atomically."""
     path = release.tiles_file
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp = owned_name(path)
     try:
         tiles_frame().to_parquet(tmp, index=False, compression="zstd")
         os.replace(tmp, path)
@@ -270,7 +270,7 @@ def build_duckdb(release: Release, catalogue: Catalogue, metadata: Mapping[str, 
     after moving a release, rebuild it with ``citycube views``.
     """
     path = release.duckdb_file
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp = owned_name(path)
     try:
         con = duckdb.connect(str(tmp))
         try:

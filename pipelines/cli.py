@@ -82,70 +82,110 @@ def summary_text(duckdb_file: Path) -> str:
         con.close()
 
 
+def _materialize(selection_names: Sequence[str], partition_key: str | None, release: str):
+    """One in-process Dagster run of the named assets (used by the CLI and its workers)."""
+    import dagster as dg
+
+    from pipelines.definitions import all_assets
+    from pipelines.resources import CubeResource
+
+    by_key = {a.key.to_user_string(): a for a in all_assets}
+    resource = CubeResource(data_root=os.environ["CITYCUBE_DATA"], release_version=release)
+    return dg.materialize(
+        all_assets,
+        selection=dg.AssetSelection.assets(*[by_key[n] for n in selection_names]),
+        partition_key=partition_key,
+        run_config=QUIET_RUN_CONFIG,
+        resources={"cube": resource},
+        instance=dg.DagsterInstance.get(),
+        tags={"citycube/release": release},
+        raise_on_error=False,
+    )
+
+
+def _run_city_year(city: str, year: int, release: str) -> tuple[str, int, bool, str, float]:
+    """Materialise one city-year; returns (city, year, success, summary, seconds)."""
+    from pipelines.partitions import city_year_key
+    from pipelines.schedules import city_year_assets
+
+    t0 = time.monotonic()
+    names = [a.key.to_user_string() for a in city_year_assets]
+    result = _materialize(names, city_year_key(city, year), release)
+    parts = []
+    for event in result.get_asset_materialization_events():
+        key = event.asset_key.path
+        meta = event.materialization.metadata
+        if key[0] == "modalities" and "tiles" in meta:
+            parts.append(f"{key[-1].upper()} {meta['available_tiles'].value}/{meta['tiles'].value}")
+    if not result.success:
+        failures = [
+            f"{e.step_key}: {e.event_specific_data.error.message.strip().splitlines()[-1]}"
+            for e in result.all_events
+            if e.is_step_failure and e.event_specific_data and e.event_specific_data.error
+        ]
+        parts.append("FAILED " + "; ".join(failures))
+    return city, year, result.success, "  ".join(parts), time.monotonic() - t0
+
+
 def build(args: argparse.Namespace) -> int:
     """Materialise the selected city-years and the cube assets through Dagster."""
     cities = _parse_cities(args.cities)
     years = _parse_years(args.years)
+    if args.workers < 1:
+        raise SystemExit("--workers must be at least 1")
     _env_defaults(args)
-
-    import dagster as dg
 
     from assets.cube import cube_assets
     from assets.reports import availability_report
     from assets.sources import source_assets
-    from pipelines.definitions import all_assets
-    from pipelines.partitions import city_partitions, city_year_key
+    from pipelines.partitions import city_partitions
     from pipelines.resources import CubeResource
-    from pipelines.schedules import city_year_assets
 
     resource = CubeResource(data_root=os.environ["CITYCUBE_DATA"], release_version=args.release)
-    instance = dg.DagsterInstance.get()
-    static_sources = [a for a in source_assets if a.partitions_def == city_partitions]
+    static_sources = [
+        a.key.to_user_string() for a in source_assets if a.partitions_def == city_partitions
+    ]
     total = len(cities) * len(years)
     started = time.monotonic()
     print(
         f"Building release {args.release} (SYNTHETIC sample sources) for {len(cities)} cities × "
-        f"{len(years)} years = {total} city-years into {os.environ['CITYCUBE_DATA']}",
+        f"{len(years)} years = {total} city-years into {os.environ['CITYCUBE_DATA']} "
+        f"with {args.workers} worker(s)",
         flush=True,
     )
+    width = len(str(total))
+    done = 0
+    failed: list[str] = []
 
-    def run(
-        selection: Sequence[dg.AssetsDefinition], partition_key: str | None
-    ) -> dg.ExecuteInProcessResult:
-        return dg.materialize(
-            all_assets,
-            selection=dg.AssetSelection.assets(*selection),
-            partition_key=partition_key,
-            run_config=QUIET_RUN_CONFIG,
-            resources={"cube": resource},
-            instance=instance,
-            tags={"citycube/release": args.release},
+    def report(city: str, year: int, ok: bool, summary: str, seconds: float) -> None:
+        nonlocal done
+        done += 1
+        if not ok:
+            failed.append(f"{city} {year}")
+        print(
+            f"[{done:>{width}}/{total}] {city} {year}: {summary}  ({seconds:.1f}s, "
+            f"elapsed {time.monotonic() - started:.0f}s)",
+            flush=True,
         )
 
-    done = 0
-    for city in cities:
-        if static_sources:
-            run(static_sources, city)
-        for year in years:
-            t0 = time.monotonic()
-            result = run(city_year_assets, city_year_key(city, year))
-            done += 1
-            parts = []
-            for event in result.get_asset_materialization_events():
-                key = event.asset_key.path
-                meta = event.materialization.metadata
-                if key[0] == "modalities" and "tiles" in meta:
-                    parts.append(
-                        f"{key[-1].upper()} {meta['available_tiles'].value}/{meta['tiles'].value}"
-                    )
-            print(
-                f"[{done:>{len(str(total))}}/{total}] {city} {year}: "
-                f"{'  '.join(parts)}  ({time.monotonic() - t0:.1f}s, "
-                f"elapsed {time.monotonic() - started:.0f}s)",
-                flush=True,
-            )
-    print("Building tiles table and DuckDB catalogue ...", flush=True)
-    result = run([*cube_assets, availability_report], None)
+    for city in cities:  # static sources first: every year of the city reads them
+        if static_sources and not _materialize(static_sources, city, args.release).success:
+            failed.append(f"{city} static sources")
+    pairs = [(c, y) for c in cities for y in years]
+    if args.workers == 1:
+        for city, year in pairs:
+            report(*_run_city_year(city, year, args.release))
+    else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from multiprocessing import get_context
+
+        with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(_run_city_year, c, y, args.release) for c, y in pairs]
+            for future in as_completed(futures):
+                report(*future.result())
+    print("Building tiles table, DuckDB catalogue and availability report ...", flush=True)
+    names = [a.key.to_user_string() for a in [*cube_assets, availability_report]]
+    result = _materialize(names, None, args.release)
     for check in result.get_asset_check_evaluations():
         status = "PASS" if check.passed else "FAIL"
         print(f"  check {check.check_name}: {status}")
@@ -156,6 +196,9 @@ def build(args: argparse.Namespace) -> int:
     print(f"\nQuery it: {shell if shell.exists() else 'duckdb'} {release.duckdb_file}")
     print(f"Availability tables and heatmap: {release.root / 'reports'}")
     print(f"Quick-looks: {release.root / 'quicklooks'}")
+    if failed or not result.success:
+        print(f"\nFAILED partitions (others are intact): {', '.join(failed) or 'cube assets'}")
+        return 1
     return 0
 
 
@@ -265,6 +308,12 @@ def parser() -> argparse.ArgumentParser:
         "--years",
         default="default",
         help="'default' (2020,2024,2025), 'all', or e.g. 2019-2021 or 2000,2005",
+    )
+    b.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("WORKERS", "1")),
+        help="city-years built in parallel processes (env WORKERS; default 1)",
     )
     b.set_defaults(func=build)
     v = sub.add_parser("views", help="rebuild cube.duckdb views for a release")

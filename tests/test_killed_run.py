@@ -81,3 +81,19 @@ def test_killed_write_keeps_last_good_version_and_rerun_is_clean(tmp_path: Path)
     assert not list(store.parent.glob(".static.zarr.*"))
     values = {r["value"] for r in pq.read_table(observations).to_pylist()}
     assert values == {7.0}
+
+
+def test_cleanup_spares_live_writers_and_removes_dead_ones(tmp_path: Path) -> None:
+    """Concurrent runs may share a store (static chips): only dead writers' leftovers go."""
+    import os
+
+    from citycube.scratch import owned_name, remove_dead_leftovers
+
+    target = tmp_path / "static.zarr"
+    live = owned_name(target)
+    live.mkdir()
+    dead = tmp_path / f".static.zarr.tmp-{2**22 + 12345}-{'0' * 32}"
+    dead.mkdir()
+    assert str(os.getpid()) in live.name
+    assert remove_dead_leftovers(target) == 1
+    assert live.exists() and not dead.exists()
