@@ -9,7 +9,7 @@ export CITYCUBE_RELEASE ?= sample-0.1.0
 
 CITIES ?= default
 YEARS ?= default
-WORKERS ?= 1
+WORKERS ?= 2
 
 .PHONY: install run test dev lint bench clean
 
