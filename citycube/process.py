@@ -184,6 +184,20 @@ def _chip_attrs(
     }
 
 
+def _result_row(
+    tile_id: str, scale: str, field: str, value: float, fraction: float, reason: str | None
+) -> dict[str, object]:
+    """One per-tile result; the value is kept only when the tile is available."""
+    return {
+        "tile_id": tile_id,
+        "scale": scale,
+        "field": field,
+        "value": value if reason is None else math.nan,
+        "valid_fraction": fraction,
+        "reason": reason,
+    }
+
+
 def _summary_rows(modality: ModalitySpec, summaries: Sequence, categorical: bool) -> list[dict]:
     rows = []
     for summary in summaries:
@@ -198,16 +212,7 @@ def _summary_rows(modality: ModalitySpec, summaries: Sequence, categorical: bool
                 value = float(summary.mode_class) if summary.mode_class is not None else math.nan
             else:
                 value = summary.band_means[i] * f.scale + f.offset
-            rows.append(
-                {
-                    "tile_id": summary.tile_id,
-                    "scale": scale,
-                    "field": f.name,
-                    "value": value if ok else math.nan,
-                    "valid_fraction": fraction,
-                    "reason": reason,
-                }
-            )
+            rows.append(_result_row(summary.tile_id, scale, f.name, value, fraction, reason))
     return rows
 
 
@@ -262,16 +267,7 @@ def _numeric_results(
                         reason = _reason(
                             covered, fraction, threshold, value, modality.validity.positive
                         )
-                        rows.append(
-                            {
-                                "tile_id": tile_id,
-                                "scale": scale,
-                                "field": f.name,
-                                "value": value if reason is None else math.nan,
-                                "valid_fraction": fraction,
-                                "reason": reason,
-                            }
-                        )
+                        rows.append(_result_row(tile_id, scale, f.name, value, fraction, reason))
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
@@ -291,16 +287,7 @@ def _point_density_results(
             value = float(np.log1p(density[t_index]))
             reason = None if counts[t_index] > 0 else "no_trace_data"
             for f in fields:
-                rows.append(
-                    {
-                        "tile_id": tile_id,
-                        "scale": scale,
-                        "field": f.name,
-                        "value": value if reason is None else math.nan,
-                        "valid_fraction": math.nan,
-                        "reason": reason,
-                    }
-                )
+                rows.append(_result_row(tile_id, scale, f.name, value, math.nan, reason))
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
@@ -335,16 +322,7 @@ def _record_sum_results(
                 fraction = float(fractions[t_index])
                 value = float(sums[t_index]) * f.scale / nominal_km2
                 reason = _reason(fraction, fraction, threshold, value, modality.validity.positive)
-                rows.append(
-                    {
-                        "tile_id": tile_id,
-                        "scale": scale,
-                        "field": f.name,
-                        "value": value if reason is None else math.nan,
-                        "valid_fraction": fraction,
-                        "reason": reason,
-                    }
-                )
+                rows.append(_result_row(tile_id, scale, f.name, value, fraction, reason))
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
