@@ -13,7 +13,7 @@ import pytest
 import rasterio
 from affine import Affine
 from pyproj import Transformer
-from shapely.geometry import LineString, Point, box
+from shapely.geometry import LineString, Point, Polygon, box
 
 from citycube.catalogue import ModalitySpec, load_catalogue
 from citycube.cube import Release
@@ -406,3 +406,24 @@ def test_ndvi_is_not_clipped_in_the_data(tmp_path: Path, release: Release) -> No
     process_partition(_test_product("NDVI"), CAT, CITY, 2020, backend, release)
     row = _rows(release, 2020, "NDVI")[("Amsterdam_2KM_r3_c3", "ndvi")]
     assert row["value"] == pytest.approx((1.02 - 0.2) / 2, abs=1e-5)
+
+
+def test_electricity_must_be_positive(tmp_path: Path, release: Release) -> None:
+    """Records that sum to zero inside the coverage are not a valid consumption."""
+    grid = city_grid(CITY, "2km")
+    cover_utm = box(*grid.bounds)
+    coverage = tmp_path / "coverage.geojson"
+    ring = [_wgs84(x, y) for x, y in cover_utm.exterior.coords]
+    gpd.GeoDataFrame(geometry=[Polygon(ring)], crs=4326).to_file(coverage)
+    x0, _, _, y1 = grid.tile(0, 0).bounds
+    lon, lat = _wgs84(x0 + 500, y1 - 500)
+    csv = tmp_path / "elec.csv"
+    pd.DataFrame([{"lon": lon, "lat": lat, "year": 2016, "kwh": 0.0}]).to_csv(csv, index=False)
+    backend = LocalFilesBackend(
+        {("city_electricity", CITY, 2016): {"data": csv, "coverage": coverage}}
+    )
+    process_partition(CAT.get("ELEC"), CAT, CITY, 2016, backend, release)
+    rows = _rows(release, 2016, "ELEC")
+    for tile in ("Amsterdam_2KM_r0_c0", "Amsterdam_2KM_r4_c4"):
+        row = rows[(tile, "electricity_kwh_km2")]
+        assert row["value"] is None and row["reason"] == "non_positive_value"
