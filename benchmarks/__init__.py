@@ -27,7 +27,7 @@ class BenchConfig:
     repeats: int
     """Timed repetitions per measurement (≥ 3); the median is reported."""
     quick: bool
-    """Smaller scope, for a run of about two minutes."""
+    """Smaller scope, for a run of a minute or two."""
 
 
 @dataclass(frozen=True)
