@@ -14,27 +14,27 @@ declines in Europe, North America and Japan; rises to a peak, then fast declines
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import rasterio
 import rasterio.shutil
-from pyproj import CRS
-from rasterio.crs import CRS as RioCRS
 from rasterio.io import MemoryFile
 from scipy import ndimage
 
+from sources.sample.grids import (
+    OnGrid,
+    geographic_grid,
+    grid_profile,
+    projection_fields,
+    supersampled_blocks,
+)
 from sources.sample.world import (
     FIRST_YEAR,
     GeneratedItem,
     NativeGrid,
     SyntheticCity,
+    annual_item,
     block_mean,
-    product_window,
-    row_blocks,
-    snapped_grid,
 )
 
 FILL_VALUE = -9999.0
@@ -50,7 +50,7 @@ CF_CONVENTIONS = "CF-1.8"
 
 
 @dataclass(frozen=True)
-class NetcdfGridLayer:
+class NetcdfGridLayer(OnGrid):
     """One float32 variable on a north-up grid, written as a CF NetCDF-4 file."""
 
     role: str
@@ -76,28 +76,9 @@ class NetcdfGridLayer:
     media_type: str = NETCDF_MEDIA_TYPE
     """IANA media type for the STAC asset."""
 
-    @property
-    def crs(self) -> CRS:
-        """CRS of the grid."""
-        return self.grid.crs
-
-    @property
-    def bounds(self) -> tuple[float, float, float, float]:
-        """Bounds of the grid in its CRS."""
-        return self.grid.bounds
-
     def write(self, path: Path, tags: dict[str, str]) -> None:
         """Write via GDAL's netCDF driver; the synthetic tags become global attributes."""
-        profile: dict[str, Any] = {
-            "driver": "GTiff",
-            "width": self.grid.width,
-            "height": self.grid.height,
-            "count": 1,
-            "dtype": "float32",
-            "crs": RioCRS.from_wkt(CRS.from_user_input(self.grid.crs).to_wkt()),
-            "transform": self.grid.transform,
-            "nodata": self.fill_value,
-        }
+        profile = grid_profile("GTiff", self.grid, 1, "float32", self.fill_value)
         attributes = {
             "Conventions": CF_CONVENTIONS,
             "title": self.title,
@@ -125,7 +106,6 @@ class NetcdfGridLayer:
 
     def stac_fields(self) -> dict[str, object]:
         """Variable, raster and projection fields of the asset."""
-        t = self.grid.transform
         return {
             "cube:variables": {
                 self.variable: {
@@ -143,8 +123,7 @@ class NetcdfGridLayer:
                     "unit": self.units,
                 }
             ],
-            "proj:shape": [self.grid.height, self.grid.width],
-            "proj:transform": [t.a, t.b, t.c, t.d, t.e, t.f],
+            **projection_fields(self.grid),
         }
 
 
@@ -212,24 +191,27 @@ def _cell_fields(
     urban = np.empty(shape, dtype=np.float32)
     sea = np.empty(shape, dtype=np.float32)
     outside = np.empty(shape, dtype=bool)
-    rows = max(1, 4096 // (grid.width * supersample))
-    for start, stop in row_blocks(grid.height, rows):
-        pts = world.grid_points(grid.row_window(start, stop), supersample)
-        emissions[start:stop] = block_mean(world.emission_density(pts, year), supersample)
-        urban[start:stop] = block_mean(world.urban_intensity(pts, year), supersample)
-        sea[start:stop] = block_mean(pts.sea, supersample)
-        outside[start:stop] = block_mean(pts.inside, supersample) < 1
+    block_rows = max(1, 4096 // (grid.width * supersample))
+    for rows, pts, off_world in supersampled_blocks(world, grid, supersample, block_rows):
+        emissions[rows] = block_mean(world.emission_density(pts, year), supersample)
+        urban[rows] = block_mean(world.urban_intensity(pts, year), supersample)
+        sea[rows] = block_mean(pts.sea, supersample)
+        outside[rows] = off_world
     return emissions, urban, sea, outside
 
 
-def _window(world: SyntheticCity, cell: float) -> NativeGrid:
-    crs = CRS.from_epsg(4326)
-    return snapped_grid(crs, product_window(world, crs), (cell, cell), (-180.0, 90.0))
-
-
-def _annual(year: int) -> tuple[datetime, datetime, datetime]:
-    start = datetime(year, 1, 1, tzinfo=UTC)
-    return start, start, datetime(year, 12, 31, 23, 59, 59, tzinfo=UTC)
+def _observed(
+    level: np.ndarray,
+    rng: np.random.Generator,
+    cell_sigma: float,
+    year_sigma: float,
+    outside: np.ndarray,
+) -> np.ndarray:
+    """Level with per-cell and whole-year retrieval noise; failed and off-world cells are fill."""
+    noise = np.exp(rng.normal(0, cell_sigma, level.size)).reshape(level.shape)
+    values = (level * noise * float(np.exp(rng.normal(0, year_sigma)))).astype(np.float32)
+    values[outside | (rng.random(values.shape) < 0.002)] = FILL_VALUE
+    return values
 
 
 class AcagNo2:
@@ -246,7 +228,7 @@ class AcagNo2:
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """Background plus smoothed combustion, scaled by the city's trend."""
         assert year is not None
-        grid = _window(world, self.cell_degrees)
+        grid = geographic_grid(world, self.cell_degrees)
         emissions, _, sea, outside = _cell_fields(world, grid, year, self.supersample)
         no2, _ = pollutants(world.city)
         # Emission density over the city's own scale, without the carbon trend (NO2 has its own).
@@ -254,13 +236,10 @@ class AcagNo2:
             0.25 * world.peak_density + 80.0 * world.traits.tower_volume
         )
         plume = ndimage.gaussian_filter(emissions / reference, 1.5, mode="nearest")
-        rng = world.rng("acag-no2", year)
-        noise = np.exp(rng.normal(0, 0.04, grid.height * grid.width)).reshape(plume.shape)
         level = no2.index(year) * (
             no2.background * (1 - 0.3 * sea) + no2.urban * np.clip(plume, 0, 1.5) ** 0.8
         )
-        values = (level * noise * float(np.exp(rng.normal(0, 0.05)))).astype(np.float32)
-        values[outside | (rng.random(values.shape) < 0.002)] = FILL_VALUE
+        values = _observed(level, world.rng("acag-no2", year), 0.04, 0.05, outside)
         layer = NetcdfGridLayer(
             role="data",
             filename=f"{year}_final_1km_NO2.nc",
@@ -290,15 +269,12 @@ class AcagPm25:
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """Regional background plus a broad urban increment, scaled by the city's trend."""
         assert year is not None
-        grid = _window(world, self.cell_degrees)
+        grid = geographic_grid(world, self.cell_degrees)
         _, urban, sea, outside = _cell_fields(world, grid, year, self.supersample)
         _, pm25 = pollutants(world.city)
-        rng = world.rng("acag-pm25", year)
         broad = ndimage.gaussian_filter(urban, 0.7, mode="nearest")
         level = pm25.index(year) * (pm25.background * (1 - 0.15 * sea) + pm25.urban * broad)
-        noise = np.exp(rng.normal(0, 0.03, grid.height * grid.width)).reshape(level.shape)
-        values = (level * noise * float(np.exp(rng.normal(0, 0.06)))).astype(np.float32)
-        values[outside | (rng.random(values.shape) < 0.002)] = FILL_VALUE
+        values = _observed(level, world.rng("acag-pm25", year), 0.03, 0.06, outside)
         layer = NetcdfGridLayer(
             role="data",
             filename=f"V5GL04.HybridPM25c_0p10.Global.{year}01-{year}12.nc",
@@ -316,13 +292,10 @@ class AcagPm25:
 
 def _item(world: SyntheticCity, year: int, product: str, layer: NetcdfGridLayer) -> GeneratedItem:
     """The single-file item of an ACAG product."""
-    nominal, start, end = _annual(year)
-    return GeneratedItem(
-        item_id=f"{product}_{year}_{world.city}",
-        layers=(layer,),
-        timestamp=nominal,
-        start_datetime=start,
-        end_datetime=end,
+    return annual_item(
+        f"{product}_{year}_{world.city}",
+        (layer,),
+        year,
         properties={"acag:cell_degrees": layer.grid.transform.a},
         extra={"units": layer.units, "nodata": str(FILL_VALUE), "variable": layer.variable},
     )

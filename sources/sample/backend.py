@@ -19,16 +19,17 @@ from typing import Any
 import numpy as np
 import rasterio
 from pyproj import CRS, Transformer
-from rasterio.crs import CRS as RioCRS
 
 from citycube.cities import get_city
 from citycube.errors import SourceUnavailableError
+from citycube.scratch import process_alive
 from sources.base import SourceBackend, SourceItem
 from sources.sample.acag import AcagNo2, AcagPm25
 from sources.sample.copernicus_dem import CopernicusDemGlo30
 from sources.sample.ghsl import GhsBuiltV, GhsPop
 from sources.sample.glc import GlcFcs30d
 from sources.sample.globfp import GlobfpHeight
+from sources.sample.grids import COG_MEDIA_TYPE, cog_profile
 from sources.sample.hilda import HildaPlus
 from sources.sample.landsat import LandsatC2L2
 from sources.sample.landsat_derived import LandsatNdvi, LandsatSurfaceTemperature
@@ -52,7 +53,6 @@ COMPLETE_MARKER = "_complete.json"
 """Written last into an item directory; its presence means the item is whole."""
 STAC_ITEM_FILE = "item.json"
 """STAC Item describing the files of an item."""
-COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
 
 _STAC_EXTENSIONS = [
     "https://stac-extensions.github.io/projection/v1.1.0/schema.json",
@@ -262,22 +262,9 @@ class SampleBackend(SourceBackend):
 def write_cog(path: Path, layer: RasterLayer, tags: dict[str, str]) -> None:
     """Write a layer as a DEFLATE-compressed Cloud Optimized GeoTIFF with synthetic tags."""
     data = layer.data
-    count, height, width = data.shape
-    profile: dict[str, Any] = {
-        "driver": "COG",
-        "width": width,
-        "height": height,
-        "count": count,
-        "dtype": data.dtype.name,
-        "crs": RioCRS.from_wkt(CRS.from_user_input(layer.grid.crs).to_wkt()),
-        "transform": layer.grid.transform,
-        "nodata": layer.nodata,
-        "compress": "DEFLATE",
-        "predictor": "YES",
-        "blocksize": 512,
-        "overview_resampling": "nearest" if layer.categorical else "average",
-        "num_threads": "ALL_CPUS",
-    }
+    resampling = "nearest" if layer.categorical else "average"
+    profile = cog_profile(layer.grid, data.shape[0], data.dtype.name, layer.nodata, resampling)
+    profile["num_threads"] = "ALL_CPUS"
     with rasterio.open(path, "w", **profile) as dst:
         dst.write(data)
         dst.update_tags(**tags, CITYCUBE_UNITS=layer.units)
@@ -329,19 +316,9 @@ def _remove_abandoned(final: Path) -> None:
     for leftover in final.parent.glob(f".{final.name}.*-*"):
         parts = leftover.name.rsplit("-", 2)
         writing = ".tmp-" in leftover.name and len(parts) == 3 and parts[1].isdigit()
-        if writing and _process_alive(int(parts[1])):
+        if writing and process_alive(int(parts[1])):
             continue
         shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -441,15 +418,7 @@ def stac_item(
             "type": COG_MEDIA_TYPE,
             "title": layer.title,
             "roles": [layer.role],
-            "raster:bands": [
-                {
-                    "name": name,
-                    "nodata": layer.nodata,
-                    "data_type": layer.data.dtype.name,
-                    "unit": layer.units,
-                }
-                for name in layer.band_descriptions
-            ],
+            "raster:bands": layer.stac_bands(),
         }
     extensions = list(_STAC_EXTENSIONS)
     if "eo:cloud_cover" in properties:

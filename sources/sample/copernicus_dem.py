@@ -11,16 +11,15 @@ from datetime import UTC, datetime
 
 import numpy as np
 from pyproj import CRS
-from scipy import ndimage
 
+from sources.sample.grids import lattice_grid
 from sources.sample.world import (
     GeneratedItem,
     NativeGrid,
     RasterLayer,
     SyntheticCity,
-    product_window,
+    pixel_grain,
     row_blocks,
-    snapped_grid,
 )
 
 ARC_SECOND = 1 / 3600
@@ -41,10 +40,9 @@ def longitude_spacing(latitude: float) -> float:
 
 def dem_grid(world: SyntheticCity) -> NativeGrid:
     """The city window on the GLO-30 lattice (pixel centres on whole arc-seconds)."""
-    crs = CRS.from_epsg(4326)
     res_x = longitude_spacing(world.latitude)
     origin = (-180 - res_x / 2, 90 + ARC_SECOND / 2)
-    return snapped_grid(crs, product_window(world, crs), (res_x, ARC_SECOND), origin)
+    return lattice_grid(world, CRS.from_epsg(4326), (res_x, ARC_SECOND), origin)
 
 
 class CopernicusDemGlo30:
@@ -59,10 +57,8 @@ class CopernicusDemGlo30:
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """Elevation with fine relief texture, sea at 0 m and a few voids."""
         grid = dem_grid(world)
-        rng = world.rng("dem-texture")
         roughness = np.float32(0.15 + 0.004 * world.traits.relief_m)
-        grain = rng.standard_normal((grid.height, grid.width), dtype=np.float32)
-        grain = ndimage.uniform_filter(grain, 3, output=np.float32) * (3 * roughness)
+        grain = pixel_grain(world, "dem-texture", (grid.height, grid.width), 3 * roughness)
         elevation = np.empty((grid.height, grid.width), dtype=np.float32)
         sea = np.empty((grid.height, grid.width), dtype=bool)
         for start, stop in row_blocks(grid.height):

@@ -8,11 +8,10 @@ population cells along one edge, so tiles there have only partial support.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import numpy as np
 from pyproj import CRS
 
+from sources.sample.grids import cell_raster, lattice_grid, supersampled_blocks
 from sources.sample.world import (
     FIRST_YEAR,
     LAST_YEAR,
@@ -20,11 +19,9 @@ from sources.sample.world import (
     NativeGrid,
     RasterLayer,
     SyntheticCity,
+    annual_item,
     block_mean,
     grid_utm_xy,
-    product_window,
-    row_blocks,
-    snapped_grid,
 )
 
 MOLLWEIDE = "ESRI:54009"
@@ -42,12 +39,7 @@ BUILT_V_NODATA = -9999.0
 def ghsl_grid(world: SyntheticCity, resolution: float) -> NativeGrid:
     """The city window on the GHSL Mollweide lattice at a resolution."""
     crs = CRS.from_user_input(MOLLWEIDE)
-    return snapped_grid(crs, product_window(world, crs), (resolution, resolution), LATTICE_ORIGIN)
-
-
-def _epoch_times(year: int) -> tuple[datetime, datetime, datetime]:
-    start = datetime(year, 1, 1, tzinfo=UTC)
-    return start, start, datetime(year, 12, 31, 23, 59, 59, tzinfo=UTC)
+    return lattice_grid(world, crs, (resolution, resolution), LATTICE_ORIGIN)
 
 
 class GhsPop:
@@ -65,16 +57,16 @@ class GhsPop:
         """Cell means of the world's population density, with a coverage strip for some cities."""
         assert year is not None
         grid = ghsl_grid(world, self.resolution)
-        persons = np.empty((grid.height, grid.width), dtype=np.float32)
-        for start, stop in row_blocks(grid.height, 32):
-            pts = world.grid_points(grid.row_window(start, stop), self.supersample)
-            density = world.population_density(pts, year)
-            outside = block_mean(pts.inside, self.supersample) < 1
-            persons[start:stop] = np.where(
-                outside, np.float32(POP_NODATA), block_mean(density, self.supersample)
-            )
+        persons = cell_raster(
+            world,
+            grid,
+            self.supersample,
+            block_rows=32,
+            cells=lambda pts: block_mean(world.population_density(pts, year), self.supersample),
+            fill=POP_NODATA,
+            dtype=np.float32,
+        )
         persons[_missing_strip(world, grid)] = POP_NODATA
-        nominal, period_start, period_end = _epoch_times(year)
         name = f"GHS_POP_E{year}_GLOBE_R2023A_54009_1000_V1_0"
         layer = RasterLayer(
             role="data",
@@ -86,12 +78,10 @@ class GhsPop:
             units="persons per cell (1 km², so persons/km²)",
             title="Residential population per 1 km cell",
         )
-        return GeneratedItem(
-            item_id=f"{name}_{world.city}",
-            layers=(layer,),
-            timestamp=nominal,
-            start_datetime=period_start,
-            end_datetime=period_end,
+        return annual_item(
+            f"{name}_{world.city}",
+            (layer,),
+            year,
             properties={"gsd": self.resolution, "ghsl:epoch": year},
             extra={"units": "persons/km2", "nodata": str(POP_NODATA), "epoch": str(year)},
         )
@@ -135,14 +125,11 @@ class GhsBuiltV:
         assert year is not None
         grid = ghsl_grid(world, self.resolution)
         bands = np.empty((2, grid.height, grid.width), dtype=np.float32)
-        for start, stop in row_blocks(grid.height, 128):
-            pts = world.grid_points(grid.row_window(start, stop), self.supersample)
+        for rows, pts, outside in supersampled_blocks(world, grid, self.supersample, 128):
             total, nonres = world.built_volume(pts, year)
-            outside = block_mean(pts.inside, self.supersample) < 1
             for band, values in enumerate((total, nonres)):
                 cell = block_mean(values, self.supersample)
-                bands[band, start:stop] = np.where(outside, np.float32(BUILT_V_NODATA), cell)
-        nominal, period_start, period_end = _epoch_times(year)
+                bands[band, rows] = np.where(outside, np.float32(BUILT_V_NODATA), cell)
         name = f"GHS_BUILT_V_E{year}_GLOBE_R2023A_54009_100_V1_0"
         layer = RasterLayer(
             role="data",
@@ -154,12 +141,10 @@ class GhsBuiltV:
             units="m3/m2",
             title="Built-volume density (total, non-residential)",
         )
-        return GeneratedItem(
-            item_id=f"{name}_{world.city}",
-            layers=(layer,),
-            timestamp=nominal,
-            start_datetime=period_start,
-            end_datetime=period_end,
+        return annual_item(
+            f"{name}_{world.city}",
+            (layer,),
+            year,
             properties={"gsd": self.resolution, "ghsl:epoch": year},
             extra={"units": "m3/m2", "nodata": str(BUILT_V_NODATA), "epoch": str(year)},
         )

@@ -9,24 +9,22 @@ bare construction pixels at the urban fringe; 255 marks small nodata patches.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import numpy as np
-from pyproj import CRS
-from scipy import ndimage
 
+from sources.sample.grids import geographic_grid
 from sources.sample.world import (
     FIRST_YEAR,
     LAST_YEAR,
     Climate,
     GeneratedItem,
-    NativeGrid,
     RasterLayer,
     SyntheticCity,
     WorldPoints,
-    product_window,
+    annual_item,
+    first_rule_class,
+    pixel_grain,
     row_blocks,
-    snapped_grid,
 )
 
 PIXEL_DEGREES = 0.00026949458523585647
@@ -159,23 +157,9 @@ CLIMATE_CLASSES: dict[Climate, ClimateClasses] = {
 """Vegetation classes per climate; the variants add realistic class mixtures."""
 
 
-def glc_grid(world: SyntheticCity) -> NativeGrid:
-    """The city window on the GLC_FCS30D lattice (origin -180°, 90°)."""
-    crs = CRS.from_epsg(4326)
-    return snapped_grid(
-        crs, product_window(world, crs), (PIXEL_DEGREES, PIXEL_DEGREES), (-180.0, 90.0)
-    )
-
-
 def _pick(choice: np.ndarray, options: tuple[int, ...]) -> np.ndarray:
     """Class ids from a 0..n-1 choice index."""
     return np.asarray(options, dtype=np.uint8)[np.clip(choice, 0, len(options) - 1)]
-
-
-def speckle_field(world: SyntheticCity, shape: tuple[int, int]) -> np.ndarray:
-    """Pixel-scale variation that stays put across years, so only trends change classes."""
-    speckle = world.rng("glc-speckle").standard_normal(shape, dtype=np.float32)
-    return ndimage.uniform_filter(speckle, 3, output=np.float32) * np.float32(3)
 
 
 def land_cover(
@@ -215,10 +199,7 @@ def land_cover(
         (texture < -0.9, classes.shrubland),
         (texture < -0.5, classes.sparse[1]),
     ]
-    out = np.full(pts.shape, GRASSLAND, dtype=np.uint8)
-    for where, value in reversed(rules):
-        np.copyto(out, value, where=where, casting="unsafe")
-    return out
+    return first_rule_class(pts.shape, rules, GRASSLAND)
 
 
 def _nodata_patches(world: SyntheticCity, year: int, classes: np.ndarray) -> None:
@@ -246,8 +227,9 @@ class GlcFcs30d:
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """One year's classification of the city window."""
         assert year is not None
-        grid = glc_grid(world)
-        speckle = speckle_field(world, (grid.height, grid.width))
+        grid = geographic_grid(world, PIXEL_DEGREES)
+        # Pixel-scale variation that stays put across years, so only trends change classes.
+        speckle = pixel_grain(world, "glc-speckle", (grid.height, grid.width))
         classes = np.empty((grid.height, grid.width), dtype=np.uint8)
         for start, stop in row_blocks(grid.height):
             pts = world.grid_points(grid.row_window(start, stop))
@@ -266,12 +248,10 @@ class GlcFcs30d:
             title="Land cover class (GLC_FCS30D legend; 0 non-green/unclassified)",
             categorical=True,
         )
-        return GeneratedItem(
-            item_id=name,
-            layers=(layer,),
-            timestamp=datetime(year, 1, 1, tzinfo=UTC),
-            start_datetime=datetime(year, 1, 1, tzinfo=UTC),
-            end_datetime=datetime(year, 12, 31, 23, 59, 59, tzinfo=UTC),
+        return annual_item(
+            name,
+            (layer,),
+            year,
             properties={"gsd": 30, "classification:classes_legend": "GLC_FCS30D"},
             extra={"units": "class id", "nodata": str(NODATA)},
         )

@@ -9,15 +9,13 @@ published coverage and raise ``SourceUnavailableError`` with reason 'outside_sou
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import geopandas as gpd
 import numpy as np
 
 from citycube.errors import SourceUnavailableError
 from sources.sample.layers import WGS84, GeoPackageLayer
 from sources.sample.osm import city_fabric, footprints_wgs84, window_bounds_wgs84
-from sources.sample.world import GeneratedItem, SyntheticCity
+from sources.sample.world import GeneratedItem, SyntheticCity, year_span
 
 REFERENCE_YEAR = 2020
 """Buildings standing in this year are in the release."""
@@ -60,12 +58,13 @@ class GlobfpHeight:
             layer="buildings",
             fallback_bounds=window_bounds_wgs84(world),
         )
+        start, end = year_span(REFERENCE_YEAR)
         return GeneratedItem(
             item_id=f"3D-GloBFP_{world.city}",
             layers=(layer,),
             timestamp=None,
-            start_datetime=datetime(REFERENCE_YEAR, 1, 1, tzinfo=UTC),
-            end_datetime=datetime(REFERENCE_YEAR, 12, 31, 23, 59, 59, tzinfo=UTC),
+            start_datetime=start,
+            end_datetime=end,
             properties={"globfp:reference_year": REFERENCE_YEAR},
             extra={"units": "m", "buildings": str(len(frame))},
         )

@@ -10,24 +10,20 @@ carry ids outside the legend (13, 200, 254) — corrupt values the engine must t
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import numpy as np
-from pyproj import CRS
 
+from sources.sample.grids import cell_raster, geographic_grid
 from sources.sample.world import (
     FIRST_YEAR,
     LAST_YEAR,
     Climate,
     GeneratedItem,
-    NativeGrid,
     RasterLayer,
     SyntheticCity,
     WorldPoints,
+    annual_item,
     block_mean,
-    product_window,
-    row_blocks,
-    snapped_grid,
+    first_rule_class,
 )
 
 CELL_DEGREES = 0.01
@@ -78,14 +74,6 @@ _CANDIDATES = (
 """Every id a sub-cell sample can take; the cell takes the most frequent."""
 
 
-def hilda_grid(world: SyntheticCity) -> NativeGrid:
-    """The city window on the global 0.01° lattice (origin -180°, 90°)."""
-    crs = CRS.from_epsg(4326)
-    return snapped_grid(
-        crs, product_window(world, crs), (CELL_DEGREES, CELL_DEGREES), (-180.0, 90.0)
-    )
-
-
 def land_use(world: SyntheticCity, pts: WorldPoints, year: int) -> np.ndarray:
     """Land-use ids at points (uint8); rules from the highest priority down."""
     urban = world.urban_intensity(pts, year)
@@ -104,10 +92,7 @@ def land_use(world: SyntheticCity, pts: WorldPoints, year: int) -> np.ndarray:
         ((pts.field("crop") > 0.0) & (urban < 0.1), CROPLAND),
         (texture < -0.6, GRASS_SHRUB),
     ]
-    out = np.full(pts.shape, PASTURE, dtype=np.uint8)
-    for where, value in reversed(rules):
-        np.copyto(out, value, where=where, casting="unsafe")
-    return out
+    return first_rule_class(pts.shape, rules, PASTURE)
 
 
 def majority(ids: np.ndarray, factor: int) -> np.ndarray:
@@ -143,13 +128,16 @@ class HildaPlus:
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """Majority land use per cell; ocean where the real coastline says so."""
         assert year is not None
-        grid = hilda_grid(world)
-        ids = np.empty((grid.height, grid.width), dtype=np.uint8)
-        for start, stop in row_blocks(grid.height, 32):
-            pts = world.grid_points(grid.row_window(start, stop), self.supersample)
-            cells = majority(land_use(world, pts, year), self.supersample)
-            outside = block_mean(pts.inside, self.supersample) < 1
-            ids[start:stop] = np.where(outside, np.uint8(NODATA), cells)
+        grid = geographic_grid(world, CELL_DEGREES)
+        ids = cell_raster(
+            world,
+            grid,
+            self.supersample,
+            block_rows=32,
+            cells=lambda pts: majority(land_use(world, pts, year), self.supersample),
+            fill=NODATA,
+            dtype=np.uint8,
+        )
         _damage(world, year, ids)
         name = f"hilda_plus_{year}_states_GLOB-v2-0_wgs84-nn"
         layer = RasterLayer(
@@ -163,12 +151,10 @@ class HildaPlus:
             title="Land-use state (HILDA+ legend; 0 ocean, 99 nodata)",
             categorical=True,
         )
-        return GeneratedItem(
-            item_id=f"{name}_{world.city}",
-            layers=(layer,),
-            timestamp=datetime(year, 1, 1, tzinfo=UTC),
-            start_datetime=datetime(year, 1, 1, tzinfo=UTC),
-            end_datetime=datetime(year, 12, 31, 23, 59, 59, tzinfo=UTC),
+        return annual_item(
+            f"{name}_{world.city}",
+            (layer,),
+            year,
             properties={"hilda:version": "2.0", "classification:classes_legend": "HILDA+"},
             extra={"units": "class id", "nodata": str(NODATA)},
         )

@@ -18,16 +18,17 @@ from scipy import ndimage
 from sources.sample.world import (
     FIRST_YEAR,
     LAST_YEAR,
-    PRODUCT_MARGIN_M,
     GeneratedItem,
     NativeGrid,
     RasterLayer,
     SyntheticCity,
     WorldPoints,
+    pixel_grain,
     row_blocks,
     smooth_noise,
     smoothstep,
     snapped_grid,
+    utm_window,
 )
 
 PIXEL_SIZE_M = 30.0
@@ -87,11 +88,9 @@ def wrs2_path_row(lat: float, lon: float) -> tuple[int, int]:
 
 def scene_grid(world: SyntheticCity) -> NativeGrid:
     """The scene's window: city extent plus margin, on the Landsat 30 m UTM lattice."""
-    xmin, ymin, xmax, ymax = world.extent
-    m = PRODUCT_MARGIN_M
     return snapped_grid(
         world.crs,
-        (xmin - m, ymin - m, xmax + m, ymax + m),
+        utm_window(world),
         (PIXEL_SIZE_M, PIXEL_SIZE_M),
         (PIXEL_CORNER_OFFSET_M, PIXEL_CORNER_OFFSET_M),
     )
@@ -150,13 +149,25 @@ _VEG_OPEN = {
 _CLOUD = np.array([232, 232, 236], dtype=np.float32)
 
 
+def ground_cover(
+    world: SyntheticCity, pts: WorldPoints, year: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Urban, green and bare shares of the ground (bare is what the other two leave)."""
+    urban = world.urban_intensity(pts, year)
+    green = world.green_fraction(pts, year, urban)
+    return urban, green, np.clip(1 - urban - green, 0, 1)
+
+
+def woodedness(pts: WorldPoints) -> np.ndarray:
+    """How closed the vegetation's canopy is: 0 open land, 1 woodland."""
+    return smoothstep((pts.field("forest") - 0.45) / 0.3)
+
+
 def surface_colour(
     world: SyntheticCity, pts: WorldPoints, year: int, grain: np.ndarray
 ) -> np.ndarray:
     """Cloud-free RGB (3, rows, cols) float32 from land cover, relief shading and texture."""
-    urban = world.urban_intensity(pts, year)
-    green = world.green_fraction(pts, year, urban)
-    bare = np.clip(1 - urban - green, 0, 1)
+    urban, green, bare = ground_cover(world, pts, year)
     total = np.maximum(urban + green + bare, 1e-6)
     urban, green, bare = urban / total, green / total, bare / total
     climate = world.traits.climate
@@ -165,7 +176,7 @@ def surface_colour(
     bare_rgb = _BARE.get(climate, _BARE["default"])
     g = world.growth_progress(year)
     urban_rgb = _URBAN_2000 + g * (_URBAN_2025 - _URBAN_2000)
-    wooded = smoothstep((pts.field("forest") - 0.45) / 0.3)
+    wooded = woodedness(pts)
     fields = 1 + 0.1 * np.tanh(3 * pts.field("crop"))
     texture = 1 + 0.05 * pts.field("texture") + 0.035 * grain
     shade = _hillshade(pts.elevation, world.latitude >= 0)
@@ -184,8 +195,7 @@ def surface_colour(
 
 def grain_field(world: SyntheticCity, shape: tuple[int, int]) -> np.ndarray:
     """Pixel-scale texture, the same every year (roofs and fields do not flicker)."""
-    noise = world.rng("landsat-grain").standard_normal(shape, dtype=np.float32)
-    return ndimage.uniform_filter(noise, 3, output=np.float32) * np.float32(3)
+    return pixel_grain(world, "landsat-grain", shape)
 
 
 def _hillshade(elevation: np.ndarray, north: bool) -> np.ndarray:
@@ -345,6 +355,37 @@ def qa_pixel(
     return np.where(fill, np.uint16(QA_FILL), qa).astype(np.uint16)
 
 
+@dataclass(frozen=True)
+class Scene:
+    """A year's scene: its grid, mission, sky and id, shared by the scene and derived layers."""
+
+    grid: NativeGrid
+    """The scene's 30 m grid in the city's UTM zone."""
+    sensor: Sensor
+    """Mission of the year."""
+    sky: Sky
+    """Clouds and shadows on the grid."""
+    acquired: datetime
+    """Acquisition time."""
+    scene_id: str
+    """Collection 2 product id."""
+
+
+def landsat_scene(world: SyntheticCity, year: int) -> Scene:
+    """The year's scene; the cloud share is set over the city extent, not the margin."""
+    grid = scene_grid(world)
+    sensor = sensor_for(year)
+    acquired = acquisition_time(world, year, sensor)
+    t = grid.transform
+    xmin, ymin, xmax, ymax = world.extent
+    extent_window = (
+        slice(round((t.f - ymax) / PIXEL_SIZE_M), round((t.f - ymin) / PIXEL_SIZE_M)),
+        slice(round((xmin - t.c) / PIXEL_SIZE_M), round((xmax - t.c) / PIXEL_SIZE_M)),
+    )
+    sky = sky_effects(world, year, grid, sensor, extent_window)
+    return Scene(grid, sensor, sky, acquired, scene_id(world, year, sensor, acquired))
+
+
 class LandsatC2L2:
     """Annual Landsat Collection 2 Level-2 scenes (RGB as supplied plus QA_PIXEL)."""
 
@@ -357,17 +398,9 @@ class LandsatC2L2:
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """One scene: RGB file (role 'data') and QA_PIXEL file (role 'qa')."""
         assert year is not None
-        grid = scene_grid(world)
-        sensor = sensor_for(year)
-        acquired = acquisition_time(world, year, sensor)
-        product_id = scene_id(world, year, sensor, acquired)
-        t = grid.transform
-        xmin, ymin, xmax, ymax = world.extent
-        extent_window = (
-            slice(round((t.f - ymax) / PIXEL_SIZE_M), round((t.f - ymin) / PIXEL_SIZE_M)),
-            slice(round((xmin - t.c) / PIXEL_SIZE_M), round((xmax - t.c) / PIXEL_SIZE_M)),
-        )
-        sky = sky_effects(world, year, grid, sensor, extent_window)
+        scene = landsat_scene(world, year)
+        grid, sensor, sky, acquired = scene.grid, scene.sensor, scene.sky, scene.acquired
+        product_id = scene.scene_id
         grain = grain_field(world, (grid.height, grid.width))
         pixels = np.empty((3, grid.height, grid.width), dtype=np.uint8)
         qa = np.empty((grid.height, grid.width), dtype=np.uint16)

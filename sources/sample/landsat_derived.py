@@ -16,8 +16,6 @@ year of 2010–2024 so forecasting cases exist.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from datetime import datetime
 
 import numpy as np
 
@@ -25,27 +23,22 @@ from citycube.cities import load_cities
 from citycube.errors import SourceUnavailableError
 from sources.sample.landsat import (
     PIXEL_SIZE_M,
-    Sensor,
-    Sky,
-    acquisition_time,
+    Scene,
     fill_mask,
     grain_field,
-    scene_grid,
-    scene_id,
-    sensor_for,
-    sky_effects,
+    ground_cover,
+    landsat_scene,
+    woodedness,
 )
 from sources.sample.weather import LAPSE_RATE_C_PER_M, city_climate, year_anomaly
 from sources.sample.world import (
     FIRST_YEAR,
     LAST_YEAR,
     GeneratedItem,
-    NativeGrid,
     RasterLayer,
     SyntheticCity,
     WorldPoints,
     row_blocks,
-    smoothstep,
     stable_hash,
 )
 
@@ -68,37 +61,6 @@ _VEG_NDVI = {
     "semiarid": 0.42,
 }
 """NDVI of open vegetation per climate; woodland adds to it."""
-
-
-@dataclass(frozen=True)
-class Scene:
-    """The year's Landsat scene whose grid and gaps the derived layers share."""
-
-    grid: NativeGrid
-    """The scene's 30 m grid in the city's UTM zone."""
-    sensor: Sensor
-    """Mission of the year."""
-    sky: Sky
-    """Clouds and shadows on the grid."""
-    acquired: datetime
-    """Acquisition time."""
-    scene_id: str
-    """Collection 2 product id."""
-
-
-def landsat_scene(world: SyntheticCity, year: int) -> Scene:
-    """Rebuild the scene's grid, sensor and sky exactly as ``LandsatC2L2.generate`` does."""
-    grid = scene_grid(world)
-    sensor = sensor_for(year)
-    acquired = acquisition_time(world, year, sensor)
-    t = grid.transform
-    xmin, ymin, xmax, ymax = world.extent
-    extent_window = (
-        slice(round((t.f - ymax) / PIXEL_SIZE_M), round((t.f - ymin) / PIXEL_SIZE_M)),
-        slice(round((xmin - t.c) / PIXEL_SIZE_M), round((xmax - t.c) / PIXEL_SIZE_M)),
-    )
-    sky = sky_effects(world, year, grid, sensor, extent_window)
-    return Scene(grid, sensor, sky, acquired, scene_id(world, year, sensor, acquired))
 
 
 def scene_gaps(
@@ -143,11 +105,9 @@ class LandsatNdvi:
         for start, stop in row_blocks(grid.height):
             pts = world.grid_points(grid.row_window(start, stop))
             g = grain[start:stop]
-            urban = world.urban_intensity(pts, year)
-            green = world.green_fraction(pts, year, urban)
-            bare = np.clip(1 - urban - green, 0, 1)
+            urban, green, bare = ground_cover(world, pts, year)
             total = np.maximum(urban + green + bare, 1e-6)
-            wooded = smoothstep((pts.field("forest") - 0.45) / 0.3)
+            wooded = woodedness(pts)
             vegetation = (
                 veg_base
                 + 0.18 * wooded
@@ -237,10 +197,8 @@ class LandsatSurfaceTemperature:
         for start, stop in row_blocks(grid.height):
             pts = world.grid_points(grid.row_window(start, stop))
             g = grain[start:stop]
-            urban = world.urban_intensity(pts, year)
-            green = world.green_fraction(pts, year, urban)
-            wooded = smoothstep((pts.field("forest") - 0.45) / 0.3)
-            bare = np.clip(1 - urban - green, 0, 1)
+            urban, green, bare = ground_cover(world, pts, year)
+            wooded = woodedness(pts)
             rise = pts.elevation - base
             land = (
                 daytime

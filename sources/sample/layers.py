@@ -38,6 +38,15 @@ def _frame_bounds(frame: gpd.GeoDataFrame, fallback: Bounds | None) -> Bounds:
     return fallback
 
 
+def _synthetic_members(tags: dict[str, str]) -> dict[str, object]:
+    """The synthetic label as JSON members, for formats that carry it inside the document."""
+    return {
+        "synthetic": tags.get("SYNTHETIC", "true") == "true",
+        "notice": tags.get("CITYCUBE_NOTICE", ""),
+        "generator": tags.get("CITYCUBE_GENERATOR", ""),
+    }
+
+
 def _table_columns(frame: pd.DataFrame) -> list[dict[str, str]]:
     """STAC table:columns entries, so a reader knows the schema before opening the file."""
     columns = []
@@ -45,6 +54,19 @@ def _table_columns(frame: pd.DataFrame) -> list[dict[str, str]]:
         kind = "geometry" if isinstance(dtype, gpd.array.GeometryDtype) else str(dtype)
         columns.append({"name": str(name), "type": kind})
     return columns
+
+
+def _table_fields(frame: pd.DataFrame) -> dict[str, object]:
+    """STAC table extension fields every tabular file reports: schema and row count."""
+    return {"table:columns": _table_columns(frame), "table:row_count": len(frame)}
+
+
+def _write_json(path: Path, document: object) -> None:
+    """Compact UTF-8 JSON with a final newline, flushed to disk."""
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, ensure_ascii=False, separators=(",", ":"))
+        handle.write("\n")
+    _fsync(path)
 
 
 def _fsync(path: Path) -> None:
@@ -57,8 +79,8 @@ def _fsync(path: Path) -> None:
 
 
 @dataclass(frozen=True, eq=False)
-class GeoPackageLayer:
-    """One GeoPackage layer; the synthetic tags go into the dataset and layer metadata."""
+class _Asset:
+    """What every file layer says about itself."""
 
     role: str
     """Role in the item."""
@@ -66,6 +88,23 @@ class GeoPackageLayer:
     """File name inside the item directory."""
     title: str
     """Human-readable title of the asset."""
+
+
+class _FrameFootprint:
+    """Gives a layer the CRS and bounds of its frame's geometries (``fallback_bounds`` if none)."""
+
+    frame: gpd.GeoDataFrame
+    fallback_bounds: Bounds | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "crs", CRS.from_user_input(self.frame.crs))
+        object.__setattr__(self, "bounds", _frame_bounds(self.frame, self.fallback_bounds))
+
+
+@dataclass(frozen=True, eq=False)
+class GeoPackageLayer(_FrameFootprint, _Asset):
+    """One GeoPackage layer; the synthetic tags go into the dataset and layer metadata."""
+
     frame: gpd.GeoDataFrame
     """Features with their attribute columns."""
     layer: str
@@ -78,10 +117,6 @@ class GeoPackageLayer:
     """CRS of the features."""
     bounds: Bounds | None = field(init=False)
     """Bounds of the features in ``crs``."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "crs", CRS.from_user_input(self.frame.crs))
-        object.__setattr__(self, "bounds", _frame_bounds(self.frame, self.fallback_bounds))
 
     def write(self, path: Path, tags: dict[str, str]) -> None:
         """Write the layer with the tags as GeoPackage metadata (gpkg_metadata tables)."""
@@ -99,23 +134,16 @@ class GeoPackageLayer:
     def stac_fields(self) -> dict[str, object]:
         """Table extension fields: the layer, its columns and row count."""
         return {
-            "table:columns": _table_columns(self.frame),
-            "table:row_count": len(self.frame),
+            **_table_fields(self.frame),
             "table:primary_geometry": self.frame.geometry.name,
             "citycube:layer": self.layer,
         }
 
 
 @dataclass(frozen=True, eq=False)
-class GeoParquetLayer:
+class GeoParquetLayer(_FrameFootprint, _Asset):
     """A GeoParquet file; the synthetic tags go into the Parquet key-value metadata."""
 
-    role: str
-    """Role in the item."""
-    filename: str
-    """File name inside the item directory."""
-    title: str
-    """Human-readable title of the asset."""
     frame: gpd.GeoDataFrame
     """Features with their attribute columns."""
     fallback_bounds: Bounds | None = None
@@ -126,10 +154,6 @@ class GeoParquetLayer:
     """CRS of the features."""
     bounds: Bounds | None = field(init=False)
     """Bounds of the features in ``crs``."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "crs", CRS.from_user_input(self.frame.crs))
-        object.__setattr__(self, "bounds", _frame_bounds(self.frame, self.fallback_bounds))
 
     def write(self, path: Path, tags: dict[str, str]) -> None:
         """Write GeoParquet, then add the tags next to the 'geo' metadata.
@@ -146,27 +170,17 @@ class GeoParquetLayer:
 
     def stac_fields(self) -> dict[str, object]:
         """Table extension fields."""
-        return {
-            "table:columns": _table_columns(self.frame),
-            "table:row_count": len(self.frame),
-            "table:primary_geometry": self.frame.geometry.name,
-        }
+        return {**_table_fields(self.frame), "table:primary_geometry": self.frame.geometry.name}
 
 
 @dataclass(frozen=True, eq=False)
-class CsvLayer:
+class CsvLayer(_Asset):
     """A plain CSV table; the synthetic label is a ``synthetic`` column on every row.
 
     Tables with ``lon``/``lat`` columns report the WGS84 bbox of their records, so the item
     footprint follows the records; other tables use ``fallback_bounds`` (or have none).
     """
 
-    role: str
-    """Role in the item."""
-    filename: str
-    """File name inside the item directory."""
-    title: str
-    """Human-readable title of the asset."""
     frame: pd.DataFrame
     """Rows to write (without the synthetic column; it is added on write)."""
     fallback_bounds: Bounds | None = None
@@ -189,7 +203,7 @@ class CsvLayer:
 
     def write(self, path: Path, tags: dict[str, str]) -> None:
         """Write UTF-8 CSV with a header; missing values stay blank cells."""
-        frame = self.frame.assign(synthetic=tags.get("SYNTHETIC", "true") == "true")
+        frame = self.frame.assign(synthetic=_synthetic_members(tags)["synthetic"])
         frame.to_csv(path, index=False, lineterminator="\n")
         _fsync(path)
 
@@ -201,19 +215,13 @@ class CsvLayer:
 
 
 @dataclass(frozen=True, eq=False)
-class JsonLayer:
+class JsonLayer(_Asset):
     """A JSON document written as given plus tags where the document allows foreign members.
 
     ``tag_path`` names the object that receives ``synthetic`` and ``notice`` members, as a list
     of keys and indices from the document root (empty: the root itself, which must be an object).
     """
 
-    role: str
-    """Role in the item."""
-    filename: str
-    """File name inside the item directory."""
-    title: str
-    """Human-readable title of the asset."""
     payload: Any
     """The JSON document."""
     tag_path: tuple[str | int, ...] = ()
@@ -235,13 +243,8 @@ class JsonLayer:
             target = target[key]
         if not isinstance(target, dict):
             raise TypeError(f"{self.filename}: tags need an object at {self.tag_path}")
-        target["synthetic"] = tags.get("SYNTHETIC", "true") == "true"
-        target["notice"] = tags.get("CITYCUBE_NOTICE", "")
-        target["generator"] = tags.get("CITYCUBE_GENERATOR", "")
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, ensure_ascii=False, separators=(",", ":"))
-            handle.write("\n")
-        _fsync(path)
+        target.update(_synthetic_members(tags))
+        _write_json(path, document)
 
     def stac_fields(self) -> dict[str, object]:
         """Whatever the product declared."""
@@ -249,15 +252,9 @@ class JsonLayer:
 
 
 @dataclass(frozen=True, eq=False)
-class GeoJsonLayer:
+class GeoJsonLayer(_Asset):
     """A GeoJSON FeatureCollection; the tags are top-level members and feature properties."""
 
-    role: str
-    """Role in the item."""
-    filename: str
-    """File name inside the item directory."""
-    title: str
-    """Human-readable title of the asset."""
     frame: gpd.GeoDataFrame
     """Features (EPSG:4326, as RFC 7946 requires)."""
     media_type: str = "application/geo+json"
@@ -275,27 +272,18 @@ class GeoJsonLayer:
 
     def write(self, path: Path, tags: dict[str, str]) -> None:
         """Write the collection with ``synthetic``/``notice`` at the top and on each feature."""
-        synthetic = tags.get("SYNTHETIC", "true") == "true"
-        notice = tags.get("CITYCUBE_NOTICE", "")
-        frame = self.frame.assign(synthetic=synthetic, notice=notice)
+        members = _synthetic_members(tags)
+        frame = self.frame.assign(synthetic=members["synthetic"], notice=members["notice"])
         document = json.loads(frame.to_json(drop_id=True, to_wgs84=False))
         document.pop("crs", None)  # RFC 7946: no crs member, coordinates are WGS84
         document = {
             "type": document["type"],
-            "synthetic": synthetic,
-            "notice": notice,
-            "generator": tags.get("CITYCUBE_GENERATOR", ""),
+            **members,
             "bbox": [round(float(v), 7) for v in np.asarray(self.bounds)],
             "features": document["features"],
         }
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, ensure_ascii=False, separators=(",", ":"))
-            handle.write("\n")
-        _fsync(path)
+        _write_json(path, document)
 
     def stac_fields(self) -> dict[str, object]:
         """Table extension fields of the feature properties."""
-        return {
-            "table:columns": _table_columns(self.frame),
-            "table:row_count": len(self.frame),
-        }
+        return _table_fields(self.frame)

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
+from typing import ClassVar
 
 import geopandas as gpd
 import numpy as np
@@ -37,10 +38,11 @@ from sources.sample.layers import WGS84, Bounds, GeoPackageLayer, GeoParquetLaye
 from sources.sample.world import (
     FIRST_YEAR,
     LAST_YEAR,
-    PRODUCT_MARGIN_M,
     GeneratedItem,
     SyntheticCity,
     product_window,
+    utm_window,
+    year_span,
 )
 
 NEVER = 9999
@@ -460,9 +462,7 @@ class _FabricBuilder:
         self.world = world
         self.scale = world.spatial_scale
         self.cx, self.cy = world.centre_xy
-        xmin, ymin, xmax, ymax = world.extent
-        m = PRODUCT_MARGIN_M
-        self.window = (xmin - m, ymin - m, xmax + m, ymax + m)
+        self.window = utm_window(world)
         self.alpha = float(world.rng("osm-frame").uniform(-math.pi / 4, math.pi / 4))
         self.segments = _Segments()
         rng = world.rng("osm-warp")
@@ -1386,123 +1386,100 @@ def gps_frame(world: SyntheticCity, year: int) -> gpd.GeoDataFrame:
 # --------------------------------------------------------------------------------------------
 
 
-def _union(table: dict[str, tuple[int, ...]]) -> list[int]:
-    return sorted({y for years in table.values() for y in years})
+class _CityYears:
+    """A product whose years differ per city, as a fixed table like a real archive's holdings."""
+
+    product_id: str
+    years_by_city: ClassVar[dict[str, tuple[int, ...]]]
+
+    def years(self) -> list[int] | None:
+        """Union of all cities' years; ``city_years`` gives one city's."""
+        return sorted({y for years in self.years_by_city.values() for y in years})
+
+    def city_years(self, city: str, seed: int = 0) -> list[int]:
+        """Years of one city."""
+        return list(self.years_by_city.get(city, ()))
+
+    def _require_year(self, city: str, year: int | None) -> int:
+        """The year, or ``SourceUnavailableError`` when the city has no snapshot then."""
+        if year is None:
+            raise ValueError(f"{self.product_id} is not static; pass one of its source years")
+        years = self.years_by_city.get(city, ())
+        if year not in years:
+            listed = ", ".join(str(y) for y in years) or "none"
+            raise SourceUnavailableError(
+                f"{self.product_id} has no {year} snapshot for {city}; it has {listed}",
+                reason="source_year_missing",
+            )
+        return year
 
 
-def _require_year(
-    product: str, table: dict[str, tuple[int, ...]], city: str, year: int | None
-) -> int:
-    """The year, or ``SourceUnavailableError`` when the city has no snapshot then."""
-    if year is None:
-        raise ValueError(f"{product} is not static; pass one of its source years")
-    years = table.get(city, ())
-    if year not in years:
-        listed = ", ".join(str(y) for y in years) or "none"
-        raise SourceUnavailableError(
-            f"{product} has no {year} snapshot for {city}; it has {listed}",
-            reason="source_year_missing",
-        )
-    return year
+def _snapshot_item(
+    world: SyntheticCity, year: int, kind: str, frame: gpd.GeoDataFrame, extra: dict[str, str]
+) -> GeneratedItem:
+    """The 1 January snapshot of one OSM feature kind: a GeoPackage with a layer ``kind``."""
+    name = f"{world.city.lower()}-{year}0101-osm-{kind}"
+    layer = GeoPackageLayer(
+        role="data",
+        filename=f"{name}.gpkg",
+        title=f"OpenStreetMap {kind}, snapshot {year}-{SNAPSHOT_DAY}",
+        frame=frame,
+        layer=kind,
+        fallback_bounds=window_bounds_wgs84(world),
+    )
+    snapshot_date = datetime(year, 1, 1, tzinfo=UTC)
+    return GeneratedItem(
+        item_id=f"osm_{kind}_{world.city}_{year}0101",
+        layers=(layer,),
+        timestamp=snapshot_date,
+        start_datetime=None,
+        end_datetime=None,
+        properties={"osm:snapshot_date": snapshot_date.date().isoformat()},
+        extra={
+            "snapshot_date": snapshot_date.date().isoformat(),
+            "features": str(len(frame)),
+            **extra,
+        },
+    )
 
 
-class OsmRoads:
+class OsmRoads(_CityYears):
     """OSM road snapshots (GeoPackage layer ``roads``), city-specific snapshot years."""
 
     product_id = "osm_roads"
-
-    def years(self) -> list[int] | None:
-        """Union of all cities' snapshot years; ``city_years`` gives one city's."""
-        return _union(ROAD_SNAPSHOT_YEARS)
-
-    def city_years(self, city: str, seed: int = 0) -> list[int]:
-        """Snapshot years of one city."""
-        return list(ROAD_SNAPSHOT_YEARS.get(city, ()))
+    years_by_city = ROAD_SNAPSHOT_YEARS
 
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """The roads mapped by 1 January of the snapshot year."""
-        year = _require_year(self.product_id, ROAD_SNAPSHOT_YEARS, world.city, year)
-        frame = road_frame(world, year)
-        name = f"{world.city.lower()}-{year}0101-osm-roads"
-        layer = GeoPackageLayer(
-            role="data",
-            filename=f"{name}.gpkg",
-            title=f"OpenStreetMap roads, snapshot {year}-{SNAPSHOT_DAY}",
-            frame=frame,
-            layer="roads",
-            fallback_bounds=window_bounds_wgs84(world),
-        )
-        stamp = datetime(year, 1, 1, tzinfo=UTC)
-        return GeneratedItem(
-            item_id=f"osm_roads_{world.city}_{year}0101",
-            layers=(layer,),
-            timestamp=stamp,
-            start_datetime=None,
-            end_datetime=None,
-            properties={"osm:snapshot_date": stamp.date().isoformat()},
-            extra={"snapshot_date": stamp.date().isoformat(), "features": str(len(frame))},
-        )
+        year = self._require_year(world.city, year)
+        return _snapshot_item(world, year, "roads", road_frame(world, year), {})
 
 
-class OsmBuildings:
+class OsmBuildings(_CityYears):
     """OSM building snapshots with function tags (GeoPackage layer ``buildings``)."""
 
     product_id = "osm_buildings"
-
-    def years(self) -> list[int] | None:
-        """Union of all cities' snapshot years; ``city_years`` gives one city's."""
-        return _union(BUILDING_SNAPSHOT_YEARS)
-
-    def city_years(self, city: str, seed: int = 0) -> list[int]:
-        """Snapshot years of one city."""
-        return list(BUILDING_SNAPSHOT_YEARS.get(city, ()))
+    years_by_city = BUILDING_SNAPSHOT_YEARS
 
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """The buildings mapped by 1 January of the snapshot year, with their tags then."""
-        year = _require_year(self.product_id, BUILDING_SNAPSHOT_YEARS, world.city, year)
+        year = self._require_year(world.city, year)
         frame = building_frame(world, year)
-        name = f"{world.city.lower()}-{year}0101-osm-buildings"
-        layer = GeoPackageLayer(
-            role="data",
-            filename=f"{name}.gpkg",
-            title=f"OpenStreetMap buildings, snapshot {year}-{SNAPSHOT_DAY}",
-            frame=frame,
-            layer="buildings",
-            fallback_bounds=window_bounds_wgs84(world),
-        )
-        stamp = datetime(year, 1, 1, tzinfo=UTC)
         labelled = int((frame["building"] != "yes").sum())
-        return GeneratedItem(
-            item_id=f"osm_buildings_{world.city}_{year}0101",
-            layers=(layer,),
-            timestamp=stamp,
-            start_datetime=None,
-            end_datetime=None,
-            properties={"osm:snapshot_date": stamp.date().isoformat()},
-            extra={
-                "snapshot_date": stamp.date().isoformat(),
-                "features": str(len(frame)),
-                "labelled_building_values": str(labelled),
-            },
+        return _snapshot_item(
+            world, year, "buildings", frame, {"labelled_building_values": str(labelled)}
         )
 
 
-class OsmGpsTraces:
+class OsmGpsTraces(_CityYears):
     """Public OSM GPS trace points of one year (GeoParquet), city-specific years."""
 
     product_id = "osm_gps_traces"
-
-    def years(self) -> list[int] | None:
-        """Union of all cities' trace years; ``city_years`` gives one city's."""
-        return _union(GPS_TRACE_YEARS)
-
-    def city_years(self, city: str, seed: int = 0) -> list[int]:
-        """Trace years of one city."""
-        return list(GPS_TRACE_YEARS.get(city, ()))
+    years_by_city = GPS_TRACE_YEARS
 
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """Track points recorded during the year inside the city window."""
-        year = _require_year(self.product_id, GPS_TRACE_YEARS, world.city, year)
+        year = self._require_year(world.city, year)
         frame = gps_frame(world, year)
         layer = GeoParquetLayer(
             role="data",
@@ -1511,12 +1488,13 @@ class OsmGpsTraces:
             frame=frame,
             fallback_bounds=window_bounds_wgs84(world),
         )
+        start, end = year_span(year)
         return GeneratedItem(
             item_id=f"osm_gps_traces_{world.city}_{year}",
             layers=(layer,),
             timestamp=None,
-            start_datetime=datetime(year, 1, 1, tzinfo=UTC),
-            end_datetime=datetime(year, 12, 31, 23, 59, 59, tzinfo=UTC),
+            start_datetime=start,
+            end_datetime=end,
             properties={},
             extra={
                 "points": str(len(frame)),

@@ -22,24 +22,23 @@ import numpy as np
 from pyproj import CRS
 
 from citycube.errors import SourceUnavailableError
+from sources.sample.grids import COG_MEDIA_TYPE, projection_fields, supersampled_blocks
 from sources.sample.world import (
-    PRODUCT_MARGIN_M,
     GeneratedItem,
     NativeGrid,
     RasterLayer,
     SyntheticCity,
     block_mean,
-    row_blocks,
     smoothstep,
     snapped_grid,
+    utm_window,
+    year_span,
 )
 
 CELL_M = 250.0
 """Cell size of the gridded records."""
 NODATA = -9999.0
 """Cells without sales."""
-COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
-"""STAC media type of the file."""
 
 
 @dataclass(frozen=True)
@@ -131,29 +130,12 @@ class TaggedCogLayer:
 
     def stac_fields(self) -> dict[str, object]:
         """Raster and projection fields of the asset."""
-        t = self.raster.grid.transform
-        return {
-            "raster:bands": [
-                {
-                    "name": name,
-                    "nodata": self.raster.nodata,
-                    "data_type": self.raster.data.dtype.name,
-                    "unit": self.raster.units,
-                }
-                for name in self.raster.band_descriptions
-            ],
-            "proj:shape": [self.raster.grid.height, self.raster.grid.width],
-            "proj:transform": [t.a, t.b, t.c, t.d, t.e, t.f],
-        }
+        return {"raster:bands": self.raster.stac_bands(), **projection_fields(self.raster.grid)}
 
 
 def property_grid(world: SyntheticCity) -> NativeGrid:
     """The city extent plus margin on the 250 m lattice of the city's UTM zone."""
-    xmin, ymin, xmax, ymax = world.extent
-    m = PRODUCT_MARGIN_M
-    return snapped_grid(
-        world.crs, (xmin - m, ymin - m, xmax + m, ymax + m), (CELL_M, CELL_M), (0.0, 0.0)
-    )
+    return snapped_grid(world.crs, utm_window(world), (CELL_M, CELL_M), (0.0, 0.0))
 
 
 def property_years(city: str) -> list[int]:
@@ -209,26 +191,22 @@ class CityProperty:
         reach_all = 1 - 0.9 * smoothstep((edge - 0.65) / 0.5)
         core_radius = 6000.0 * world.spatial_scale
         s = self.supersample
-        for start, stop in row_blocks(grid.height, 64):
-            pts = world.grid_points(grid.row_window(start, stop), s)
+        for rows, pts, outside in supersampled_blocks(world, grid, s, 64):
             urban = block_mean(world.urban_intensity(pts, year), s)
             water = block_mean(pts.water, s)
             park = block_mean(pts.field("park"), s)
             shore = block_mean(np.exp(-pts.field("coast_distance") / 1500.0), s)
-            inside = block_mean(pts.inside, s) >= 1
-            r = distance[start:stop]
-            reach = reach_all[start:stop]
-            chance = np.clip(0.12 + 1.3 * urban**0.6, 0, 0.97) * reach
-            sold = (draws[start:stop] < chance) & (water < 0.5) & inside
+            chance = np.clip(0.12 + 1.3 * urban**0.6, 0, 0.97) * reach_all[rows]
+            sold = (draws[rows] < chance) & (water < 0.5) & ~outside
             value = (
                 level
                 * (0.55 + 0.9 * urban)
-                * (1 + 0.8 * np.exp(-r / core_radius))
+                * (1 + 0.8 * np.exp(-distance[rows] / core_radius))
                 * (1 + 0.2 * park + 0.15 * shore)
-                * premium[start:stop]
-                * yearly[start:stop]
+                * premium[rows]
+                * yearly[rows]
             )
-            values[start:stop] = np.where(sold, value.astype(np.float32), np.float32(NODATA))
+            values[rows] = np.where(sold, value.astype(np.float32), np.float32(NODATA))
         raster = RasterLayer(
             role="data",
             filename=f"property_values_{world.city}_{year}_250m.tif",
@@ -240,12 +218,13 @@ class CityProperty:
             title=f"Mean property sale value per 250 m cell ({records.currency}, {year} prices)",
         )
         layer = TaggedCogLayer(raster, (("CURRENCY", records.currency), ("PRICE_YEAR", str(year))))
+        start, end = year_span(year)
         return GeneratedItem(
             item_id=f"property_{world.city}_{year}",
             layers=(layer,),
             timestamp=datetime(year, 7, 1, tzinfo=UTC),
-            start_datetime=datetime(year, 1, 1, tzinfo=UTC),
-            end_datetime=datetime(year, 12, 31, 23, 59, 59, tzinfo=UTC),
+            start_datetime=start,
+            end_datetime=end,
             properties={"property:currency": records.currency, "property:price_year": year},
             extra={
                 "currency": records.currency,

@@ -28,7 +28,14 @@ from citycube.errors import SourceUnavailableError
 from citycube.grids import city_grid
 from sources.sample.layers import WGS84, CsvLayer, GeoJsonLayer, JsonLayer
 from sources.sample.osm import FUNCTIONS, city_fabric, window_bounds_wgs84
-from sources.sample.world import FIRST_YEAR, LAST_YEAR, GeneratedItem, SyntheticCity, stable_hash
+from sources.sample.world import (
+    FIRST_YEAR,
+    LAST_YEAR,
+    GeneratedItem,
+    SyntheticCity,
+    stable_hash,
+    year_span,
+)
 
 # --------------------------------------------------------------------------------------------
 # City electricity records.
@@ -207,12 +214,13 @@ class CityElectricity:
                 frame=coverage,
             ),
         )
+        start, end = year_span(year)
         return GeneratedItem(
             item_id=f"{stem}_{year}",
             layers=layers,
             timestamp=None,
-            start_datetime=datetime(year, 1, 1, tzinfo=UTC),
-            end_datetime=datetime(year, 12, 31, 23, 59, 59, tzinfo=UTC),
+            start_datetime=start,
+            end_datetime=end,
             properties={},
             extra={
                 "units": "kWh/year",
@@ -352,21 +360,16 @@ class WorldBankIndicators:
                 crs=WGS84,
                 bounds=footprint,
             ),
-            JsonLayer(
-                role="cpi",
-                filename=f"worldbank_{CPI_ID}.json",
-                title=CPI_NAME,
-                payload=api_response(series, (CPI_ID,)),
-                tag_path=(0,),
-                extra_fields={"worldbank:indicator": CPI_ID},
-            ),
-            JsonLayer(
-                role="ppp",
-                filename=f"worldbank_{PPP_ID}.json",
-                title=PPP_NAME,
-                payload=api_response(series, (PPP_ID,)),
-                tag_path=(0,),
-                extra_fields={"worldbank:indicator": PPP_ID},
+            *(
+                JsonLayer(
+                    role=role,
+                    filename=f"worldbank_{indicator}.json",
+                    title=name,
+                    payload=api_response(series, (indicator,)),
+                    tag_path=(0,),
+                    extra_fields={"worldbank:indicator": indicator},
+                )
+                for role, indicator, name in (("cpi", CPI_ID, CPI_NAME), ("ppp", PPP_ID, PPP_NAME))
             ),
         )
         return GeneratedItem(

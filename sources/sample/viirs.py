@@ -10,22 +10,23 @@ product starts in 2012 (Suomi NPP); earlier years are unavailable.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import numpy as np
-from pyproj import CRS, Transformer
 from scipy import ndimage
 
+from sources.sample.grids import (
+    geographic_grid,
+    point_source_cells,
+    rare_cells,
+    supersampled_blocks,
+)
 from sources.sample.world import (
     LAST_YEAR,
     GeneratedItem,
     NativeGrid,
     RasterLayer,
     SyntheticCity,
+    annual_item,
     block_mean,
-    product_window,
-    row_blocks,
-    snapped_grid,
 )
 
 CELL_DEGREES = 1 / 240
@@ -38,14 +39,6 @@ NODATA = -9999.0
 """Nodata (rare cells)."""
 BACKGROUND_MASK = 0.3
 """Radiance below which VNL's background mask sets cells to 0, nW/cm²/sr."""
-
-
-def vnl_grid(world: SyntheticCity) -> NativeGrid:
-    """The city window on the VNL 15″ lattice."""
-    crs = CRS.from_epsg(4326)
-    return snapped_grid(
-        crs, product_window(world, crs), (CELL_DEGREES, CELL_DEGREES), LATTICE_ORIGIN
-    )
 
 
 def vnl_name(year: int) -> str:
@@ -69,18 +62,17 @@ class ViirsVnl:
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """Cell-mean radiance, blurred by the sensor footprint, background masked to 0."""
         assert year is not None
-        grid = vnl_grid(world)
+        grid = geographic_grid(world, CELL_DEGREES, LATTICE_ORIGIN)
         radiance = np.empty((grid.height, grid.width), dtype=np.float32)
         outside = np.empty((grid.height, grid.width), dtype=bool)
         peak = world.peak_density
-        for start, stop in row_blocks(grid.height, 64):
-            pts = world.grid_points(grid.row_window(start, stop), self.supersample)
+        for rows, pts, off_world in supersampled_blocks(world, grid, self.supersample, 64):
             urban = world.urban_intensity(pts, year)
             residents = world.population_density(pts, year)
             _, nonres_volume = world.built_volume(pts, year)
             glow = 18.0 * residents / peak + 4.0 * nonres_volume + 2.5 * urban
-            radiance[start:stop] = block_mean(glow, self.supersample)
-            outside[start:stop] = block_mean(pts.inside, self.supersample) < 1
+            radiance[rows] = block_mean(glow, self.supersample)
+            outside[rows] = off_world
         self._add_point_sources(world, year, grid, radiance)
         rng = world.rng("vnl-noise")  # fixed fixtures: stadiums, rail yards, dark parks
         fixtures = np.exp(rng.normal(0, 0.25, radiance.shape)).astype(np.float32)
@@ -89,7 +81,7 @@ class ViirsVnl:
         radiance = ndimage.gaussian_filter(radiance * fixtures, 0.8, mode="nearest")
         radiance = (radiance * yearly * growth).astype(np.float32)
         radiance[radiance < BACKGROUND_MASK] = 0.0
-        rare = world.rng("vnl-nodata", year).random(radiance.shape) < 0.001
+        rare = rare_cells(world, "vnl-nodata", year, radiance.shape)
         radiance[outside | rare] = NODATA
         name = vnl_name(year)
         layer = RasterLayer(
@@ -102,12 +94,10 @@ class ViirsVnl:
             units="nW/cm2/sr",
             title="Annual average night-time radiance, background masked",
         )
-        return GeneratedItem(
-            item_id=f"{name}_{world.city}",
-            layers=(layer,),
-            timestamp=datetime(year, 1, 1, tzinfo=UTC),
-            start_datetime=datetime(year, 1, 1, tzinfo=UTC),
-            end_datetime=datetime(year, 12, 31, 23, 59, 59, tzinfo=UTC),
+        return annual_item(
+            f"{name}_{world.city}",
+            (layer,),
+            year,
             properties={"vnl:version": "2.1" if year <= 2021 else "2.2"},
             extra={"units": "nW/cm2/sr", "nodata": str(NODATA)},
         )
@@ -117,10 +107,5 @@ class ViirsVnl:
         world: SyntheticCity, year: int, grid: NativeGrid, radiance: np.ndarray
     ) -> None:
         """Ports, plants and refineries: floodlit sites brighter than their surroundings."""
-        to_geo = Transformer.from_crs(world.crs, "EPSG:4326", always_xy=True)
-        for x, y, _ in world.point_source_emissions(year):
-            lon, lat = to_geo.transform(x, y)
-            col = int((lon - grid.transform.c) / grid.transform.a)
-            row = int((lat - grid.transform.f) / grid.transform.e)
-            if 0 <= row < grid.height and 0 <= col < grid.width:
-                radiance[row, col] += np.float32(60.0)
+        for row, col, _ in point_source_cells(world, year, grid):
+            radiance[row, col] += np.float32(60.0)

@@ -18,18 +18,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import rasterio
 from pyproj import CRS
-from rasterio.crs import CRS as RioCRS
 from scipy import ndimage
 
 from citycube.cities import get_city
 from citycube.errors import SourceUnavailableError
+from sources.sample.grids import (
+    COG_MEDIA_TYPE,
+    OnGrid,
+    cog_profile,
+    geographic_grid,
+    lattice_grid,
+    projection_fields,
+    rare_cells,
+    supersampled_blocks,
+)
 from sources.sample.world import (
     FIRST_YEAR,
     LAST_YEAR,
@@ -37,14 +44,10 @@ from sources.sample.world import (
     NativeGrid,
     RasterLayer,
     SyntheticCity,
+    annual_item,
     block_mean,
-    product_window,
-    row_blocks,
-    snapped_grid,
 )
 
-COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
-"""STAC media type of the files both products write."""
 LAPSE_RATE_C_PER_M = 0.0065
 """Standard-atmosphere temperature decrease with height."""
 
@@ -160,13 +163,12 @@ def climate_fields(
     sea = np.empty(shape, dtype=np.float32)
     coast = np.empty(shape, dtype=np.float32)
     outside = np.empty(shape, dtype=bool)
-    for start, stop in row_blocks(grid.height, 64):
-        pts = world.grid_points(grid.row_window(start, stop), supersample)
-        elevation[start:stop] = block_mean(pts.elevation, supersample)
-        urban[start:stop] = block_mean(world.urban_intensity(pts, year), supersample)
-        sea[start:stop] = block_mean(pts.sea, supersample)
-        coast[start:stop] = block_mean(pts.field("coast_distance"), supersample)
-        outside[start:stop] = block_mean(pts.inside, supersample) < 1
+    for rows, pts, off_world in supersampled_blocks(world, grid, supersample, 64):
+        elevation[rows] = block_mean(pts.elevation, supersample)
+        urban[rows] = block_mean(world.urban_intensity(pts, year), supersample)
+        sea[rows] = block_mean(pts.sea, supersample)
+        coast[rows] = block_mean(pts.field("coast_distance"), supersample)
+        outside[rows] = off_world
     # Air mixes: the heat island is a smoothed footprint of the built-up area.
     heat_island = ndimage.gaussian_filter(urban, 1.2, mode="nearest")
     clim = city_climate(world)
@@ -191,23 +193,13 @@ def climate_fields(
     )
 
 
-def _rare_cells(world: SyntheticCity, label: str, year: int, shape: tuple[int, int]) -> np.ndarray:
-    """A sprinkle of about 0.1 % nodata cells (processing failures in the real products)."""
-    return world.rng(label, year).random(shape) < 0.001
-
-
-def _year_range(year: int) -> tuple[datetime, datetime, datetime]:
-    start = datetime(year, 1, 1, tzinfo=UTC)
-    return start, start, datetime(year, 12, 31, 23, 59, 59, tzinfo=UTC)
-
-
 # --------------------------------------------------------------------------------------------
 # CHELSA: scaled-integer GeoTIFFs, which RasterLayer cannot express, so a layer of its own.
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class ScaledCogLayer:
+class ScaledCogLayer(OnGrid):
     """A single-band integer COG whose physical value is ``raw * scale + offset``."""
 
     role: str
@@ -233,32 +225,9 @@ class ScaledCogLayer:
     media_type: str = COG_MEDIA_TYPE
     """IANA media type for the STAC asset."""
 
-    @property
-    def crs(self) -> CRS:
-        """CRS of the grid."""
-        return self.grid.crs
-
-    @property
-    def bounds(self) -> tuple[float, float, float, float]:
-        """Bounds of the grid in its CRS."""
-        return self.grid.bounds
-
     def write(self, path: Path, tags: dict[str, str]) -> None:
         """Write a DEFLATE COG with scale, offset, unit and the synthetic tags; check them."""
-        profile: dict[str, Any] = {
-            "driver": "COG",
-            "width": self.grid.width,
-            "height": self.grid.height,
-            "count": 1,
-            "dtype": self.raw.dtype.name,
-            "crs": RioCRS.from_wkt(CRS.from_user_input(self.grid.crs).to_wkt()),
-            "transform": self.grid.transform,
-            "nodata": self.nodata,
-            "compress": "DEFLATE",
-            "predictor": "YES",
-            "blocksize": 512,
-            "overview_resampling": "average",
-        }
+        profile = cog_profile(self.grid, 1, self.raw.dtype.name, self.nodata, "average")
         with rasterio.open(path, "w", **profile) as dst:
             dst.write(self.raw, 1)
             dst.scales = (self.scale,)
@@ -276,7 +245,6 @@ class ScaledCogLayer:
 
     def stac_fields(self) -> dict[str, object]:
         """Raster and projection fields of the asset (scale and offset included)."""
-        t = self.grid.transform
         return {
             "raster:bands": [
                 {
@@ -288,8 +256,7 @@ class ScaledCogLayer:
                     "offset": self.offset,
                 }
             ],
-            "proj:shape": [self.grid.height, self.grid.width],
-            "proj:transform": [t.a, t.b, t.c, t.d, t.e, t.f],
+            **projection_fields(self.grid),
         }
 
 
@@ -328,17 +295,6 @@ CHELSA_VARIABLES: tuple[ChelsaVariable, ...] = (
 """Roles, storage and units of the CHELSA files (uint16, nodata 65535)."""
 
 
-def chelsa_grid(world: SyntheticCity) -> NativeGrid:
-    """The city window on the CHELSA v2.1 30″ lattice."""
-    crs = CRS.from_epsg(4326)
-    return snapped_grid(
-        crs,
-        product_window(world, crs),
-        (CHELSA_CELL_DEGREES, CHELSA_CELL_DEGREES),
-        CHELSA_ORIGIN,
-    )
-
-
 def encode(values: np.ndarray, variable: ChelsaVariable, invalid: np.ndarray) -> np.ndarray:
     """Physical values as CHELSA's uint16 raw integers, with nodata where invalid."""
     raw = np.rint((values.astype(np.float64) - variable.offset) / variable.scale)
@@ -360,9 +316,9 @@ class Chelsa:
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """Six variables; sea cells and a few failed cells are nodata 65535."""
         assert year is not None
-        grid = chelsa_grid(world)
+        grid = geographic_grid(world, CHELSA_CELL_DEGREES, CHELSA_ORIGIN)
         fields = climate_fields(world, grid, year, self.supersample)
-        invalid = fields.no_land | _rare_cells(world, "chelsa-nodata", year, fields.no_land.shape)
+        invalid = fields.no_land | rare_cells(world, "chelsa-nodata", year, fields.no_land.shape)
         values = {
             "tasmin": fields.tmin_c,
             "tasmax": fields.tmax_c,
@@ -386,13 +342,10 @@ class Chelsa:
             )
             for v in CHELSA_VARIABLES
         )
-        nominal, start, end = _year_range(year)
-        return GeneratedItem(
-            item_id=f"CHELSA_V.2.1_annual_{year}_{world.city}",
-            layers=layers,
-            timestamp=nominal,
-            start_datetime=start,
-            end_datetime=end,
+        return annual_item(
+            f"CHELSA_V.2.1_annual_{year}_{world.city}",
+            layers,
+            year,
             properties={"chelsa:version": "2.1"},
             extra={
                 "units": "tasmin/tasmax/tas degC, pr mm/year, rsds W/m2, hurs % (scaled uint16)",
@@ -437,14 +390,6 @@ def daymet_covers(city: str) -> bool:
     return west <= centre.lon <= east and south <= centre.lat <= north
 
 
-def daymet_grid(world: SyntheticCity) -> NativeGrid:
-    """The city window on the Daymet 1 km LCC lattice."""
-    crs = CRS.from_proj4(DAYMET_PROJ)
-    return snapped_grid(
-        crs, product_window(world, crs), (DAYMET_CELL_M, DAYMET_CELL_M), DAYMET_ORIGIN
-    )
-
-
 class Daymet:
     """Daymet v4 annual summaries (float32 per variable, LCC 1 km), North America, 2000–2025."""
 
@@ -468,9 +413,11 @@ class Daymet:
                 "(use chelsa there)",
                 reason="outside_source_coverage",
             )
-        grid = daymet_grid(world)
+        grid = lattice_grid(
+            world, CRS.from_proj4(DAYMET_PROJ), (DAYMET_CELL_M, DAYMET_CELL_M), DAYMET_ORIGIN
+        )
         fields = climate_fields(world, grid, year, self.supersample)
-        invalid = fields.no_land | _rare_cells(world, "daymet-nodata", year, fields.no_land.shape)
+        invalid = fields.no_land | rare_cells(world, "daymet-nodata", year, fields.no_land.shape)
         # Daymet interpolates station data, so its minima run a little cooler than CHELSA's.
         values = {
             "tmin": fields.tmin_c - np.float32(0.3),
@@ -495,13 +442,10 @@ class Daymet:
             )
             for role, aggregate, units, title in DAYMET_VARIABLES
         )
-        nominal, start, end = _year_range(year)
-        return GeneratedItem(
-            item_id=f"daymet_v4_annual_na_{year}_{world.city}",
-            layers=layers,
-            timestamp=nominal,
-            start_datetime=start,
-            end_datetime=end,
+        return annual_item(
+            f"daymet_v4_annual_na_{year}_{world.city}",
+            layers,
+            year,
             properties={"daymet:version": "4", "gsd": DAYMET_CELL_M},
             extra={
                 "units": "tmin/tmax/tmean degC, prcp mm/year, srad W/m2, rh %",

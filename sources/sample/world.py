@@ -19,7 +19,7 @@ import zipfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 from importlib.util import find_spec
 from pathlib import Path
@@ -351,6 +351,18 @@ class RasterLayer:
     categorical: bool = False
     """Categorical and bit-field layers get nearest-neighbour overviews, never averaged."""
 
+    def stac_bands(self) -> list[dict[str, object]]:
+        """STAC ``raster:bands`` entries, one per band."""
+        return [
+            {
+                "name": name,
+                "nodata": self.nodata,
+                "data_type": self.data.dtype.name,
+                "unit": self.units,
+            }
+            for name in self.band_descriptions
+        ]
+
 
 @dataclass(frozen=True)
 class GeneratedItem:
@@ -370,6 +382,31 @@ class GeneratedItem:
     """Product-specific STAC properties."""
     extra: dict[str, str] = field(default_factory=dict)
     """Product-specific metadata for ``SourceItem.extra``."""
+
+
+def year_span(year: int) -> tuple[datetime, datetime]:
+    """First and last second (UTC) of a calendar year: the period of an annual item."""
+    return datetime(year, 1, 1, tzinfo=UTC), datetime(year, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
+def annual_item(
+    item_id: str,
+    layers: tuple[RasterLayer | FileLayer, ...],
+    year: int,
+    properties: dict[str, object],
+    extra: dict[str, str],
+) -> GeneratedItem:
+    """An item standing for a whole calendar year, stamped at the year's first instant."""
+    start, end = year_span(year)
+    return GeneratedItem(
+        item_id=item_id,
+        layers=layers,
+        timestamp=start,
+        start_datetime=start,
+        end_datetime=end,
+        properties=properties,
+        extra=extra,
+    )
 
 
 class FileLayer(Protocol):
@@ -449,6 +486,28 @@ def block_mean(values: np.ndarray, factor: int) -> np.ndarray:
     h, w = values.shape[0] // factor, values.shape[1] // factor
     blocks = np.ascontiguousarray(values).reshape(h, factor, w, factor)
     return blocks.mean(axis=(1, 3), dtype=np.float64).astype(np.float32)
+
+
+def pixel_grain(
+    world: SyntheticCity, label: str, shape: tuple[int, int], gain: float | np.float32 = 3.0
+) -> np.ndarray:
+    """Pixel-scale float32 texture (3 × 3 means of white noise) that is the same every year."""
+    noise = world.rng(label).standard_normal(shape, dtype=np.float32)
+    return ndimage.uniform_filter(noise, 3, output=np.float32) * np.float32(gain)
+
+
+def first_rule_class(
+    shape: tuple[int, ...], rules: list[tuple[np.ndarray, np.ndarray | int]], default: int
+) -> np.ndarray:
+    """uint8 class ids from (where, class) rules in priority order: the first that holds wins.
+
+    Categorical products pick one class per pixel and never blend, so later rules only fill
+    what earlier ones left; ``default`` is where none holds.
+    """
+    out = np.full(shape, default, dtype=np.uint8)
+    for where, value in reversed(rules):
+        np.copyto(out, value, where=where, casting="unsafe")
+    return out
 
 
 def smoothstep(t: np.ndarray) -> np.ndarray:
@@ -941,12 +1000,16 @@ def synthetic_city(city: str, seed: int = 0) -> SyntheticCity:
     return SyntheticCity(city, seed)
 
 
-def product_window(world: SyntheticCity, crs: CRS) -> tuple[float, float, float, float]:
-    """The city's extent plus the product margin, as bounds in another CRS."""
+def utm_window(world: SyntheticCity) -> tuple[float, float, float, float]:
+    """The city's extent plus the product margin, in the city's UTM CRS."""
     xmin, ymin, xmax, ymax = world.extent
     m = PRODUCT_MARGIN_M
+    return (xmin - m, ymin - m, xmax + m, ymax + m)
+
+
+def product_window(world: SyntheticCity, crs: CRS) -> tuple[float, float, float, float]:
+    """The city's extent plus the product margin, as bounds in another CRS."""
     to_native = Transformer.from_crs(world.crs, crs, always_xy=True)
     return tuple(  # type: ignore[return-value]
-        float(v)
-        for v in to_native.transform_bounds(xmin - m, ymin - m, xmax + m, ymax + m, densify_pts=51)
+        float(v) for v in to_native.transform_bounds(*utm_window(world), densify_pts=51)
     )

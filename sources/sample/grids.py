@@ -1,0 +1,156 @@
+"""How gridded sample products place their cells and fill them from the synthetic world.
+
+Every gridded product cuts the city window out of its global lattice, evaluates the world on a
+supersampled grid block by block, and writes nodata where a cell is not wholly on the world.
+Doing that in one place keeps the products' windows, cell edges and masks consistent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+from numpy.typing import DTypeLike
+from pyproj import CRS, Transformer
+from rasterio.crs import CRS as RioCRS
+
+from sources.sample.world import (
+    NativeGrid,
+    SyntheticCity,
+    WorldPoints,
+    block_mean,
+    product_window,
+    row_blocks,
+    snapped_grid,
+)
+
+GLOBAL_ORIGIN = (-180.0, 90.0)
+"""Upper-left corner of most global geographic lattices."""
+COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
+"""STAC media type of every COG the sample backend writes."""
+
+
+def lattice_grid(
+    world: SyntheticCity,
+    crs: CRS,
+    res_xy: tuple[float, float],
+    origin_xy: tuple[float, float],
+) -> NativeGrid:
+    """The city window (extent plus product margin) on a product's global lattice."""
+    return snapped_grid(crs, product_window(world, crs), res_xy, origin_xy)
+
+
+def geographic_grid(
+    world: SyntheticCity, cell_degrees: float, origin_xy: tuple[float, float] = GLOBAL_ORIGIN
+) -> NativeGrid:
+    """The city window on a square-cell EPSG:4326 lattice."""
+    return lattice_grid(world, CRS.from_epsg(4326), (cell_degrees, cell_degrees), origin_xy)
+
+
+def supersampled_blocks(
+    world: SyntheticCity, grid: NativeGrid, supersample: int, block_rows: int
+) -> Iterator[tuple[slice, WorldPoints, np.ndarray]]:
+    """(rows, the world at their sub-pixels, cells off the world) for each block of a grid.
+
+    A cell counts as off the world unless every sub-pixel is on it, so products write nodata
+    there rather than a mean over part of the cell.
+    """
+    for start, stop in row_blocks(grid.height, block_rows):
+        pts = world.grid_points(grid.row_window(start, stop), supersample)
+        yield slice(start, stop), pts, block_mean(pts.inside, supersample) < 1
+
+
+def cell_raster(
+    world: SyntheticCity,
+    grid: NativeGrid,
+    supersample: int,
+    block_rows: int,
+    cells: Callable[[WorldPoints], np.ndarray],
+    fill: float,
+    dtype: DTypeLike,
+) -> np.ndarray:
+    """One value per cell from ``cells`` (given a block's sub-pixels), ``fill`` off the world."""
+    out = np.empty((grid.height, grid.width), dtype=dtype)
+    for rows, pts, outside in supersampled_blocks(world, grid, supersample, block_rows):
+        out[rows] = np.where(outside, out.dtype.type(fill), cells(pts))
+    return out
+
+
+def point_source_cells(
+    world: SyntheticCity, year: int, grid: NativeGrid
+) -> Iterator[tuple[int, int, float]]:
+    """(row, col, tonne C per year) of the large emitters whose cell lies on the grid."""
+    to_grid = Transformer.from_crs(world.crs, grid.crs, always_xy=True)
+    t = grid.transform
+    for x, y, amount in world.point_source_emissions(year):
+        gx, gy = to_grid.transform(x, y)
+        row, col = int((gy - t.f) / t.e), int((gx - t.c) / t.a)
+        if 0 <= row < grid.height and 0 <= col < grid.width:
+            yield row, col, amount
+
+
+def rare_cells(
+    world: SyntheticCity, label: str, year: int, shape: tuple[int, ...], share: float = 0.001
+) -> np.ndarray:
+    """A seeded sprinkle of cells (about ``share``) that failed processing in the real product."""
+    return world.rng(label, year).random(shape) < share
+
+
+# --------------------------------------------------------------------------------------------
+# Files on a grid that write themselves (NetCDF, scaled-integer COGs).
+# --------------------------------------------------------------------------------------------
+
+
+class OnGrid:
+    """Mixin for file layers on a ``grid``: the STAC footprint is the grid's CRS and bounds."""
+
+    grid: NativeGrid
+
+    @property
+    def crs(self) -> CRS:
+        """CRS of the grid."""
+        return self.grid.crs
+
+    @property
+    def bounds(self) -> tuple[float, float, float, float]:
+        """Bounds of the grid in its CRS."""
+        return self.grid.bounds
+
+
+def grid_profile(
+    driver: str, grid: NativeGrid, count: int, dtype: str, nodata: float
+) -> dict[str, Any]:
+    """The rasterio profile that places ``count`` bands of ``dtype`` on a grid."""
+    return {
+        "driver": driver,
+        "width": grid.width,
+        "height": grid.height,
+        "count": count,
+        "dtype": dtype,
+        "crs": RioCRS.from_wkt(CRS.from_user_input(grid.crs).to_wkt()),
+        "transform": grid.transform,
+        "nodata": nodata,
+    }
+
+
+def cog_profile(
+    grid: NativeGrid, count: int, dtype: str, nodata: float, overview_resampling: str
+) -> dict[str, Any]:
+    """The profile of every sample COG: DEFLATE with a predictor, 512-pixel blocks."""
+    return {
+        **grid_profile("COG", grid, count, dtype, nodata),
+        "compress": "DEFLATE",
+        "predictor": "YES",
+        "blocksize": 512,
+        "overview_resampling": overview_resampling,
+    }
+
+
+def projection_fields(grid: NativeGrid) -> dict[str, object]:
+    """STAC ``proj:shape`` and ``proj:transform`` of an asset on a grid."""
+    t = grid.transform
+    return {
+        "proj:shape": [grid.height, grid.width],
+        "proj:transform": [t.a, t.b, t.c, t.d, t.e, t.f],
+    }
