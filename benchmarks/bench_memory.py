@@ -1,8 +1,9 @@
 """Benchmark 3: peak memory against city size, for the OPT (Landsat → 25 m chips) partition.
 
-Processing goes by city-year and by 10 km row band, so peak memory should follow the band, not
-the city. Each case runs in a fresh subprocess so its peak RSS (``ru_maxrss``) is its own; a
-subprocess that only imports the same modules is the baseline and is subtracted.
+Processing goes by city-year and by 10 km × 10 km block on the city's lattice, so peak memory
+should follow the block, not the city: neither its height nor its width. Each case runs in a
+fresh subprocess so its peak RSS (``ru_maxrss``) is its own; a subprocess that only imports the
+same modules is the baseline and is subtracted.
 
 Linux keeps ``ru_maxrss`` across ``execve``, and a child created by a large process starts with
 that process's resident size as its peak. The children are therefore started through a tiny
@@ -31,7 +32,7 @@ import rasterio
 
 from benchmarks import BenchConfig, BenchResult, log
 from citycube.catalogue import load_catalogue
-from citycube.chips import row_bands
+from citycube.chips import blocks
 from citycube.cities import SCALES
 from citycube.cube import Release
 from citycube.grids import city_grid, pixel_grid
@@ -96,7 +97,7 @@ def run_child(data_root: Path, city: str | None, release_version: str) -> dict[s
 
 
 def city_sizes(data_root: Path, city: str) -> dict[str, int]:
-    """What holding the whole city at once would cost, and the size of one row band."""
+    """What holding the whole city at once would cost, and the size of the largest block."""
     item = SampleBackend().fetch(PRODUCT, city, YEAR, data_root / "sources")
     raw = 0
     cells = 0
@@ -109,14 +110,14 @@ def city_sizes(data_root: Path, city: str) -> dict[str, int]:
     chip = load_catalogue().get(MODALITY).chip
     assert chip is not None, f"{MODALITY} is an image modality and declares its chips"
     chips = pixel_grid(city, chip.resolution_m)
-    band_rows = max(stop - start for start, stop in row_bands(chips))
+    block_pixels = max((r1 - r0) * (c1 - c0) for r0, r1, c0, c1 in blocks(chips))
     return {
         "source_raw_bytes": raw,
         # Values as float32 plus a bool mask: the working form of the warp.
         "source_float32_bytes": cells * (bands * 4 + 1),
         "chip_grid_shape": [chips.height, chips.width],
         "chip_grid_float32_bytes": chips.width * chips.height * (bands * 4 + 1),
-        "band_pixels": band_rows * chips.width,
+        "block_pixels": block_pixels,
     }
 
 
@@ -137,7 +138,7 @@ def run(config: BenchConfig) -> BenchResult:
             "25 m grid (rows × cols)",
             "peak RSS MiB",
             "increment MiB",
-            "increment per band pixel B",
+            "increment per block pixel B",
             "process s",
             "whole source MiB (raw / float32)",
             "whole 25 m grid MiB (float32)",
@@ -162,7 +163,7 @@ def run(config: BenchConfig) -> BenchResult:
 
     base = median("baseline", "peak_rss_bytes")
     increments = {c: median(c, "peak_rss_bytes") - base for c in CITIES}
-    per_band_pixel = {c: increments[c] / sizes[c]["band_pixels"] for c in CITIES}
+    per_block_pixel = {c: increments[c] / sizes[c]["block_pixels"] for c in CITIES}
     result.rows.append(["(baseline: imports only)", "", "", f"{base / MIB:.1f}"] + [""] * 5)
     for city in CITIES:
         s = sizes[city]
@@ -174,7 +175,7 @@ def run(config: BenchConfig) -> BenchResult:
                 f"{rows} × {cols}",
                 f"{median(city, 'peak_rss_bytes') / MIB:.1f}",
                 f"{increments[city] / MIB:.1f}",
-                f"{per_band_pixel[city]:.0f}",
+                f"{per_block_pixel[city]:.0f}",
                 f"{median(city, 'seconds'):.2f}",
                 f"{s['source_raw_bytes'] / MIB:.1f} / {s['source_float32_bytes'] / MIB:.1f}",
                 f"{s['chip_grid_float32_bytes'] / MIB:.1f}",
@@ -185,17 +186,17 @@ def run(config: BenchConfig) -> BenchResult:
     tile_ratio = _tiles(largest) / _tiles(smallest)
     width_ratio = sizes[largest]["chip_grid_shape"][1] / sizes[smallest]["chip_grid_shape"][1]
     height_ratio = sizes[largest]["chip_grid_shape"][0] / sizes[smallest]["chip_grid_shape"][0]
-    band_spread = max(per_band_pixel.values()) / min(per_band_pixel.values())
+    block_spread = max(per_block_pixel.values()) / min(per_block_pixel.values())
     flat = ratio <= FLAT_TOLERANCE
-    follows_band = band_spread <= FLAT_TOLERANCE
+    follows_block = block_spread <= FLAT_TOLERANCE
     result.notes += [
         f"Ratio of increments {largest} / {smallest}: {ratio:.2f}, for {tile_ratio:.1f}× the "
         f"tiles, {height_ratio:.1f}× the height and {width_ratio:.1f}× the width.",
         f"Target 'peak memory does not grow with city size': "
         f"{'met' if flat else 'not met'} (flat = ratio ≤ {FLAT_TOLERANCE}). "
-        f"Target 'bounded by the row band': {'met' if follows_band else 'not met'} — a band "
-        "is 10 km of rows across the city's whole width, so it grows with the width, not the "
-        f"height; the increment per band pixel varies by {band_spread:.2f}× across cities "
+        f"Target 'bounded by one block': {'met' if follows_block else 'not met'} — a block is "
+        "10 km × 10 km of the city's lattice (400 × 400 pixels at 25 m) whatever the city's "
+        f"size; the increment per block pixel varies by {block_spread:.2f}× across cities "
         f"(met = ≤ {FLAT_TOLERANCE}×).",
         "Peak RSS is ru_maxrss, median over subprocess rounds; sources are generated "
         "beforehand by the parent, so the children only read them.",
@@ -210,15 +211,15 @@ def run(config: BenchConfig) -> BenchResult:
         "tile_ratio_largest_over_smallest": tile_ratio,
         "width_ratio_largest_over_smallest": width_ratio,
         "height_ratio_largest_over_smallest": height_ratio,
-        "increment_per_band_pixel_spread": band_spread,
+        "increment_per_block_pixel_spread": block_spread,
         "flat": flat,
-        "follows_band": follows_band,
+        "follows_block": follows_block,
         "cases": {
             city: {
                 "tiles": _tiles(city),
                 "peak_rss_bytes": median(city, "peak_rss_bytes"),
                 "increment_bytes": increments[city],
-                "increment_per_band_pixel_bytes": per_band_pixel[city],
+                "increment_per_block_pixel_bytes": per_block_pixel[city],
                 "process_s": median(city, "seconds"),
                 "runs": peaks[city],
                 **sizes[city],

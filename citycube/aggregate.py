@@ -16,8 +16,9 @@ Two paths give the same definitions at very different costs:
   exactextract once per (source grid, tile grid) pair; the resulting coverage weights are
   kept as a sparse matrix (cached on disk) so every later year or band is a sparse mat-vec.
 
-Both paths stream blocks of tile rows and read only the source window a block needs, so
-peak memory follows the block, not the city.
+Both paths stream blocks of about 10 km × 10 km of tiles (tile rows × tile columns; on the
+city's 10 km lattice with the default sizes) and read only the source window a block needs, so
+peak memory follows the block, not the city's height or width.
 """
 
 from __future__ import annotations
@@ -40,18 +41,23 @@ from scipy import sparse
 
 from citycube.errors import SourceReadError
 from citycube.grids import TileGrid
-from citycube.rasters import MaskedSource, RasterGrid
+from citycube.rasters import MaskedSource, RasterGrid, crs_text, is_epsg, transformer
 
 __all__ = [
     "BLOCK_HEIGHT_M",
+    "BLOCK_SIZE_M",
     "DENSIFY_STEP_M",
     "TileStats",
     "aggregate_tiles",
+    "default_tile_cols_per_block",
     "default_tile_rows_per_block",
 ]
 
-BLOCK_HEIGHT_M = 10_000
-"""Default height of a block of tile rows: bounds the source window held in memory."""
+BLOCK_SIZE_M = 10_000
+"""Default height and width of a block of tiles: bounds the source window held in memory."""
+
+BLOCK_HEIGHT_M = BLOCK_SIZE_M
+"""Former name of ``BLOCK_SIZE_M``, from when blocks spanned the grid's whole width."""
 
 DENSIFY_STEP_M = 50.0
 """Vertex spacing of tile outlines before reprojection, so curved edges stay exact enough."""
@@ -65,7 +71,8 @@ the equator; rows are split into sub-rows until this tolerance is met (see
 """
 
 _MAX_SUBROWS = 64
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
+"""Version of the coverage cache files; 2: one file of two arrays per 2-D block of tiles."""
 
 
 @dataclass(frozen=True)
@@ -125,8 +132,13 @@ class _Sums:
 
 
 def default_tile_rows_per_block(grid: TileGrid) -> int:
-    """Tile rows per block so that a block is about ``BLOCK_HEIGHT_M`` tall."""
-    return max(1, round(BLOCK_HEIGHT_M / grid.tile_size))
+    """Tile rows per block so that a block is about ``BLOCK_SIZE_M`` tall."""
+    return max(1, round(BLOCK_SIZE_M / grid.tile_size))
+
+
+def default_tile_cols_per_block(grid: TileGrid) -> int:
+    """Tile columns per block so that a block is about ``BLOCK_SIZE_M`` wide."""
+    return max(1, round(BLOCK_SIZE_M / grid.tile_size))
 
 
 def aggregate_tiles(
@@ -135,6 +147,7 @@ def aggregate_tiles(
     *,
     cache_dir: Path | None = None,
     tile_rows_per_block: int | None = None,
+    tile_cols_per_block: int | None = None,
 ) -> TileStats:
     """Aggregate every band of ``source`` onto the tiles of ``grid``, exactly and by area.
 
@@ -145,24 +158,52 @@ def aggregate_tiles(
             and bands of the same source grid skip exactextract. Unused for same-CRS sources,
             whose weights are cheaper to rebuild than to load.
         tile_rows_per_block: Tile rows processed together; defaults to ~10 km of rows.
+        tile_cols_per_block: Tile columns processed together; defaults to ~10 km of columns.
     """
     _check_north_up(source.grid)
-    rows_per_block = (
+    block_rows = (
         default_tile_rows_per_block(grid) if tile_rows_per_block is None else tile_rows_per_block
     )
-    if rows_per_block < 1:
-        raise ValueError(f"tile_rows_per_block must be ≥ 1, got {rows_per_block}")
+    block_cols = (
+        default_tile_cols_per_block(grid) if tile_cols_per_block is None else tile_cols_per_block
+    )
+    if block_rows < 1 or block_cols < 1:
+        raise ValueError(
+            f"tile_rows_per_block and tile_cols_per_block must be ≥ 1, got {block_rows} and "
+            f"{block_cols}"
+        )
+    blocks = list(_tile_blocks(grid, block_rows, block_cols))
     sums = _Sums.zeros(len(source.band_names), grid.n_tiles)
-    if _is_grid_crs(source.grid.crs, grid.epsg):
-        _aggregate_separable(source, grid, rows_per_block, sums)
+    if is_epsg(source.grid.crs, grid.epsg):
+        _aggregate_separable(source, grid, blocks, sums)
     else:
-        _aggregate_reprojected(source, grid, rows_per_block, cache_dir, sums)
+        _aggregate_reprojected(source, grid, blocks, cache_dir, sums)
     return sums.finish()
 
 
-def _row_blocks(grid: TileGrid, rows_per_block: int) -> Iterator[tuple[int, int]]:
-    for first in range(0, grid.n_rows, rows_per_block):
-        yield first, min(first + rows_per_block, grid.n_rows)
+@dataclass(frozen=True)
+class _Block:
+    """A rectangle of tiles: rows [row0, row1) × columns [col0, col1) of the tile grid."""
+
+    row0: int
+    row1: int
+    col0: int
+    col1: int
+
+    def tiles(self, grid: TileGrid) -> np.ndarray:
+        """Row-major indices (into the grid's tile order) of the block's tiles."""
+        rows = np.arange(self.row0, self.row1)
+        cols = np.arange(self.col0, self.col1)
+        return (rows[:, None] * grid.n_cols + cols[None, :]).ravel()
+
+
+def _tile_blocks(grid: TileGrid, block_rows: int, block_cols: int) -> Iterator[_Block]:
+    """Blocks of tiles, row-major, covering the grid."""
+    for row0 in range(0, grid.n_rows, block_rows):
+        for col0 in range(0, grid.n_cols, block_cols):
+            yield _Block(
+                row0, min(row0 + block_rows, grid.n_rows), col0, min(col0 + block_cols, grid.n_cols)
+            )
 
 
 def _check_north_up(raster: RasterGrid) -> None:
@@ -172,10 +213,6 @@ def _check_north_up(raster: RasterGrid) -> None:
             f"source grid {raster.key()} is rotated or not north-up; warp it to a north-up "
             "grid in its native CRS before aggregation"
         )
-
-
-def _is_grid_crs(crs: CRS, epsg: int) -> bool:
-    return crs.to_epsg() == epsg or crs == CRS.from_epsg(epsg)
 
 
 def _read_masked(source: MaskedSource, window: Window) -> tuple[np.ndarray, np.ndarray]:
@@ -199,20 +236,27 @@ def _read_masked(source: MaskedSource, window: Window) -> tuple[np.ndarray, np.n
 
 
 def _interval_overlaps(
-    offset: float, tile_size: float, n_tiles: int, cell_size: float, n_cells: int
+    offset: float,
+    tile_size: float,
+    n_tiles: int,
+    cell_size: float,
+    n_cells: int,
+    first_tile: int = 0,
 ) -> tuple[int, int, sparse.csc_array]:
     """Share of each source cell's length inside each tile, along one axis.
 
     Positions are measured from the source's first cell edge; tile ``k`` spans
-    ``offset + k*tile_size`` to ``offset + (k+1)*tile_size``. Returns the first and
-    one-past-last source cells any tile touches (clipped to the raster) and a sparse
-    (cells in that range × tiles) matrix of fractions of the cell length.
+    ``offset + k*tile_size`` to ``offset + (k+1)*tile_size``, and the matrix covers tiles
+    ``first_tile`` to ``first_tile + n_tiles - 1`` (positions are computed from the whole
+    grid's offset, so a block's weights are the very floats the whole grid would get).
+    Returns the first and one-past-last source cells any tile touches (clipped to the raster)
+    and a sparse (cells in that range × tiles) matrix of fractions of the cell length.
     """
     cells: list[np.ndarray] = []
     tiles: list[np.ndarray] = []
     shares: list[np.ndarray] = []
     for k in range(n_tiles):
-        lo = offset + k * tile_size
+        lo = offset + (first_tile + k) * tile_size
         hi = lo + tile_size
         # One cell of slack on each side; rounding cannot then drop a cell, and empty
         # overlaps are filtered below.
@@ -236,26 +280,33 @@ def _interval_overlaps(
 
 
 def _aggregate_separable(
-    source: MaskedSource, grid: TileGrid, rows_per_block: int, sums: _Sums
+    source: MaskedSource, grid: TileGrid, blocks: list[_Block], sums: _Sums
 ) -> None:
     """Same-CRS path: tile sums are ``Wr.T @ A @ Wc`` on each block's source window."""
     t = source.grid.transform
     cell_w, cell_h = t.a, -t.e
     cell_area = cell_w * cell_h
-    col_first, col_last, w_cols = _interval_overlaps(
-        grid.x_min - t.c, grid.tile_size, grid.n_cols, cell_w, source.grid.width
-    )
-    w_cols_t = w_cols.T.tocsr()
-    col_cover = np.asarray(w_cols.sum(axis=0)) * cell_w
-    for row0, row1 in _row_blocks(grid, rows_per_block):
-        tiles = slice(row0 * grid.n_cols, row1 * grid.n_cols)
-        n_rows = row1 - row0
-        sums.tile_area[tiles] = float(grid.tile_size) ** 2
+    sums.tile_area[:] = float(grid.tile_size) ** 2
+    by_cols: dict[tuple[int, int], tuple[int, int, sparse.csr_array, np.ndarray]] = {}
+    for block in blocks:
+        if (block.col0, block.col1) not in by_cols:
+            col_first, col_last, w_cols = _interval_overlaps(
+                grid.x_min - t.c,
+                grid.tile_size,
+                block.col1 - block.col0,
+                cell_w,
+                source.grid.width,
+                first_tile=block.col0,
+            )
+            col_cover = np.asarray(w_cols.sum(axis=0)) * cell_w
+            by_cols[block.col0, block.col1] = (col_first, col_last, w_cols.T.tocsr(), col_cover)
+        col_first, col_last, w_cols_t, col_cover = by_cols[block.col0, block.col1]
+        tiles = block.tiles(grid)
         # Source rows are counted downwards from the top edge, like tile rows.
         row_first, row_last, w_rows = _interval_overlaps(
-            t.f - grid.y_max + row0 * grid.tile_size,
+            t.f - grid.y_max + block.row0 * grid.tile_size,
             grid.tile_size,
-            n_rows,
+            block.row1 - block.row0,
             cell_h,
             source.grid.height,
         )
@@ -267,7 +318,11 @@ def _aggregate_separable(
         values, valid = _read_masked(source, window)
         w_rows_t = w_rows.T.tocsr()
 
-        def tile_sums(cells: np.ndarray, w_rows_t: sparse.csr_array = w_rows_t) -> np.ndarray:
+        def tile_sums(
+            cells: np.ndarray,
+            w_rows_t: sparse.csr_array = w_rows_t,
+            w_cols_t: sparse.csr_array = w_cols_t,
+        ) -> np.ndarray:
             # (tile rows × source rows) @ (source rows × source cols), then on to tile cols.
             by_tile_row = w_rows_t @ cells
             return (w_cols_t @ by_tile_row.T).T.ravel()
@@ -296,22 +351,22 @@ class _Coverage:
     """(window rows,) area of one cell in each window row."""
 
     def save(self, path: Path) -> None:
-        """Write atomically, so a concurrent or interrupted run never sees half a file."""
+        """Write atomically, so a concurrent or interrupted run never sees half a file.
+
+        Two arrays (all integers, all floats) rather than one per field: a cached call loads
+        one file per block, and each array in a file costs a header parse.
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
         os.close(handle)
+        w = self.weights
+        header = [_CACHE_FORMAT, *self.window, *w.shape, w.nnz]
         try:
             with open(tmp, "wb") as out:
                 np.savez_compressed(
                     out,
-                    format=np.array(_CACHE_FORMAT),
-                    window=np.array(self.window, dtype=np.int64),
-                    data=self.weights.data,
-                    indices=self.weights.indices,
-                    indptr=self.weights.indptr,
-                    shape=np.array(self.weights.shape, dtype=np.int64),
-                    tile_area=self.tile_area,
-                    row_cell_area=self.row_cell_area,
+                    ints=np.concatenate([np.array(header), w.indices, w.indptr]).astype(np.int64),
+                    floats=np.concatenate([w.data, self.tile_area, self.row_cell_area]),
                 )
             os.replace(tmp, path)
         finally:
@@ -323,19 +378,22 @@ class _Coverage:
         """The cached weights, or None when the file is missing, stale or unreadable."""
         try:
             with np.load(path, allow_pickle=False) as z:
-                if int(z["format"]) != _CACHE_FORMAT:
-                    return None
-                shape = tuple(int(n) for n in z["shape"])
-                weights = sparse.csr_array((z["data"], z["indices"], z["indptr"]), shape=shape)
-                row_off, col_off, height, width = (int(n) for n in z["window"])
-                return cls(
-                    (row_off, col_off, height, width), weights, z["tile_area"], z["row_cell_area"]
-                )
+                ints, floats = z["ints"], z["floats"]
         except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):
             return None
+        if ints.ndim != 1 or ints.size < 8 or int(ints[0]) != _CACHE_FORMAT:
+            return None
+        row_off, col_off, height, width, n_tiles, n_cells, nnz = (int(n) for n in ints[1:8])
+        if ints.size != 8 + nnz + n_tiles + 1 or floats.size != nnz + n_tiles + height:
+            return None
+        indices, indptr = ints[8 : 8 + nnz], ints[8 + nnz :]
+        weights = sparse.csr_array((floats[:nnz], indices, indptr), shape=(n_tiles, n_cells))
+        tile_area, row_cell_area = floats[nnz : nnz + n_tiles], floats[nnz + n_tiles :]
+        return cls((row_off, col_off, height, width), weights, tile_area, row_cell_area)
 
 
-def _cache_path(cache_dir: Path, raster: RasterGrid, grid: TileGrid, row0: int, row1: int) -> Path:
+def _cache_folder(cache_dir: Path, raster: RasterGrid, grid: TileGrid) -> Path:
+    """The folder of one (source grid, tile grid) pair's coverage files, one per block."""
     identity = "|".join(
         [
             f"v{_CACHE_FORMAT}",
@@ -347,32 +405,43 @@ def _cache_path(cache_dir: Path, raster: RasterGrid, grid: TileGrid, row0: int, 
         ]
     )
     digest = hashlib.sha256(identity.encode()).hexdigest()[:24]
-    return Path(cache_dir) / f"coverage-{digest}" / f"rows{row0:04d}-{row1:04d}.npz"
+    return Path(cache_dir) / f"coverage-{digest}"
+
+
+def _cache_name(block: _Block) -> str:
+    return f"rows{block.row0:04d}-{block.row1:04d}_cols{block.col0:04d}-{block.col1:04d}.npz"
 
 
 def _aggregate_reprojected(
     source: MaskedSource,
     grid: TileGrid,
-    rows_per_block: int,
+    blocks: list[_Block],
     cache_dir: Path | None,
     sums: _Sums,
 ) -> None:
-    """Other-CRS path: sparse coverage weights (cached) applied to each block's window."""
-    to_source = Transformer.from_crs(grid.crs, source.grid.crs, always_xy=True)
-    for row0, row1 in _row_blocks(grid, rows_per_block):
+    """Other-CRS path: sparse coverage weights (cached per block) applied to its window."""
+    bands: dict[tuple[int, int], _BandGrid | None] = {}
+    folder = None if cache_dir is None else _cache_folder(cache_dir, source.grid, grid)
+    for block in blocks:
         coverage = None
         path = None
-        if cache_dir is not None:
-            path = _cache_path(cache_dir, source.grid, grid, row0, row1)
+        if folder is not None:
+            path = folder / _cache_name(block)
             coverage = _Coverage.load(path)
         if coverage is None:
-            coverage = _block_coverage(source.grid, grid, row0, row1, to_source)
+            to_source = transformer(grid.crs, source.grid.crs)
+            if (block.row0, block.row1) not in bands:
+                bands[block.row0, block.row1] = _band_grid(source.grid, grid, block, to_source)
+            band = bands[block.row0, block.row1]
+            coverage = _block_coverage(source.grid, grid, block, to_source, band)
             if path is not None:
                 coverage.save(path)
-        _apply_coverage(source, coverage, slice(row0 * grid.n_cols, row1 * grid.n_cols), sums)
+        _apply_coverage(source, coverage, block.tiles(grid), sums)
 
 
-def _apply_coverage(source: MaskedSource, coverage: _Coverage, tiles: slice, sums: _Sums) -> None:
+def _apply_coverage(
+    source: MaskedSource, coverage: _Coverage, tiles: np.ndarray, sums: _Sums
+) -> None:
     weights = coverage.weights
     sums.tile_area[tiles] = coverage.tile_area
     sums.covered_area[tiles] = np.asarray(weights.sum(axis=1)).ravel()
@@ -388,15 +457,15 @@ def _apply_coverage(source: MaskedSource, coverage: _Coverage, tiles: slice, sum
     sums.total[:, tiles] = (weights @ per_cell_share).T
 
 
-def _tile_rings(grid: TileGrid, row0: int, row1: int) -> np.ndarray:
-    """(tiles, vertices, 2) closed, densified outlines of the tiles of rows row0..row1."""
+def _tile_rings(grid: TileGrid, tiles: np.ndarray) -> np.ndarray:
+    """(tiles, vertices, 2) closed, densified outlines of the given tiles (row-major indices)."""
     per_edge = max(1, math.ceil(grid.tile_size / DENSIFY_STEP_M))
     steps = np.arange(per_edge) / per_edge * grid.tile_size
     size = float(grid.tile_size)
     # Counter-clockwise from the south-west corner, relative to it.
     dx = np.concatenate([steps, np.full(per_edge, size), size - steps, np.zeros(per_edge), [0]])
     dy = np.concatenate([np.zeros(per_edge), steps, np.full(per_edge, size), size - steps, [0]])
-    rows, cols = np.divmod(np.arange(row0 * grid.n_cols, row1 * grid.n_cols), grid.n_cols)
+    rows, cols = np.divmod(tiles, grid.n_cols)
     x0 = grid.x_min + cols * size
     y0 = grid.y_max - (rows + 1) * size
     return np.stack([x0[:, None] + dx[None, :], y0[:, None] + dy[None, :]], axis=-1)
@@ -439,43 +508,72 @@ def _geographic_subrows(lat_top: float, lat_bottom: float, cell_h_deg: float, e2
     return int(min(max(k, 1), _MAX_SUBROWS))
 
 
-def _block_coverage(
-    raster: RasterGrid, grid: TileGrid, row0: int, row1: int, to_source: Transformer
-) -> _Coverage:
-    """Exact coverage of each tile of rows row0..row1 over the source cells, via exactextract."""
-    rings_utm = _tile_rings(grid, row0, row1)
+def _projected_rings(
+    raster: RasterGrid, grid: TileGrid, block: _Block, to_source: Transformer
+) -> np.ndarray:
+    """The block's densified tile outlines in the source CRS."""
+    rings_utm = _tile_rings(grid, block.tiles(grid))
     xs, ys = to_source.transform(rings_utm[..., 0], rings_utm[..., 1])
     rings = np.stack([np.asarray(xs), np.asarray(ys)], axis=-1)
     if not np.isfinite(rings).all():
         raise SourceReadError(
-            f"tiles of {grid.city} rows {row0}-{row1} cannot be projected into "
-            f"{raster.crs.to_string()}; the source does not cover this city"
+            f"tiles of {grid.city} rows {block.row0}-{block.row1}, columns "
+            f"{block.col0}-{block.col1} cannot be projected into {crs_text(raster.crs)}; "
+            "the source does not cover this city"
         )
-    geographic = raster.crs.is_geographic
-    if geographic:
-        ellipsoid = raster.crs.ellipsoid
-        geod = Geod(a=ellipsoid.semi_major_metre, b=ellipsoid.semi_minor_metre)
-        tile_area = np.array(
-            [abs(geod.polygon_area_perimeter(r[:-1, 0], r[:-1, 1])[0]) for r in rings]
-        )
-    else:
-        tile_area = _shoelace(rings)
+    return rings
 
+
+def _cell_window(raster: RasterGrid, rings: np.ndarray) -> tuple[int, int, int, int] | None:
+    """(row_off, row_end, col_off, col_end) of the source cells under ``rings``, or None."""
     t = raster.transform
     cell_w, cell_h = t.a, -t.e
     col_off = max(math.floor((rings[..., 0].min() - t.c) / cell_w), 0)
     col_end = min(math.ceil((rings[..., 0].max() - t.c) / cell_w), raster.width)
     row_off = max(math.floor((t.f - rings[..., 1].max()) / cell_h), 0)
     row_end = min(math.ceil((t.f - rings[..., 1].min()) / cell_h), raster.height)
-    n_tiles = len(rings)
     if col_end <= col_off or row_end <= row_off:
-        empty = sparse.csr_array((n_tiles, 0))
-        return _Coverage((0, 0, 0, 0), empty, tile_area, np.zeros(0))
-    width, height = col_end - col_off, row_end - row_off
-    top = t.f - row_off * cell_h
-    left = t.c + col_off * cell_w
+        return None
+    return row_off, row_end, col_off, col_end
 
-    if geographic:
+
+@dataclass(frozen=True)
+class _BandGrid:
+    """The source cells under one whole row of tiles, as exactextract is shown them.
+
+    Every block of that row measures its tiles on this same grid (same origin, same
+    geographic sub-rows), so a cell's weight is the same float however the columns are cut
+    into blocks. Sub-row areas in particular are differences of two nearly equal numbers:
+    sub-row edges computed from another origin would move weights by ~1e-11.
+    """
+
+    row_off: int
+    col_off: int
+    height: int
+    width: int
+    subrows: int
+    """Sub-rows per source row (1 unless the source is geographic)."""
+    subrow_area: np.ndarray
+    """(height × subrows,) area of one cell of each sub-row."""
+    row_cell_area: np.ndarray
+    """(height,) area of one cell in each row."""
+
+
+def _band_grid(
+    raster: RasterGrid, grid: TileGrid, block: _Block, to_source: Transformer
+) -> _BandGrid | None:
+    """The grid of source cells under the block's whole row of tiles (all columns)."""
+    band = _Block(block.row0, block.row1, 0, grid.n_cols)
+    window = _cell_window(raster, _projected_rings(raster, grid, band, to_source))
+    if window is None:
+        return None
+    row_off, row_end, col_off, col_end = window
+    height = row_end - row_off
+    t = raster.transform
+    cell_w, cell_h = t.a, -t.e
+    top = t.f - row_off * cell_h
+    if raster.crs.is_geographic:
+        ellipsoid = raster.crs.ellipsoid
         e2 = 1 - (ellipsoid.semi_minor_metre / ellipsoid.semi_major_metre) ** 2
         subrows = _geographic_subrows(top, top - height * cell_h, cell_h, e2)
         edges = top - np.arange(height * subrows + 1) * (cell_h / subrows)
@@ -485,13 +583,50 @@ def _block_coverage(
         subrows = 1
         subrow_area = np.full(height, cell_w * cell_h)
         row_cell_area = subrow_area
+    return _BandGrid(
+        row_off, col_off, height, col_end - col_off, subrows, subrow_area, row_cell_area
+    )
 
+
+def _block_coverage(
+    raster: RasterGrid,
+    grid: TileGrid,
+    block: _Block,
+    to_source: Transformer,
+    band: _BandGrid | None,
+) -> _Coverage:
+    """Exact coverage of each tile of the block over the source cells, via exactextract.
+
+    exactextract measures the tiles on the grid of their whole row of tiles (``band``); the
+    weights are then re-indexed onto the block's own window, the only cells they touch.
+    """
+    rings = _projected_rings(raster, grid, block, to_source)
+    if raster.crs.is_geographic:
+        ellipsoid = raster.crs.ellipsoid
+        geod = Geod(a=ellipsoid.semi_major_metre, b=ellipsoid.semi_minor_metre)
+        tile_area = np.array(
+            [abs(geod.polygon_area_perimeter(r[:-1, 0], r[:-1, 1])[0]) for r in rings]
+        )
+    else:
+        tile_area = _shoelace(rings)
+    n_tiles = len(rings)
+    window = _cell_window(raster, rings)
+    if window is None or band is None:
+        empty = sparse.csr_array((n_tiles, 0))
+        return _Coverage((0, 0, 0, 0), empty, tile_area, np.zeros(0))
+    row_off, row_end, col_off, col_end = window
+    height, width = row_end - row_off, col_end - col_off
+
+    t = raster.transform
+    cell_w, cell_h = t.a, -t.e
+    top = t.f - band.row_off * cell_h
+    left = t.c + band.col_off * cell_w
     # exactextract only needs the grid: a zero-stride array stands in for the values.
     grid_source = NumPyRasterSource(
-        np.broadcast_to(np.float32(0), (height * subrows, width)),
+        np.broadcast_to(np.float32(0), (band.height * band.subrows, band.width)),
         left,
-        top - height * cell_h,
-        left + width * cell_w,
+        top - band.height * cell_h,
+        left + band.width * cell_w,
         top,
     )
     features = [
@@ -507,13 +642,16 @@ def _block_coverage(
     for k, feature in enumerate(results):
         ids = np.asarray(feature["properties"]["cell_id"], dtype=np.int64)
         share = np.asarray(feature["properties"]["coverage"], dtype=np.float64)
-        subrow, col = np.divmod(ids, width)
+        subrow, band_col = np.divmod(ids, band.width)
+        rows = subrow // band.subrows + band.row_off - row_off
+        cols = band_col + band.col_off - col_off
         tile_index.append(np.full(ids.size, k))
-        cell_index.append((subrow // subrows) * width + col)
-        area.append(share * subrow_area[subrow])
+        cell_index.append(rows * width + cols)
+        area.append(share * band.subrow_area[subrow])
     weights = sparse.coo_array(
         (np.concatenate(area), (np.concatenate(tile_index), np.concatenate(cell_index))),
         shape=(n_tiles, height * width),
     ).tocsr()
     weights.sum_duplicates()
+    row_cell_area = band.row_cell_area[row_off - band.row_off : row_end - band.row_off]
     return _Coverage((row_off, col_off, height, width), weights, tile_area, row_cell_area)

@@ -4,9 +4,10 @@ Image modalities (optical RGB, elevation, land cover, ...) are warped once per c
 city's tile-aligned :class:`~citycube.grids.PixelGrid`; every 2 km and 5 km tile is then a plain
 window of that grid, so tiles are sliced, never warped one by one (SPEC §9 "Chips").
 
-Work proceeds by row bands on the 10 km lattice. Both tile grids have their edges on that
-lattice, so every tile lies inside exactly one band, and peak memory follows the band rather
-than the city (SPEC §9 "Memory").
+Work proceeds by 10 km × 10 km blocks on the city's 10 km lattice (:func:`blocks`). Both tile
+grids have their edges on that lattice, so every tile lies inside exactly one block, each block
+is exactly one chunk of the chip store, and peak memory follows the block rather than the city
+— neither its height nor its width (SPEC §9 "Memory").
 
 Validity (SPEC §3) is decided on the source's native grid by :class:`MaskedSource`; the warp
 carries it across as the valid fraction of each destination pixel's source support. A
@@ -19,12 +20,15 @@ cannot state the rule for categorical sources (see ``tests/test_chips.py``).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import itertools
 import math
 import os
 import shutil
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +36,7 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+import rasterio
 import rioxarray  # noqa: F401  (registers the ``.rio`` accessor)
 import xarray as xr
 import zarr
@@ -44,18 +49,21 @@ from zarr.codecs import ZstdCodec
 from citycube.cities import PARENT_SIZE_M
 from citycube.errors import CubeWriteError
 from citycube.grids import PixelGrid, Tile
-from citycube.rasters import MaskedSource
+from citycube.rasters import MaskedSource, rio_crs
 from citycube.scratch import owned_name, remove_dead_leftovers
 
 __all__ = [
     "MIN_VALID_FRACTION",
     "ChipStoreWriter",
     "TilePixelSummary",
+    "block_memory",
+    "blocks",
     "open_chips",
     "read_tile_chip",
     "row_bands",
     "tile_pixel_summaries",
     "tile_window",
+    "warp_block",
     "warp_rows",
 ]
 
@@ -70,29 +78,98 @@ _FRACTION_TOLERANCE = 1e-6
 
 _ZARR_COMPRESSOR = ZstdCodec(level=3)
 
+SOURCE_CACHE_BYTES = 8 * 1024 * 1024
+"""GDAL block cache while a city is warped block by block: about the source tiles under one
+block and its neighbour. GDAL's default (5 % of RAM) would keep every decoded tile of the
+source as the blocks sweep across it, so memory would follow the source, not the block."""
+
 
 # --------------------------------------------------------------------------------------------
-# Row bands
+# Blocks and row bands
+
+
+def blocks(
+    pixel_grid: PixelGrid, block_m: float = PARENT_SIZE_M
+) -> list[tuple[int, int, int, int]]:
+    """(row_start, row_stop, col_start, col_stop) pixel blocks, lattice-aligned, row-major.
+
+    Block edges sit on multiples of ``block_m`` in easting and northing, so with the default
+    10 km every tile of both grids falls inside exactly one block and each block is exactly one
+    chunk of the chip store. A grid whose west or north edge is off the lattice gets narrower
+    first blocks.
+    """
+    per_block = _whole(block_m / pixel_grid.resolution, "block size / resolution")
+    row_edges = _lattice_edges(pixel_grid.y_max % block_m, per_block, pixel_grid)
+    col_edges = _lattice_edges(-pixel_grid.x_min % block_m, per_block, pixel_grid, columns=True)
+    return [
+        (row_start, row_stop, col_start, col_stop)
+        for row_start, row_stop in itertools.pairwise(row_edges)
+        for col_start, col_stop in itertools.pairwise(col_edges)
+    ]
 
 
 def row_bands(pixel_grid: PixelGrid, band_height_m: float = PARENT_SIZE_M) -> list[tuple[int, int]]:
     """(row_start, row_stop) pixel-row ranges, lattice-aligned, covering the grid.
 
-    Band edges sit on multiples of ``band_height_m`` in northing, so with the default 10 km
-    every tile of both grids falls inside exactly one band and chunk writes never overlap.
-    A grid whose north edge is off the lattice gets a shorter first band.
+    The rows of :func:`blocks`; a band spans the grid's whole width, so work done band by band
+    grows with the city's width (prefer blocks).
     """
     rows_per_band = _whole(band_height_m / pixel_grid.resolution, "band height / resolution")
-    offset_m = pixel_grid.y_max % band_height_m
-    first = _whole(offset_m / pixel_grid.resolution, "north edge offset / resolution")
-    first %= rows_per_band
+    return list(
+        itertools.pairwise(
+            _lattice_edges(pixel_grid.y_max % band_height_m, rows_per_band, pixel_grid)
+        )
+    )
+
+
+def _lattice_edges(
+    offset_m: float, per_block: int, pixel_grid: PixelGrid, *, columns: bool = False
+) -> list[int]:
+    """Pixel edges on the lattice along one axis, from 0 to the grid's size.
+
+    ``offset_m`` is the distance from the grid's first edge to the first lattice line inside
+    it (zero when the edge is on the lattice).
+    """
+    size = pixel_grid.width if columns else pixel_grid.height
+    first = _whole(offset_m / pixel_grid.resolution, "grid edge offset / resolution")
+    first %= per_block
     edges = [0]
-    next_edge = first or rows_per_band
-    while next_edge < pixel_grid.height:
+    next_edge = first or per_block
+    while next_edge < size:
         edges.append(next_edge)
-        next_edge += rows_per_band
-    edges.append(pixel_grid.height)
-    return list(itertools.pairwise(edges))
+        next_edge += per_block
+    edges.append(size)
+    return edges
+
+
+@contextmanager
+def block_memory() -> Iterator[Callable[[], None]]:
+    """Keep a block-by-block sweep's memory to one block; yields a call for after each block.
+
+    Inside, GDAL's block cache is capped at ``SOURCE_CACHE_BYTES`` (restored on exit). The
+    yielded call hands memory freed by the finished block back to the operating system, so
+    native buffers (warp, codec) of earlier blocks cannot pile up as a fragmented heap.
+    """
+    with rasterio.Env(GDAL_CACHEMAX=SOURCE_CACHE_BYTES):
+        yield _release_freed_memory
+
+
+def _libc_trim() -> Callable[[], None]:
+    """glibc's ``malloc_trim(0)``; a no-op where the C library has none (musl, macOS)."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+
+    def release() -> None:
+        trim(0)
+
+    return release
+
+
+_release_freed_memory = _libc_trim()
 
 
 def _whole(value: float, what: str) -> int:
@@ -110,29 +187,36 @@ def _whole(value: float, what: str) -> int:
 # Warping
 
 
-def warp_rows(
+def warp_block(
     source: MaskedSource,
     pixel_grid: PixelGrid,
     row_start: int,
     row_stop: int,
+    col_start: int,
+    col_stop: int,
     *,
     categorical: bool,
     num_threads: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Warp the source onto rows [row_start,row_stop): (values[bands,h,W], valid[h,W]).
+    """Warp the source onto one block of the grid: (values[bands,h,w], valid[h,w]).
 
-    Continuous data is averaged with area weights over valid source pixels only (float32, or
-    float64 for wide source types); categorical data takes the most frequent valid id (mode),
-    so ids are never averaged or invented. Values where ``valid`` is False are NaN
-    (continuous) or an arbitrary sentinel (categorical) and must not be used.
+    Only the source window under the block (plus a margin) is read. Continuous data is averaged
+    with area weights over valid source pixels only (float32, or float64 for wide source
+    types); categorical data takes the most frequent valid id (mode), so ids are never averaged
+    or invented. Values where ``valid`` is False are NaN (continuous) or an arbitrary sentinel
+    (categorical) and must not be used.
     """
-    if not 0 <= row_start < row_stop <= pixel_grid.height:
+    if not (
+        0 <= row_start < row_stop <= pixel_grid.height
+        and 0 <= col_start < col_stop <= pixel_grid.width
+    ):
         raise ValueError(
-            f"rows [{row_start}, {row_stop}) are outside the {pixel_grid.height}-row pixel grid"
+            f"block rows [{row_start}, {row_stop}) × cols [{col_start}, {col_stop}) is outside "
+            f"the {pixel_grid.height} × {pixel_grid.width} pixel grid"
         )
-    height, width = row_stop - row_start, pixel_grid.width
-    dst_transform = pixel_grid.transform @ Affine.translation(0, row_start)
-    dst_crs = RioCRS.from_user_input(pixel_grid.crs)
+    height, width = row_stop - row_start, col_stop - col_start
+    dst_transform = pixel_grid.transform @ Affine.translation(col_start, row_start)
+    dst_crs = rio_crs(pixel_grid.crs)
     n_bands = len(source.band_names)
 
     window = _source_window(source, dst_transform, width, height, dst_crs)
@@ -146,11 +230,11 @@ def warp_rows(
             f"the source read returned {raw_values.shape[0]} bands but declares {n_bands}"
         )
     values, valid = _pad_to_window(raw_values, raw_valid, clipped, window)
+    del raw_values, raw_valid
     src_transform = source.grid.transform @ Affine.translation(window.col_off, window.row_off)
-    src_crs = RioCRS.from_user_input(source.grid.crs.to_wkt())
     geometry: dict[str, Any] = {
         "src_transform": src_transform,
-        "src_crs": src_crs,
+        "src_crs": rio_crs(source.grid.crs),
         "dst_transform": dst_transform,
         "dst_crs": dst_crs,
         "num_threads": num_threads,
@@ -164,9 +248,11 @@ def warp_rows(
         **geometry,
     )
     supported = fraction >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE
+    del fraction
 
     if categorical:
         ids, sentinel = _with_sentinel(values, valid)
+        del values, valid
         out = np.full((n_bands, height, width), sentinel, dtype=ids.dtype)
         reproject(
             ids,
@@ -178,10 +264,10 @@ def warp_rows(
         )
         out_valid = supported & np.all(out != sentinel, axis=0)
     else:
-        work = _float_type(values.dtype)
-        floats = values.astype(work, copy=True)
+        floats = values.astype(_float_type(values.dtype), copy=True)
         floats[:, ~valid] = np.nan
-        out = np.full((n_bands, height, width), np.nan, dtype=work)
+        del values, valid
+        out = np.full((n_bands, height, width), np.nan, dtype=floats.dtype)
         reproject(
             floats,
             out,
@@ -195,13 +281,42 @@ def warp_rows(
     return out, out_valid
 
 
+def warp_rows(
+    source: MaskedSource,
+    pixel_grid: PixelGrid,
+    row_start: int,
+    row_stop: int,
+    *,
+    categorical: bool,
+    num_threads: int = 1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Warp the source onto full-width rows [row_start, row_stop): (values[bands,h,W], valid).
+
+    The whole-width case of :func:`warp_block`, for callers that want a band or the whole grid.
+    """
+    if not 0 <= row_start < row_stop <= pixel_grid.height:
+        raise ValueError(
+            f"rows [{row_start}, {row_stop}) are outside the {pixel_grid.height}-row pixel grid"
+        )
+    return warp_block(
+        source,
+        pixel_grid,
+        row_start,
+        row_stop,
+        0,
+        pixel_grid.width,
+        categorical=categorical,
+        num_threads=num_threads,
+    )
+
+
 def _source_window(
     source: MaskedSource, dst_transform: Affine, width: int, height: int, dst_crs: RioCRS
 ) -> Window:
-    """The (unclipped) whole-pixel source window covering the destination rows plus a margin."""
+    """The (unclipped) whole-pixel source window covering the destination block plus a margin."""
     left, top = dst_transform @ (0, 0)
     right, bottom = dst_transform @ (width, height)
-    src_crs = RioCRS.from_user_input(source.grid.crs.to_wkt())
+    src_crs = rio_crs(source.grid.crs)
     if src_crs != dst_crs:
         left, bottom, right, top = transform_bounds(
             dst_crs, src_crs, left, bottom, right, top, densify_pts=21
@@ -293,7 +408,7 @@ def _empty_output(
 class ChipStoreWriter:
     """Writes one city-year (or static) chip store as Zarr v3, atomically.
 
-    The store is built in a sibling temp directory and swapped in only when every row was
+    The store is built in a sibling temp directory and swapped in only when every pixel was
     written, so readers never see a half-written store and a failed run leaves the previous
     version in place. Use as a context manager; ``commit`` runs on a clean exit.
     """
@@ -319,7 +434,8 @@ class ChipStoreWriter:
         self.attrs = dict(attrs)
         self.chunk_px = _whole(PARENT_SIZE_M / pixel_grid.resolution, "10 km / resolution")
         self._tmp_path = owned_name(self.path, "tmp")
-        self._rows_written = np.zeros(pixel_grid.height, dtype=bool)
+        self._written: list[tuple[int, int, int, int]] = []
+        self._zarr_group: zarr.Group | None = None
         self._started = False
         self._committed = False
 
@@ -357,47 +473,63 @@ class ChipStoreWriter:
         finally:
             self._discard()
 
-    def write_rows(self, row_start: int, values: np.ndarray, valid: np.ndarray) -> None:
-        """Write rows starting at ``row_start``: values[bands,h,W] and valid[h,W].
+    def write_block(
+        self, row_start: int, col_start: int, values: np.ndarray, valid: np.ndarray
+    ) -> None:
+        """Write one block at (row_start, col_start): values[bands,h,w] and valid[h,w].
 
-        Invalid pixels are stored as the fill value; floats going into an integer store are
-        rounded (averaged uint8 RGB stays uint8), while integer ids that do not fit the store
-        type are an error rather than being clipped into another class.
+        A block from :func:`blocks` is exactly one chunk of the store, so it is written
+        without reading anything back. Invalid pixels are stored as the fill value; floats
+        going into an integer store are rounded (averaged uint8 RGB stays uint8), while integer
+        ids that do not fit the store type are an error rather than being clipped into another
+        class.
+        """
+        self.write_rows(row_start, values, valid, col_start=col_start)
+
+    def write_rows(
+        self, row_start: int, values: np.ndarray, valid: np.ndarray, *, col_start: int = 0
+    ) -> None:
+        """Write rows from ``row_start``: values[bands,h,w] and valid[h,w], from ``col_start``.
+
+        With the default ``col_start=0`` and full-width arrays this writes whole rows; any
+        narrower array is written as the block it is (see :meth:`write_block`).
         """
         if not self._started:
             raise RuntimeError("use ChipStoreWriter as a context manager before writing rows")
-        n_bands, width = len(self.band_names), self.pixel_grid.width
-        if values.ndim != 3 or values.shape[0] != n_bands or values.shape[2] != width:
-            raise ValueError(f"values must have shape ({n_bands}, h, {width}), got {values.shape}")
-        height = values.shape[1]
+        n_bands = len(self.band_names)
+        if values.ndim != 3 or values.shape[0] != n_bands:
+            raise ValueError(f"values must have shape ({n_bands}, h, w), got {values.shape}")
+        height, width = values.shape[1:]
         if valid.shape != (height, width):
             raise ValueError(f"valid must have shape ({height}, {width}), got {valid.shape}")
-        if row_start < 0 or row_start + height > self.pixel_grid.height:
+        row_stop, col_stop = row_start + height, col_start + width
+        if not (
+            0 <= row_start < row_stop <= self.pixel_grid.height
+            and 0 <= col_start < col_stop <= self.pixel_grid.width
+        ):
             raise ValueError(
-                f"rows [{row_start}, {row_start + height}) are outside the "
-                f"{self.pixel_grid.height}-row pixel grid"
+                f"rows [{row_start}, {row_stop}) × cols [{col_start}, {col_stop}) are outside "
+                f"the {self.pixel_grid.height} × {self.pixel_grid.width} pixel grid"
             )
         valid = valid.astype(bool, copy=False)
         stored = self._to_store_type(values, valid)
-        rows = slice(row_start, row_start + height)
-        region = xr.Dataset(
-            {
-                "data": (("band", "y", "x"), stored),
-                "valid": (("y", "x"), valid.astype(np.uint8)),
-            }
-        )
+        rows, cols = slice(row_start, row_stop), slice(col_start, col_stop)
         try:
-            region.to_zarr(
-                self._tmp_path,
-                region={"band": slice(0, n_bands), "y": rows, "x": slice(0, width)},
-                zarr_format=3,
-                consolidated=False,
-            )
+            group = self._group()
+            group["data"][:, rows, cols] = stored
+            group["valid"][rows, cols] = valid.astype(np.uint8)
         except Exception as exc:
             raise CubeWriteError(
-                f"writing rows {rows.start}:{rows.stop} of {self.path} failed: {exc}"
+                f"writing rows {row_start}:{row_stop}, cols {col_start}:{col_stop} of "
+                f"{self.path} failed: {exc}"
             ) from exc
-        self._rows_written[rows] = True
+        self._written.append((row_start, row_stop, col_start, col_stop))
+
+    def _group(self) -> zarr.Group:
+        """The temp store, opened once for all block writes."""
+        if self._zarr_group is None:
+            self._zarr_group = zarr.open_group(str(self._tmp_path), mode="r+", zarr_format=3)
+        return self._zarr_group
 
     def commit(self) -> None:
         """Swap the finished temp store into ``path``; the old store is removed afterwards.
@@ -410,11 +542,12 @@ class ChipStoreWriter:
             return
         if not self._started:
             raise RuntimeError("nothing to commit: the writer was never entered")
-        missing = np.flatnonzero(~self._rows_written)
-        if missing.size:
+        missing, first = _uncovered(self._written, self.pixel_grid.height, self.pixel_grid.width)
+        if missing:
             raise CubeWriteError(
-                f"{self.path}: {missing.size} rows were never written (first {missing[0]}); "
-                "write every row band before committing, or the gap would read as nodata"
+                f"{self.path}: {missing} pixels were never written (first at row {first[0]}, "
+                f"col {first[1]}); write every block before committing, or the gap would read "
+                "as nodata"
             )
         self._consolidate()
         old = None
@@ -542,6 +675,32 @@ def _checked_fill(dtype: np.dtype, fill_value: Any) -> int | float:
     raise ValueError(f"chip stores hold integer or float data, not {dtype}")
 
 
+def _uncovered(
+    written: Sequence[tuple[int, int, int, int]], height: int, width: int
+) -> tuple[int, tuple[int, int]]:
+    """Pixels of a height × width grid that no written rectangle covers, and the first one.
+
+    Works on the grid cut along the rectangles' own edges, so the check costs a few hundred
+    cells whatever the city's size, not one flag per pixel.
+    """
+    row_edges = sorted({0, height, *(e for r in written for e in r[:2])})
+    col_edges = sorted({0, width, *(e for r in written for e in r[2:])})
+    covered = np.zeros((len(row_edges) - 1, len(col_edges) - 1), dtype=bool)
+    row_index = {edge: i for i, edge in enumerate(row_edges)}
+    col_index = {edge: i for i, edge in enumerate(col_edges)}
+    for row_start, row_stop, col_start, col_stop in written:
+        covered[
+            row_index[row_start] : row_index[row_stop], col_index[col_start] : col_index[col_stop]
+        ] = True
+    areas = np.outer(np.diff(row_edges), np.diff(col_edges))
+    missing = int(areas[~covered].sum())
+    if not missing:
+        return 0, (0, 0)
+    gaps = np.argwhere(~covered)  # row-major order
+    first_row, first_col = (int(i) for i in gaps[0])
+    return missing, (row_edges[first_row], col_edges[first_col])
+
+
 def open_chips(path: Path) -> xr.Dataset:
     """Open a chip store lazily (dask-backed) with its CRS and transform decoded."""
     path = Path(path)
@@ -608,26 +767,32 @@ def tile_pixel_summaries(
     values: np.ndarray,
     valid: np.ndarray,
     row_start: int,
+    col_start: int,
     pixel_grid: PixelGrid,
     tiles: Sequence[Tile],
     *,
     categorical: bool,
 ) -> list[TilePixelSummary]:
-    """Summaries of the tiles whose window lies inside rows [row_start, row_start + h).
+    """Summaries of the tiles whose window lies inside the block at (row_start, col_start).
 
-    Called per row band with the warped arrays, so tile availability is known without
-    reading the store back. Tiles outside the band are skipped (they belong to another band).
+    Called per block with the warped arrays, so tile availability is known without reading
+    the store back. Tiles not wholly inside the block are skipped (they belong to another).
     """
-    n_bands, height, _ = values.shape
+    n_bands, height, width = values.shape
     if categorical and n_bands != 1:
         raise ValueError(f"categorical chips have one band of ids, got {n_bands}")
     summaries = []
     for tile in tiles:
         row_off, col_off, h, w = pixel_grid.window(tile)
-        if row_off < row_start or row_off + h > row_start + height:
+        if not (
+            row_start <= row_off
+            and row_off + h <= row_start + height
+            and col_start <= col_off
+            and col_off + w <= col_start + width
+        ):
             continue
         rows = slice(row_off - row_start, row_off - row_start + h)
-        cols = slice(col_off, col_off + w)
+        cols = slice(col_off - col_start, col_off - col_start + w)
         tile_valid = valid[rows, cols].astype(bool, copy=False)
         tile_values = values[:, rows, cols]
         n_valid = int(tile_valid.sum())

@@ -25,7 +25,15 @@ from pyproj import Transformer
 
 from citycube.aggregate import aggregate_tiles
 from citycube.catalogue import Aggregation, Catalogue, Conversion, FieldSpec, Kind, ModalitySpec
-from citycube.chips import ChipStoreWriter, row_bands, tile_pixel_summaries, warp_rows
+from citycube.chips import (
+    ChipStoreWriter,
+    TilePixelSummary,
+    block_memory,
+    blocks,
+    row_bands,
+    tile_pixel_summaries,
+    warp_block,
+)
 from citycube.cities import SCALES, get_city
 from citycube.cube import (
     CHIP_INDEX_SCHEMA,
@@ -47,7 +55,7 @@ from citycube.vectors import (
     load_points,
     load_records,
     point_counts,
-    rasterize_rows,
+    rasterize_block,
     tile_index,
 )
 from sources.base import SourceBackend, SourceItem
@@ -87,37 +95,40 @@ def _image_results(
     release: Release,
     progress: ProgressFn | None,
 ) -> pd.DataFrame:
-    """Warp once onto the city's pixel grid, band by band; write chips; summarise tiles."""
+    """Warp once onto the city's pixel grid, block by block; write chips; summarise tiles."""
     assert modality.chip is not None
     grid: PixelGrid = pixel_grid(city, modality.chip.resolution_m)
     categorical = modality.kind == Kind.CATEGORICAL_IMAGE
     valid_ids = catalogue.valid_ids(modality)
     bands = [f.band for f in modality.fields]
-    tiles = _all_tiles(city)
     dtype = np.dtype(modality.chip.dtype)
     fill = 255 if categorical else (0 if np.issubdtype(dtype, np.integer) else np.nan)
     store = release.chip_store(modality.code, city, _label(item.source_year))
     attrs = _chip_attrs(modality, city, item, release)
-    rows: list[dict] = []
+    summaries = _BlockSummaries(grid, _all_tiles(city))
     with (
+        block_memory() as release_block,
         open_masked_source(item, modality, bands, valid_ids) as source,
         ChipStoreWriter(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
     ):
-        for row_start, row_stop in row_bands(grid):
-            values, valid = warp_rows(source, grid, row_start, row_stop, categorical=categorical)
+        for row_start, row_stop, col_start, col_stop in summaries.blocks:
+            values, valid = warp_block(
+                source, grid, row_start, row_stop, col_start, col_stop, categorical=categorical
+            )
             if np.issubdtype(dtype, np.integer) and not categorical:
                 stored = np.where(valid, np.clip(np.rint(values), 0, np.iinfo(dtype).max), fill)
             else:
                 stored = np.where(valid, values, fill)
-            w.write_rows(row_start, stored.astype(dtype), valid)
-            in_band = [t for t in tiles if row_start <= grid.window(t)[0] < row_stop]
-            summaries = tile_pixel_summaries(
-                values, valid, row_start, grid, in_band, categorical=categorical
-            )
-            rows += _summary_rows(modality, summaries, categorical)
+            w.write_block(row_start, col_start, stored.astype(dtype), valid)
+            del stored
+            summaries.add(values, valid, row_start, col_start, categorical=categorical)
+            del values, valid
+            release_block()
             if progress:
-                progress(f"{modality.code} {city} rows {row_stop}/{grid.height}")
-    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+                progress(summaries.progress(modality.code, city, row_stop, col_stop))
+    return pd.DataFrame(
+        _summary_rows(modality, summaries.ordered(), categorical), columns=RESULT_COLUMNS
+    )
 
 
 def _vector_image_results(
@@ -141,30 +152,102 @@ def _vector_image_results(
         load_products()[item.product].expected_crs(city),
         item.files.get("coverage"),
     )
-    tiles = _all_tiles(city)
     store = release.chip_store(modality.code, city, _label(item.source_year))
     attrs = _chip_attrs(modality, city, item, release)
-    rows: list[dict] = []
     fill = 255 if categorical else 0
-    with ChipStoreWriter(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w:
-        for row_start, row_stop in row_bands(grid):
-            values, valid = rasterize_rows(
-                features, grid, row_start, row_stop, background=spec.background, dtype=dtype
+    summaries = _BlockSummaries(grid, _all_tiles(city))
+    with (
+        block_memory() as release_block,
+        ChipStoreWriter(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
+    ):
+        for row_start, row_stop, col_start, col_stop in summaries.blocks:
+            values, valid = rasterize_block(
+                features,
+                grid,
+                row_start,
+                row_stop,
+                col_start,
+                col_stop,
+                background=spec.background,
+                dtype=dtype,
             )
-            w.write_rows(row_start, np.where(valid, values, fill).astype(dtype), valid)
-            in_band = [t for t in tiles if row_start <= grid.window(t)[0] < row_stop]
-            summaries = tile_pixel_summaries(
+            w.write_block(row_start, col_start, np.where(valid, values, fill).astype(dtype), valid)
+            summaries.add(
                 values.astype(np.float64) if not categorical else values,
                 valid,
                 row_start,
-                grid,
-                in_band,
+                col_start,
                 categorical=categorical,
             )
-            rows += _summary_rows(modality, summaries, categorical)
+            del values, valid
+            release_block()
             if progress:
-                progress(f"{modality.code} {city} rows {row_stop}/{grid.height}")
-    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+                progress(summaries.progress(modality.code, city, row_stop, col_stop))
+    return pd.DataFrame(
+        _summary_rows(modality, summaries.ordered(), categorical), columns=RESULT_COLUMNS
+    )
+
+
+class _BlockSummaries:
+    """Tile summaries gathered block by block, handed back in the order rows have always had.
+
+    That order is by 10 km row band, then by tile (2 km row-major, then 5 km), so a partition
+    writes the same rows in the same order however the work is cut into blocks. Every tile
+    must lie inside exactly one block; a tile that straddled blocks would otherwise vanish.
+    """
+
+    def __init__(self, grid: PixelGrid, tiles: Sequence[Tile]) -> None:
+        self.grid = grid
+        self.blocks = blocks(grid)
+        bands = row_bands(grid)
+        self._tiles_in: dict[tuple[int, int], list[Tile]] = {}
+        self._order: dict[str, tuple[int, int]] = {}
+        for index, tile in enumerate(tiles):
+            row_off, col_off, height, width = grid.window(tile)
+            holder = next(
+                (
+                    (row_start, col_start)
+                    for row_start, row_stop, col_start, col_stop in self.blocks
+                    if row_start <= row_off
+                    and row_off + height <= row_stop
+                    and col_start <= col_off
+                    and col_off + width <= col_stop
+                ),
+                None,
+            )
+            if holder is None:
+                raise ValueError(f"{tile.tile_id} does not lie inside one block of its pixel grid")
+            self._tiles_in.setdefault(holder, []).append(tile)
+            band = next(i for i, (start, stop) in enumerate(bands) if start <= row_off < stop)
+            self._order[tile.tile_id] = (band, index)
+        self._done: dict[str, TilePixelSummary] = {}
+
+    def add(
+        self,
+        values: np.ndarray,
+        valid: np.ndarray,
+        row_start: int,
+        col_start: int,
+        *,
+        categorical: bool,
+    ) -> None:
+        """Summarise the tiles of the block at (row_start, col_start)."""
+        tiles = self._tiles_in.get((row_start, col_start), [])
+        for summary in tile_pixel_summaries(
+            values, valid, row_start, col_start, self.grid, tiles, categorical=categorical
+        ):
+            self._done[summary.tile_id] = summary
+
+    def ordered(self) -> list[TilePixelSummary]:
+        """Every tile's summary, by row band and then tile order."""
+        missing = self._order.keys() - self._done.keys()
+        if missing:
+            raise RuntimeError(f"{len(missing)} tiles were never summarised, e.g. {min(missing)}")
+        return [self._done[t] for t in sorted(self._order, key=self._order.__getitem__)]
+
+    def progress(self, code: str, city: str, row_stop: int, col_stop: int) -> str:
+        """A progress line: the block just finished, by its far row and column."""
+        return f"{code} {city} rows {row_stop}/{self.grid.height} cols {col_stop}/{self.grid.width}"
 
 
 def _chip_attrs(

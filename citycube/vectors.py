@@ -93,42 +93,40 @@ def load_features(
     return RasterisableFeatures(geometry, np.asarray(values), shapely.STRtree(geometry), area)
 
 
-def rasterize_rows(
+def rasterize_block(
     features: RasterisableFeatures,
     pixel_grid: PixelGrid,
     row_start: int,
     row_stop: int,
+    col_start: int,
+    col_stop: int,
     *,
     background: float,
     dtype: np.dtype,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Burn features into rows [row_start, row_stop) of the grid: (values[1,h,W], valid[h,W])."""
-    height = row_stop - row_start
-    top = pixel_grid.y_max - row_start * pixel_grid.resolution
-    transform = Affine(pixel_grid.resolution, 0, pixel_grid.x_min, 0, -pixel_grid.resolution, top)
-    band_box = shapely.box(
-        pixel_grid.x_min,
-        top - height * pixel_grid.resolution,
-        pixel_grid.x_min + pixel_grid.width * pixel_grid.resolution,
-        top,
-    )
-    hits = features.tree.query(band_box)
-    out = np.full((height, pixel_grid.width), background, dtype=dtype)
+    """Burn features into one block of the grid: (values[1,h,w], valid[h,w]).
+
+    Only features meeting the block are drawn, and validity (inside the source's coverage) is
+    tested at the block's pixel centres, so the cost and memory follow the block.
+    """
+    height, width = row_stop - row_start, col_stop - col_start
+    res = pixel_grid.resolution
+    top = pixel_grid.y_max - row_start * res
+    left = pixel_grid.x_min + col_start * res
+    transform = Affine(res, 0, left, 0, -res, top)
+    hits = features.tree.query(shapely.box(left, top - height * res, left + width * res, top))
+    out = np.full((height, width), background, dtype=dtype)
     if len(hits):
         shapes = zip(features.geometry[hits], features.values[hits], strict=True)
         rasterize(shapes, out=out, transform=transform, all_touched=False)
     if features.coverage is None:
-        valid = np.ones((height, pixel_grid.width), dtype=bool)
+        valid = np.ones((height, width), dtype=bool)
     else:
-        centres = shapely.points(
-            *np.meshgrid(
-                pixel_grid.x_coords(),
-                top - (np.arange(height) + 0.5) * pixel_grid.resolution,
-            )
+        xs, ys = np.meshgrid(
+            pixel_grid.x_coords()[col_start:col_stop],
+            top - (np.arange(height) + 0.5) * res,
         )
-        valid = shapely.contains_xy(
-            features.coverage, shapely.get_x(centres), shapely.get_y(centres)
-        )
+        valid = shapely.contains_xy(features.coverage, xs, ys)
     return out[None], valid
 
 

@@ -22,7 +22,12 @@ from pyproj import CRS, Transformer
 from rasterio.windows import Window
 
 import citycube.aggregate as aggregate
-from citycube.aggregate import TileStats, aggregate_tiles, default_tile_rows_per_block
+from citycube.aggregate import (
+    TileStats,
+    aggregate_tiles,
+    default_tile_cols_per_block,
+    default_tile_rows_per_block,
+)
 from citycube.errors import SourceReadError
 from citycube.grids import TileGrid
 from citycube.rasters import MaskedSource, RasterGrid
@@ -214,6 +219,28 @@ def test_block_size_does_not_change_results_and_reads_stay_small(tmp_path: Path)
     assert len(reads) == grid.n_rows
     assert max(int(w.height) for w in reads) < 201 / 2  # each read is about one tile row
     assert default_tile_rows_per_block(grid) == 5
+
+
+def test_column_blocks_do_not_change_results_and_reads_stay_narrow(tmp_path: Path) -> None:
+    """Blocks of tile rows × tile columns: each read covers its own columns, not the width."""
+    rng = np.random.default_rng(8)
+    transform = Affine(30, 0, 489_985, 0, -30, 5_410_015)
+    values = noisy_values(rng, (2, 205, 540))  # the east edge cuts the last tile column
+    path = write_raster(tmp_path / "wide.tif", values, f"EPSG:{UTM}", transform)
+    grid = small_grid(n_rows=3, n_cols=8)
+    whole = aggregate_tiles(
+        file_source(path), grid, tile_rows_per_block=grid.n_rows, tile_cols_per_block=grid.n_cols
+    )
+    reads: list[Window] = []
+    streamed = aggregate_tiles(
+        file_source(path, reads), grid, tile_rows_per_block=2, tile_cols_per_block=3
+    )
+    assert_same_stats(streamed, whole, rtol=1e-12)
+    assert len(reads) == 2 * 3
+    assert max(int(w.width) for w in reads) <= 3 * 2000 / 30 + 3
+    assert sum(int(w.width) for w in reads) < 2 * (540 + 3 * 3)  # columns read once per row block
+    assert default_tile_cols_per_block(grid) == 5
+    assert default_tile_cols_per_block(small_grid(tile_size=5000)) == 2
 
 
 def assert_same_stats(a: TileStats, b: TileStats, rtol: float) -> None:
@@ -413,6 +440,24 @@ def test_reprojected_block_size_does_not_change_results(tmp_path: Path) -> None:
     streamed = aggregate_tiles(source, grid, tile_rows_per_block=1, cache_dir=tmp_path)
     assert_same_stats(streamed, whole, rtol=1e-10)
     assert len(list(tmp_path.rglob("*.npz"))) == grid.n_rows
+
+
+def test_reprojected_column_blocks_do_not_change_results(tmp_path: Path) -> None:
+    (values, valid), crs, transform = mollweide_source_case(np.random.default_rng(9))
+    source = array_source(values, valid, crs, transform)
+    grid = small_grid()
+    whole = aggregate_tiles(
+        source, grid, tile_rows_per_block=grid.n_rows, tile_cols_per_block=grid.n_cols
+    )
+    streamed = aggregate_tiles(
+        source, grid, tile_rows_per_block=2, tile_cols_per_block=3, cache_dir=tmp_path
+    )
+    assert_same_stats(streamed, whole, rtol=1e-12)
+    assert len(list(tmp_path.rglob("*.npz"))) == 2 * 2  # one coverage file per block
+    cached = aggregate_tiles(
+        source, grid, tile_rows_per_block=2, tile_cols_per_block=3, cache_dir=tmp_path
+    )
+    assert_same_stats(cached, streamed, rtol=0)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])

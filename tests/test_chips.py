@@ -1,4 +1,5 @@
-"""Chips: warping onto the city pixel grid, the 50 % validity rule and the atomic Zarr store."""
+"""Chips: warping onto the city pixel grid, the 50 % validity rule, the atomic Zarr store and
+block-by-block processing of a whole city."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import geopandas as gpd
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import rasterio
+import shapely
 import xarray as xr
 import zarr
 from affine import Affine
@@ -16,17 +21,24 @@ from pyproj import CRS, Transformer
 from rasterio.warp import Resampling, reproject
 from rasterio.windows import Window
 
+import citycube.process
+from citycube.catalogue import load_catalogue
 from citycube.chips import (
     ChipStoreWriter,
+    blocks,
     open_chips,
     read_tile_chip,
     row_bands,
     tile_pixel_summaries,
+    warp_block,
     warp_rows,
 )
+from citycube.cube import Release
 from citycube.errors import CubeWriteError
-from citycube.grids import PixelGrid, Tile, city_grids, pixel_grid
+from citycube.grids import PixelGrid, Tile, city_grid, city_grids, pixel_grid
+from citycube.process import process_partition
 from citycube.rasters import MaskedSource, RasterGrid
+from tests.conftest import LocalFilesBackend, write_tif
 
 EPSG = 32631
 X_MIN, Y_MAX = 600_000.0, 5_820_000.0  # both on the 10 km lattice
@@ -146,6 +158,50 @@ def test_every_city_tile_lies_in_exactly_one_band() -> None:
             assert len(holders) == 1, tile.tile_id
 
 
+def test_blocks_tile_the_grid_on_the_lattice_in_both_directions() -> None:
+    grid = small_grid(resolution=100.0, width=150, height=250)
+    assert blocks(grid) == [
+        (0, 100, 0, 100),
+        (0, 100, 100, 150),
+        (100, 200, 0, 100),
+        (100, 200, 100, 150),
+        (200, 250, 0, 100),
+        (200, 250, 100, 150),
+    ]
+    assert sorted({(r0, r1) for r0, r1, _, _ in blocks(grid)}) == row_bands(grid)
+
+
+def test_blocks_start_narrow_when_the_west_or_north_edge_is_off_the_lattice() -> None:
+    grid = PixelGrid("Testville", EPSG, X_MIN + 3_000, Y_MAX - 4_000, 100.0, 250, 130)
+    cuts = blocks(grid)
+    assert sorted({(r0, r1) for r0, r1, _, _ in cuts}) == [(0, 60), (60, 130)]
+    assert sorted({(c0, c1) for _, _, c0, c1 in cuts}) == [(0, 70), (70, 170), (170, 250)]
+    for r0, _, c0, _ in cuts:
+        assert (grid.y_max - r0 * grid.resolution) % 10_000 == 0 or r0 == 0
+        assert (grid.x_min + c0 * grid.resolution) % 10_000 == 0 or c0 == 0
+
+
+@pytest.mark.parametrize("city", ["Amsterdam", "Christchurch"])
+def test_every_city_tile_lies_in_exactly_one_block(city: str) -> None:
+    grid = pixel_grid(city, 25)
+    cuts = blocks(grid)
+    pixels = sum((r1 - r0) * (c1 - c0) for r0, r1, c0, c1 in cuts)
+    assert pixels == grid.height * grid.width
+    assert max(max(r1 - r0, c1 - c0) for r0, r1, c0, c1 in cuts) == 400  # 10 km at 25 m
+    for tile_grid in city_grids(city).values():
+        for tile in tile_grid.tiles():
+            row_off, col_off, height, width = grid.window(tile)
+            holders = [
+                b
+                for b in cuts
+                if b[0] <= row_off
+                and row_off + height <= b[1]
+                and b[2] <= col_off
+                and col_off + width <= b[3]
+            ]
+            assert len(holders) == 1, tile.tile_id
+
+
 # --------------------------------------------------------------------------------------------
 # Zarr store
 
@@ -218,6 +274,38 @@ def test_failed_write_leaves_the_committed_store_and_no_temp_dirs(tmp_path: Path
     write_store(tmp_path / "opt.zarr", grid, first + 1, everywhere)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["opt.zarr"]
     np.testing.assert_array_equal(open_chips(tmp_path / "opt.zarr")["data"].values, first + 1)
+
+
+def test_store_is_written_block_by_block_and_refuses_a_missing_block(tmp_path: Path) -> None:
+    grid = small_grid(resolution=100.0, width=150, height=250)
+    rng = np.random.default_rng(5)
+    values = rng.integers(0, 256, (2, grid.height, grid.width)).astype(np.uint8)
+    valid = rng.random(grid.shape) > 0.3
+    cuts = blocks(grid)
+
+    def write(path: Path, skip: tuple[int, int, int, int] | None = None) -> None:
+        with ChipStoreWriter(path, grid, ["b0", "b1"], np.uint8, 0, {}) as writer:
+            for r0, r1, c0, c1 in cuts:
+                if (r0, r1, c0, c1) != skip:
+                    writer.write_block(r0, c0, values[:, r0:r1, c0:c1], valid[r0:r1, c0:c1])
+
+    write(tmp_path / "full.zarr")
+    chips = open_chips(tmp_path / "full.zarr")
+    np.testing.assert_array_equal(chips["valid"].values, valid)
+    np.testing.assert_array_equal(chips["data"].values, np.where(valid, values, 0))
+    # Each block is exactly one chunk of the store.
+    assert zarr.open_group(tmp_path / "full.zarr", mode="r")["data"].chunks == (2, 100, 100)
+
+    with pytest.raises(
+        CubeWriteError, match=r"2500 pixels were never written \(first at row 200, col 100\)"
+    ):
+        write(tmp_path / "gap.zarr", skip=(200, 250, 100, 150))
+    assert not (tmp_path / "gap.zarr").exists()
+    with (
+        pytest.raises(ValueError, match="outside"),
+        ChipStoreWriter(tmp_path / "bad.zarr", grid, ["b0", "b1"], np.uint8, 0, {}) as writer,
+    ):
+        writer.write_block(200, 100, values[:, :100, :100], valid[:100, :100])
 
 
 def test_float_values_are_rounded_into_an_integer_store(tmp_path: Path) -> None:
@@ -440,6 +528,75 @@ def test_band_by_band_equals_all_at_once_and_reads_follow_the_band(tmp_path: Pat
     np.testing.assert_array_equal(banded["data"].values, whole["data"].values)
 
 
+@pytest.mark.parametrize("categorical", [False, True])
+def test_block_by_block_equals_all_at_once_and_reads_follow_the_block(
+    tmp_path: Path, categorical: bool
+) -> None:
+    grid = small_grid(resolution=100.0, width=250, height=150)
+    rng = np.random.default_rng(12)
+    shape = (520, 870)  # 30 m cells from an odd 15 m origin: they straddle pixel edges
+    if categorical:
+        cells = rng.choice(np.array([1, 2, 5, 9], np.uint8), (1, *shape))
+    else:
+        cells = rng.integers(1, 256, (3, *shape)).astype(np.uint8)
+    cells[:, rng.random(shape) < 0.2] = 0
+    transform = utm_transform(30.0, X_MIN - 15, Y_MAX + 15)
+    path = write_raster(tmp_path / "src.tif", cells, f"EPSG:{EPSG}", transform, nodata=0)
+    windows: list[Window] = []
+    source = masked_source(path, 0, windows)
+
+    whole_values, whole_valid = warp_rows(source, grid, 0, grid.height, categorical=categorical)
+    windows.clear()
+    cuts = blocks(grid)
+    assert len(cuts) == 6
+    for r0, r1, c0, c1 in cuts:
+        values, valid = warp_block(source, grid, r0, r1, c0, c1, categorical=categorical)
+        np.testing.assert_array_equal(valid, whole_valid[r0:r1, c0:c1])
+        if categorical:
+            np.testing.assert_array_equal(values[:, valid], whole_values[:, r0:r1, c0:c1][:, valid])
+        else:  # the last float32 bit may round differently from another origin
+            np.testing.assert_allclose(
+                values[:, valid], whole_values[:, r0:r1, c0:c1][:, valid], rtol=2.5e-7
+            )
+
+    assert len(windows) == len(cuts)
+    for window, (r0, r1, c0, c1) in zip(windows, cuts, strict=True):
+        # The block's own footprint in source cells plus the margin, not the grid's width.
+        assert window.width <= math.ceil((c1 - c0) * 100 / 30) + 2 * 3 + 1
+        assert window.height <= math.ceil((r1 - r0) * 100 / 30) + 2 * 3 + 1
+
+
+def test_reprojected_blocks_agree_with_the_whole_grid_within_the_warp_approximation(
+    tmp_path: Path,
+) -> None:
+    """From lon/lat, a block lands where the whole-grid warp does, to GDAL's approximation.
+
+    GDAL interpolates source positions along each warped row between exactly projected nodes,
+    up to 1/8 source cell off; the nodes depend on the row's extent, so a block and the whole
+    grid may place a footprint up to ~1/4 cell apart. Two ramps (the source column and row of
+    each cell) show that offset directly: their average is the footprint's position.
+    """
+    grid = small_grid(resolution=100.0, width=250, height=150)
+    to_lonlat = Transformer.from_crs(f"EPSG:{EPSG}", "EPSG:4326", always_xy=True)
+    lon0, lat1 = to_lonlat.transform(X_MIN - 500, Y_MAX + 500)
+    step, (height, width) = 0.0005, (330, 800)  # ~34 m × 55 m cells
+    cols, rows = np.meshgrid(np.arange(width) + 0.5, np.arange(height) + 0.5)
+    path = write_raster(
+        tmp_path / "ramps.tif",
+        np.stack([cols, rows]),
+        "EPSG:4326",
+        Affine(step, 0, lon0, 0, -step, lat1),
+        nodata=None,
+    )
+    source = masked_source(path, None)
+    whole, whole_valid = warp_rows(source, grid, 0, grid.height, categorical=False)
+    assert whole_valid.all()
+    for r0, r1, c0, c1 in blocks(grid):
+        values, valid = warp_block(source, grid, r0, r1, c0, c1, categorical=False)
+        assert valid.all()
+        assert np.abs(values - whole[:, r0:r1, c0:c1]).max() <= 0.25
+
+
 # --------------------------------------------------------------------------------------------
 # Tile summaries
 
@@ -454,7 +611,7 @@ def test_tile_summaries_count_valid_pixels_and_average_them() -> None:
     values[:, :, 40:80] = np.nan
     tiles = [grid_tile(grid, 0, c) for c in range(3)] + [grid_tile(grid, 1, 0)]
 
-    summaries = tile_pixel_summaries(values, valid, 0, grid, tiles, categorical=False)
+    summaries = tile_pixel_summaries(values, valid, 0, 0, grid, tiles, categorical=False)
 
     assert [s.tile_id for s in summaries] == [
         "Testville_2KM_r0_c0",
@@ -467,6 +624,17 @@ def test_tile_summaries_count_valid_pixels_and_average_them() -> None:
     assert zeros.band_means == (0.0, 0.0) and zeros.valid_fraction == 1.0
 
 
+def test_tile_summaries_use_the_block_column_offset() -> None:
+    grid = small_grid()
+    values = np.zeros((1, 40, 40), dtype=np.float32)
+    values[0, :, :] = 5.0
+    valid = np.ones((40, 40), dtype=bool)
+    tiles = [grid_tile(grid, 1, c) for c in range(3)]
+    summaries = tile_pixel_summaries(values, valid, 40, 80, grid, tiles, categorical=False)
+    assert [s.tile_id for s in summaries] == ["Testville_2KM_r1_c2"]
+    assert summaries[0].band_means == (5.0,) and summaries[0].valid_pixels == 1600
+
+
 def test_tile_mode_breaks_ties_to_the_smallest_id() -> None:
     grid = small_grid()
     ids = np.full((1, 40, 120), 9, dtype=np.int32)
@@ -474,8 +642,119 @@ def test_tile_mode_breaks_ties_to_the_smallest_id() -> None:
     valid = np.ones((40, 120), dtype=bool)
     valid[:, 40:80] = False
     tiles = [grid_tile(grid, 1, c) for c in range(3)]
-    summaries = tile_pixel_summaries(ids, valid, 40, grid, tiles, categorical=True)
+    summaries = tile_pixel_summaries(ids, valid, 40, 0, grid, tiles, categorical=True)
     tie, empty, plain = summaries
     assert tie.mode_class == 4 and tie.class_counts == ((4, 800), (9, 800))
     assert empty.mode_class is None and empty.valid_pixels == 0
     assert plain.mode_class == 9 and plain.band_means == ()
+
+
+# --------------------------------------------------------------------------------------------
+# A whole city, block by block
+
+
+CITY = "Amsterdam"  # EPSG:32631; 2 km grid 10×14, 5 km grid 4×6: 2×3 blocks of 10 km
+CAT = load_catalogue()
+
+
+def _utm_tif(path: Path, data: np.ndarray, res: float, nodata: float) -> Path:
+    """A raster in the city's CRS, offset by an odd 15 m so its cells straddle chip pixels."""
+    grid = pixel_grid(CITY, 100)
+    transform = Affine(res, 0, grid.x_min - 1015, 0, -res, grid.y_max + 1015)
+    return write_tif(path, data, crs=f"EPSG:{EPSG}", transform=transform, nodata=nodata)
+
+
+def _roads(path: Path, rng: np.random.Generator) -> Path:
+    """Random straight roads across the city, many of them crossing block edges."""
+    grid = city_grid(CITY, "2km")
+    to_lonlat = Transformer.from_crs(f"EPSG:{EPSG}", "EPSG:4326", always_xy=True)
+    xs = grid.x_min + rng.uniform(0, grid.n_cols * grid.tile_size, (60, 2))
+    ys = grid.y_max - rng.uniform(0, grid.n_rows * grid.tile_size, (60, 2))
+    lon, lat = to_lonlat.transform(xs, ys)
+    lines = [shapely.LineString(np.column_stack(ends)) for ends in zip(lon, lat, strict=True)]
+    gpd.GeoDataFrame(
+        {"highway": ["primary", "residential"] * 30, "osm_id": range(60)},
+        geometry=lines,
+        crs=4326,
+    ).to_file(path, layer="roads")
+    return path
+
+
+def _one_block(grid: PixelGrid, block_m: float = 10_000) -> list[tuple[int, int, int, int]]:
+    """The whole grid as a single block: the reference the blocks must reproduce."""
+    return [(0, grid.height, 0, grid.width)]
+
+
+def _process(root: Path, code: str, files: dict[str, Path]) -> tuple[xr.Dataset, pa.Table]:
+    """Process one partition of ``code`` from test files; its chips and observations."""
+    product = "osm_roads" if code == "RD" else f"test_{code.lower()}"
+    modality = CAT.get(code).model_copy(update={"product": product, "product_by_city": {}})
+    release = Release(root, "t")
+    backend = LocalFilesBackend({(product, CITY, 2020): files})
+    process_partition(modality, CAT, CITY, 2020, backend, release)
+    chips = open_chips(release.chip_store(code, CITY, "2020")).load()
+    return chips, pq.read_table(release.observations_file(CITY, 2020, code))
+
+
+@pytest.mark.parametrize("code", ["BV", "LU", "RD"])
+def test_a_city_in_blocks_equals_the_whole_grid_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str
+) -> None:
+    """Chips, tile values and row order do not depend on how the city is cut into blocks.
+
+    BV is continuous (area-weighted mean) and LU categorical (mode), both from noisy rasters in
+    the city's CRS whose cells straddle chip pixels, with nodata and ids outside the legend; RD
+    draws vector lines onto the 10 m grid. Each runs in 2×3 blocks and then as one block.
+    """
+    rng = np.random.default_rng(21)
+    if code == "BV":
+        data = rng.gamma(2.0, 3.0, (1, 310, 460)).astype(np.float32)
+        data[:, rng.random(data.shape[1:]) < 0.02] = -9999
+        data[:, 20:60, 20:75] = -9999  # a hole that makes some tiles unavailable
+        files = {"data": _utm_tif(tmp_path / "bv.tif", data, 70.0, -9999)}
+    elif code == "LU":
+        legend = sorted(CAT.valid_ids(CAT.get("LU")) or ())[:4]
+        odds = np.array([0.2, 0.3, 0.2, 0.29, 0.005, 0.005])  # a little nodata and unknown ids
+        data = rng.choice(np.array([*legend, 13, 99], np.uint8), (1, 150, 220), p=odds)
+        data[:, 10:30, 10:35] = 99  # a hole that makes some tiles unavailable
+        files = {"data": _utm_tif(tmp_path / "lu.tif", data, 150.0, 99)}
+    else:
+        files = {"data": _roads(tmp_path / "roads.gpkg", rng)}
+    chip = CAT.get(code).chip
+    assert chip is not None
+    grid = pixel_grid(CITY, chip.resolution_m)
+    assert len(blocks(grid)) == 6
+
+    blocked_chips, blocked = _process(tmp_path / "blocked", code, files)
+    monkeypatch.setattr(citycube.process, "blocks", _one_block)
+    whole_chips, whole = _process(tmp_path / "whole", code, files)
+
+    valid = whole_chips["valid"].values.astype(bool)
+    assert valid.any() and (code == "RD" or not valid.all())
+    np.testing.assert_array_equal(blocked_chips["valid"].values, whole_chips["valid"].values)
+    if code == "BV":
+        # A float32 mean may round differently in its last bit where GDAL places the block's
+        # pixels from another origin (about 1 pixel in 5000 here), which moves a 400-pixel
+        # tile mean by ~1e-9; validity, counts and availability are exact.
+        np.testing.assert_allclose(
+            blocked_chips["data"].values, whole_chips["data"].values, rtol=2.5e-7, atol=0
+        )
+        for name in blocked.column_names:
+            if name != "value":
+                assert blocked.column(name).equals(whole.column(name)), name
+        np.testing.assert_allclose(
+            blocked.column("value").to_numpy(zero_copy_only=False),
+            whole.column("value").to_numpy(zero_copy_only=False),
+            rtol=1e-8,
+        )
+    else:
+        np.testing.assert_array_equal(blocked_chips["data"].values, whole_chips["data"].values)
+        assert blocked.equals(whole)
+    available = sum(blocked.column("available").to_pylist())
+    assert 0 < available < blocked.num_rows or code == "RD"
+
+    # Rows come by 10 km row band, then 2 km tiles before 5 km ones, row-major.
+    tiles = [t for g in city_grids(CITY).values() for t in g.tiles()]
+    band = {t.tile_id: grid.window(t)[0] // round(10_000 / grid.resolution) for t in tiles}
+    expected = sorted(band, key=lambda tile_id: band[tile_id])  # stable: keeps tile order
+    assert list(dict.fromkeys(blocked.column("tile_id").to_pylist())) == expected
