@@ -257,10 +257,11 @@ def _glob_view(con: duckdb.DuckDBPyConnection, name: str, root: Path, schema: pa
             f"CREATE VIEW {name} AS SELECT * FROM read_parquet({pattern}, "
             "hive_partitioning = false, union_by_name = true)"
         )
-    else:
-        con.register("_empty", pa.Table.from_pylist([], schema=schema))
-        con.execute(f"CREATE VIEW {name} AS SELECT * FROM (SELECT * FROM _empty) WHERE false")
-        con.unregister("_empty")
+    else:  # a typed, empty view that stays valid after this connection closes
+        types = {"string": "VARCHAR", "int16": "SMALLINT", "int32": "INTEGER"}
+        types |= {"double": "DOUBLE", "bool": "BOOLEAN"}
+        columns = ", ".join(f"CAST(NULL AS {types[str(f.type)]}) AS {f.name}" for f in schema)
+        con.execute(f"CREATE VIEW {name} AS SELECT {columns} WHERE false")
 
 
 def build_duckdb(release: Release, catalogue: Catalogue, metadata: Mapping[str, Any]) -> Path:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -211,7 +212,10 @@ def views(args: argparse.Namespace) -> int:
     if not release.root.exists():
         print(f"no release at {release.root}", file=sys.stderr)
         return 2
-    meta = release_metadata(release, backend="sample", synthetic=True)
+    if release.metadata_file.exists():  # keep what the build recorded (backend, synthetic, …)
+        meta = json.loads(release.metadata_file.read_text(encoding="utf-8"))
+    else:
+        meta = release_metadata(release, backend="unknown", synthetic=True)
     print(build_duckdb(release, load_catalogue(), meta))
     return 0
 

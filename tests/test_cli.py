@@ -40,3 +40,23 @@ def test_summary_without_a_release_says_what_to_do(
 ) -> None:
     assert main(["--data", str(tmp_path), "summary"]) == 2
     assert "make run" in capsys.readouterr().err
+
+
+def test_views_keeps_recorded_release_metadata(tmp_path: Path) -> None:
+    """Rebuilding the views after a move keeps what the build recorded."""
+    import json
+
+    import duckdb
+
+    from citycube.catalogue import load_catalogue
+    from citycube.cube import Release, build_duckdb, release_metadata, write_tiles
+
+    release = Release(tmp_path, "moved")
+    write_tiles(release)
+    meta = release_metadata(release, backend="sample", synthetic=True, extra={"seed": 7})
+    release.metadata_file.write_text(json.dumps(meta), encoding="utf-8")
+    build_duckdb(release, load_catalogue(), meta)
+    assert main(["--data", str(tmp_path), "--release", "moved", "views"]) == 0
+    con = duckdb.connect(str(release.duckdb_file), read_only=True)
+    recorded = dict(con.execute("SELECT key, value FROM release").fetchall())
+    assert recorded["seed"] == "7" and recorded["backend"] == '"sample"'
