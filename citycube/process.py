@@ -701,8 +701,3 @@ def process_partition(
         reason_counts={str(k): int(v) for k, v in reasons.items()},
         path=path,
     )
-
-
-def partition_keys(cities: Sequence[str], years: Sequence[int]) -> list[tuple[str, int]]:
-    """(city, year) pairs in build order."""
-    return [(c, y) for c in cities for y in years]
