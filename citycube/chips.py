@@ -20,8 +20,6 @@ cannot state the rule for categorical sources (see ``tests/test_chips.py``).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import itertools
 import math
 import os
@@ -49,6 +47,7 @@ from zarr.codecs import ZstdCodec
 from citycube.cities import PARENT_SIZE_M
 from citycube.errors import CubeWriteError
 from citycube.grids import PixelGrid, Tile
+from citycube.memory import bound_process_memory, release_freed
 from citycube.rasters import MaskedSource, rio_crs
 from citycube.scratch import owned_name, remove_dead_leftovers
 
@@ -146,30 +145,14 @@ def _lattice_edges(
 def block_memory() -> Iterator[Callable[[], None]]:
     """Keep a block-by-block sweep's memory to one block; yields a call for after each block.
 
-    Inside, GDAL's block cache is capped at ``SOURCE_CACHE_BYTES`` (restored on exit). The
-    yielded call hands memory freed by the finished block back to the operating system, so
-    native buffers (warp, codec) of earlier blocks cannot pile up as a fragmented heap.
+    Inside, GDAL's block cache is capped at ``SOURCE_CACHE_BYTES`` (restored on exit) and the
+    process's allocator is set up by :func:`~citycube.memory.bound_process_memory`. The yielded
+    call hands memory freed by the finished block back to the operating system, so native
+    buffers (warp, codec) of earlier blocks cannot pile up as a fragmented heap.
     """
+    bound_process_memory()
     with rasterio.Env(GDAL_CACHEMAX=SOURCE_CACHE_BYTES):
-        yield _release_freed_memory
-
-
-def _libc_trim() -> Callable[[], None]:
-    """glibc's ``malloc_trim(0)``; a no-op where the C library has none (musl, macOS)."""
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return lambda: None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-
-    def release() -> None:
-        trim(0)
-
-    return release
-
-
-_release_freed_memory = _libc_trim()
+        yield release_freed
 
 
 def _whole(value: float, what: str) -> int:

@@ -44,6 +44,7 @@ from citycube.cube import (
 )
 from citycube.errors import SourceReadError, SourceUnavailableError
 from citycube.grids import PixelGrid, Tile, city_grid, pixel_grid
+from citycube.memory import bound_process_memory
 from citycube.money import ppp_2017_factor
 from citycube.products import load_products
 from citycube.readers import open_masked_source
@@ -641,6 +642,7 @@ def process_partition(
     Field groups served by different products (AQ's NO2 and PM2.5) are resolved, fetched and
     aggregated independently: one product's missing year never blanks or fills the other.
     """
+    bound_process_memory()
     tables: list[pa.Table] = []
     frames: list[pd.DataFrame] = []
     image_resolution: Resolution | None = None

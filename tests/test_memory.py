@@ -1,0 +1,59 @@
+"""Allocator settings that keep a processing process's memory independent of city size.
+
+Each case runs in a fresh interpreter: the settings are process-wide and applied once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+PROBE = """
+import ctypes, json, sys
+import pyarrow as pa
+from citycube.chips import block_memory
+
+before = pa.default_memory_pool().backend_name
+with block_memory() as release_block:
+    release_block()
+libc = ctypes.CDLL(None)
+thp = libc.prctl(42, 0, 0, 0, 0) if sys.platform.startswith("linux") else None
+after = pa.default_memory_pool().backend_name
+print(json.dumps({"before": before, "after": after, "thp_off": thp}))
+"""
+
+
+def _probe(**env: str) -> dict:
+    environ = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=REPO_ROOT,
+        env={**environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_block_sweep_switches_arrow_to_the_system_pool() -> None:
+    seen = _probe()
+    assert seen["before"] != "system", "Arrow's default pool is expected to be a caching one"
+    assert seen["after"] == "system"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux-only")
+def test_block_sweep_turns_off_transparent_huge_pages() -> None:
+    assert _probe()["thp_off"] == 1
+
+
+def test_an_explicit_arrow_pool_choice_is_kept() -> None:
+    seen = _probe(ARROW_DEFAULT_MEMORY_POOL="jemalloc")
+    assert seen["before"] == seen["after"] == "jemalloc"
