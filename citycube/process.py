@@ -203,6 +203,7 @@ class _BlockSummaries:
         bands = row_bands(grid)
         self._tiles_in: dict[tuple[int, int], list[Tile]] = {}
         self._order: dict[str, tuple[int, int]] = {}
+        self._tiles = {tile.tile_id: tile for tile in tiles}
         for index, tile in enumerate(tiles):
             row_off, col_off, height, width = grid.window(tile)
             holder = next(
@@ -239,12 +240,13 @@ class _BlockSummaries:
         ):
             self._done[summary.tile_id] = summary
 
-    def ordered(self) -> list[TilePixelSummary]:
-        """Every tile's summary, by row band and then tile order."""
+    def ordered(self) -> list[tuple[Tile, TilePixelSummary]]:
+        """Every tile with its summary, by row band and then tile order."""
         missing = self._order.keys() - self._done.keys()
         if missing:
             raise RuntimeError(f"{len(missing)} tiles were never summarised, e.g. {min(missing)}")
-        return [self._done[t] for t in sorted(self._order, key=self._order.__getitem__)]
+        ids = sorted(self._order, key=self._order.__getitem__)
+        return [(self._tiles[t], self._done[t]) for t in ids]
 
     def progress(self, code: str, city: str, row_stop: int, col_stop: int) -> str:
         """A progress line: the block just finished, by its far row and column."""
@@ -282,21 +284,24 @@ def _result_row(
     }
 
 
-def _summary_rows(modality: ModalitySpec, summaries: Sequence, categorical: bool) -> list[dict]:
+def _summary_rows(
+    modality: ModalitySpec,
+    summaries: Sequence[tuple[Tile, TilePixelSummary]],
+    categorical: bool,
+) -> list[dict]:
     rows = []
-    for summary in summaries:
+    for tile, summary in summaries:
         fraction = summary.valid_pixels / summary.total_pixels
         ok = _meets(fraction, modality.validity.min_valid_fraction)
         reason = None
         if not ok:
             reason = "no_valid_pixels" if summary.valid_pixels == 0 else "insufficient_valid_pixels"
-        scale = "2km" if "_2KM_" in summary.tile_id else "5km"
         for i, f in enumerate(modality.fields):
             if categorical:
                 value = float(summary.mode_class) if summary.mode_class is not None else math.nan
             else:
                 value = summary.band_means[i] * f.scale + f.offset
-            rows.append(_result_row(summary.tile_id, scale, f.name, value, fraction, reason))
+            rows.append(_result_row(tile.tile_id, tile.scale, f.name, value, fraction, reason))
     return rows
 
 
