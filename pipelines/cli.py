@@ -7,10 +7,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    Executor,
+    Future,
+    ProcessPoolExecutor,
+    wait,
+)
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 DEFAULT_CITIES = ("Amsterdam", "Boston")
@@ -128,6 +140,99 @@ def _run_city_year(city: str, year: int, release: str) -> tuple[str, int, bool, 
     return city, year, result.success, "  ".join(parts), time.monotonic() - t0
 
 
+class StopRequests:
+    """SIGINT/SIGTERM during a build: the first lets running work finish, the second stops it.
+
+    Dagster swallows an interrupt that arrives while it executes in-process (the step fails and
+    the run goes on), so the build keeps Dagster out of its own main process while it waits:
+    every city-year runs in a worker process and this handler decides when to stop.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, signo: int, _frame: object) -> None:
+        self.count += 1
+        if self.count > 1:
+            raise KeyboardInterrupt
+        print(
+            f"\n{signal.Signals(signo).name}: not starting new work; waiting for the running "
+            "city-years (again to stop them at once) ...",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    @property
+    def requested(self) -> bool:
+        return self.count > 0
+
+
+@contextmanager
+def stop_requests() -> Iterator[StopRequests]:
+    """Route SIGINT and SIGTERM to a :class:`StopRequests` for the duration of a build."""
+    stop = StopRequests()
+    previous = {signo: signal.signal(signo, stop) for signo in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for signo, handler in previous.items():
+            signal.signal(signo, handler)
+
+
+def _own_process_group() -> None:
+    """Worker start-up: leave the terminal's process group, so Ctrl-C reaches only the parent.
+
+    The parent decides what a stop means (finish running city-years, or kill them on a second
+    request); a worker interrupted behind its back would fail half a city-year instead.
+    """
+    os.setpgrp()
+
+
+def _static_sources(city: str, release: str) -> tuple[str, bool]:
+    """Materialise one city's static (yearless) sources; returns (city, success)."""
+    from assets.sources import source_assets
+    from pipelines.partitions import city_partitions
+
+    names = [a.key.to_user_string() for a in source_assets if a.partitions_def == city_partitions]
+    return city, (not names) or _materialize(names, city, release).success
+
+
+def _run_tasks(
+    pool: Executor,
+    workers: int,
+    function: Callable[..., tuple],
+    tasks: Sequence[tuple],
+    on_result: Callable[..., None],
+    stop: StopRequests,
+) -> int:
+    """Run ``function(*task)`` for each task, ``workers`` at a time, reporting each result.
+
+    Tasks are handed to the pool only as workers free up, so a stop request leaves nothing
+    queued: running tasks finish and the rest never start. Returns how many never started. A
+    second request raises KeyboardInterrupt after killing the workers; partitions they were
+    writing never replace a finished one (atomic writes).
+    """
+    waiting = iter(tasks)
+    running: set[Future] = set()
+    try:
+        while True:
+            while not stop.requested and len(running) < workers:
+                task = next(waiting, None)
+                if task is None:
+                    break
+                running.add(pool.submit(function, *task))
+            if not running:
+                return sum(1 for _ in waiting)
+            finished, running = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
+            for future in finished:
+                on_result(*future.result())
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in multiprocessing.active_children():
+            child.kill()
+        raise
+
+
 def build(args: argparse.Namespace) -> int:
     """Materialise the selected city-years and the cube assets through Dagster."""
     cities = _parse_cities(args.cities)
@@ -138,14 +243,9 @@ def build(args: argparse.Namespace) -> int:
 
     from assets.cube import cube_assets
     from assets.reports import availability_report
-    from assets.sources import source_assets
-    from pipelines.partitions import city_partitions
     from pipelines.resources import CubeResource
 
     resource = CubeResource(data_root=os.environ["CITYCUBE_DATA"], release_version=args.release)
-    static_sources = [
-        a.key.to_user_string() for a in source_assets if a.partitions_def == city_partitions
-    ]
     total = len(cities) * len(years)
     started = time.monotonic()
     print(
@@ -158,6 +258,10 @@ def build(args: argparse.Namespace) -> int:
     done = 0
     failed: list[str] = []
 
+    def report_static(city: str, ok: bool) -> None:
+        if not ok:
+            failed.append(f"{city} static sources")
+
     def report(city: str, year: int, ok: bool, summary: str, seconds: float) -> None:
         nonlocal done
         done += 1
@@ -169,21 +273,37 @@ def build(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    for city in cities:  # static sources first: every year of the city reads them
-        if static_sources and not _materialize(static_sources, city, args.release).success:
-            failed.append(f"{city} static sources")
-    pairs = [(c, y) for c in cities for y in years]
-    if args.workers == 1:
-        for city, year in pairs:
-            report(*_run_city_year(city, year, args.release))
-    else:
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        from multiprocessing import get_context
-
-        with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_run_city_year, c, y, args.release) for c, y in pairs]
-            for future in as_completed(futures):
-                report(*future.result())
+    spawn = multiprocessing.get_context("spawn")
+    with stop_requests() as stop:
+        try:
+            with ProcessPoolExecutor(
+                args.workers, mp_context=spawn, initializer=_own_process_group
+            ) as pool:
+                # Static sources first: every year of a city reads them.
+                statics = [(city, args.release) for city in cities]
+                run = partial(_run_tasks, pool, args.workers)
+                run(_static_sources, statics, report_static, stop)
+                if not stop.requested:
+                    pairs = [(c, y, args.release) for c in cities for y in years]
+                    run(_run_city_year, pairs, report, stop)
+        except KeyboardInterrupt:
+            pass  # the second request: workers were killed, report below
+        except BrokenProcessPool as exc:
+            print(
+                f"error: a worker process died ({exc}); partitions it was writing are "
+                "discarded, finished ones are kept. Run the same command again.",
+                file=sys.stderr,
+            )
+            return 1
+    if stop.requested:
+        print(
+            f"\nStopped after {done} of {total} city-years ({total - done} not built, "
+            f"{len(failed)} interrupted or failed). Every partition written so far is in the "
+            "release and the cube database was left as it was; run the same command again to "
+            "build the rest (sources and derived results already made are reused).",
+            file=sys.stderr,
+        )
+        return 130
     print("Building tiles table, DuckDB catalogue and availability report ...", flush=True)
     names = [a.key.to_user_string() for a in [*cube_assets, availability_report]]
     result = _materialize(names, None, args.release)
