@@ -422,7 +422,20 @@ def parser() -> argparse.ArgumentParser:
         help=f"release version id (env CITYCUBE_RELEASE; default {DEFAULT_RELEASE})",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="materialise city-years and the cube through Dagster")
+    b = sub.add_parser(
+        "build",
+        help="materialise city-years and the cube through Dagster",
+        description=(
+            "Materialise each city's static sources, then every selected city-year (sources, "
+            "all 18 modalities and quick-looks), then the tiles table, DuckDB catalogue and "
+            "availability report, printing a line per city-year."
+        ),
+        epilog=(
+            "Ctrl-C or SIGTERM once: start nothing new, let running city-years finish, exit "
+            "130. Twice: kill the running city-years (finished partitions are kept). Run the "
+            "same command again to build the rest."
+        ),
+    )
     b.add_argument(
         "--cities",
         default="default",
