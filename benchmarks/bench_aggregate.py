@@ -130,6 +130,21 @@ def same_crs_raster(directory: Path, grid: TileGrid) -> Path:
     )
 
 
+def aligned_raster(directory: Path, grid: TileGrid) -> Path:
+    """1 km in the tile CRS on the 10 km lattice: every 2 km tile is exactly 2 × 2 pixels."""
+    rng = np.random.default_rng(104)
+    margin = 4_000  # whole pixels beyond the grid on every side
+    x_min, y_min, x_max, y_max = grid.bounds
+    left, top = x_min - margin, y_max + margin
+    width = round((x_max - x_min + 2 * margin) / 1000)
+    height = round((y_max - y_min + 2 * margin) / 1000)
+    values = rng.gamma(2.0, 400.0, (height, width))
+    _sprinkle_nodata(rng, values, 0.05)
+    return _write(
+        directory / "aligned_1km.tif", values, grid.crs, Affine(1000, 0, left, 0, -1000, top)
+    )
+
+
 def _covering_grid(grid: TileGrid, crs: str, step: float, margin: int) -> tuple[Affine, int, int]:
     """A north-up grid of ``step`` cells in ``crs`` covering the tile grid with a margin."""
     to_src = Transformer.from_crs(grid.crs, crs, always_xy=True)
@@ -445,10 +460,11 @@ def _meets(errors: dict[str, float]) -> bool:
 
 
 def build_cases(directory: Path, grid: TileGrid) -> list[Case]:
-    """Generate the three rasters and pair each with its baseline and reference."""
+    """Generate the four rasters and pair each with its baseline and reference."""
     tile_area = float(grid.tile_size) ** 2
     log("  generating rasters (deterministic, under a temporary directory)")
     same = same_crs_raster(directory, grid)
+    aligned = aligned_raster(directory, grid)
     lonlat = lonlat_raster(directory, grid)
     moll = mollweide_raster(directory, grid)
 
@@ -484,6 +500,15 @@ def build_cases(directory: Path, grid: TileGrid) -> list[Case]:
             mollweide_baseline(moll_features, 1e6, shoelace(moll_rings)),
             None,
             "",
+        ),
+        Case(
+            "d_aligned_1km",
+            "(d) 1 km, tile CRS, on the lattice (grid-aligned)",
+            aligned,
+            False,
+            same_crs_baseline(tile_boxes(grid), 1e6, tile_area),
+            same_crs_reference(aligned, grid),
+            "float64 reference (naive interval overlaps, tile by tile)",
         ),
     ]
 
@@ -521,6 +546,9 @@ def run(config: BenchConfig) -> BenchResult:
         "exactextract stores coverage fractions in float32 (~6e-8 relative per cell), so its "
         "own figures are only that exact; the float64 reference rows show the engine's "
         "actual error.",
+        "(d): tile edges fall on pixel edges, so every coverage fraction is exactly 0 or 1 "
+        "in float32 too and exactextract's figures are exact: here the two must be identical "
+        "to rounding.",
         "(b): exactextract measures a cell's covered share in the plane of degrees, while a "
         "1/120° cell's true area changes by ~2e-4 from its north to its south edge at "
         "London's latitude; the engine splits rows into sub-rows until a cell's weight is "
