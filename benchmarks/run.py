@@ -49,7 +49,8 @@ BENCHMARKS = (
     Benchmark(
         "aggregation",
         "benchmarks.bench_aggregate",
-        "exact tile aggregation vs exactextract (30 m same CRS, 1/120° lon/lat, Mollweide)",
+        "exact tile aggregation vs exactextract (30 m and aligned 1 km same CRS, 1/120° lon/lat, "
+        "Mollweide)",
         True,
     ),
     Benchmark(
