@@ -1,7 +1,9 @@
-"""Benchmark 3: peak memory against city size, for the OPT (Landsat → 25 m chips) partition.
+"""Benchmark 3: peak memory against city size, for a raster and a vector image modality.
 
-Processing goes by city-year and by 10 km × 10 km block on the city's lattice, so peak memory
-should follow the block, not the city: neither its height nor its width. Each case runs in a
+OPT warps 30 m Landsat onto 25 m chips; POI draws building footprints onto 10 m chips.
+Processing goes by city-year and by 10 km × 10 km block on the city's lattice (raster windows
+and vector features alike are read per block), so peak memory should follow the block, not the
+city: neither its height nor its width. Each case runs in a
 fresh subprocess so its peak RSS (``ru_maxrss``) is its own; a subprocess that only imports the
 same modules is the baseline and is subtracted.
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyogrio
 import rasterio
 
 from benchmarks import BenchConfig, BenchResult, log
@@ -41,6 +44,9 @@ from sources.sample import SampleBackend
 
 MODALITY = "OPT"
 PRODUCT = "landsat_c2l2"
+VECTOR_MODALITY = "POI"
+VECTOR_PRODUCT = "osm_buildings"
+"""The largest vector source of the sample (building footprints)."""
 YEAR = 2020
 CITIES = ("Amsterdam", "London", "Christchurch")
 """Smallest, a middle one and the largest city by tile count."""
@@ -70,24 +76,28 @@ def vm_hwm_bytes() -> int | None:
     return None
 
 
-def child(data_root: Path, city: str | None, release_version: str) -> dict[str, Any]:
-    """Process one OPT partition (or only set up, for the baseline) and report peak RSS."""
+def child(
+    data_root: Path, city: str | None, release_version: str, modality: str = MODALITY
+) -> dict[str, Any]:
+    """Process one partition (or only set up, for the baseline) and report peak RSS."""
     catalogue = load_catalogue()
     backend = SampleBackend()
     release = Release(data_root, release_version)
     seconds = 0.0
     if city is not None:
         start = time.perf_counter()
-        process_partition(catalogue.get(MODALITY), catalogue, city, YEAR, backend, release)
+        process_partition(catalogue.get(modality), catalogue, city, YEAR, backend, release)
         seconds = time.perf_counter() - start
     return {"peak_rss_bytes": peak_rss_bytes(), "vm_hwm_bytes": vm_hwm_bytes(), "seconds": seconds}
 
 
-def run_child(data_root: Path, city: str | None, release_version: str) -> dict[str, Any]:
+def run_child(
+    data_root: Path, city: str | None, release_version: str, modality: str = MODALITY
+) -> dict[str, Any]:
     """A fresh interpreter per measurement, so one case's peak cannot hide another's."""
     command = [sys.executable, "-c", LAUNCHER]
     command += [sys.executable, "-m", "benchmarks.bench_memory", "--data", str(data_root)]
-    command += ["--release", release_version]
+    command += ["--release", release_version, "--modality", modality]
     if city is not None:
         command += ["--city", city]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
@@ -121,6 +131,16 @@ def city_sizes(data_root: Path, city: str) -> dict[str, int]:
     }
 
 
+def vector_source_size(data_root: Path, city: str) -> tuple[int, int]:
+    """Fetch the vector modality's source (untimed): its feature count and file size."""
+    log(f"  fetching {VECTOR_PRODUCT} {city} {YEAR} (untimed)")
+    item = SampleBackend().fetch(VECTOR_PRODUCT, city, YEAR, data_root / "sources")
+    path = item.files["data"]
+    layer = load_catalogue().get(VECTOR_MODALITY).rasterize
+    assert layer is not None, f"{VECTOR_MODALITY} is drawn from vectors"
+    return int(pyogrio.read_info(path, layer=layer.layer)["features"]), path.stat().st_size
+
+
 def _tiles(city: str) -> int:
     return sum(city_grid(city, scale).n_tiles for scale in SCALES)
 
@@ -130,7 +150,10 @@ def run(config: BenchConfig) -> BenchResult:
     repeats = 1 if config.quick else config.repeats
     result = BenchResult(
         name="memory",
-        title=f"Peak memory vs city size ({MODALITY} {YEAR}: 30 m Landsat → 25 m chips)",
+        title=(
+            f"Peak memory vs city size ({MODALITY} {YEAR}: 30 m Landsat → 25 m chips; "
+            f"{VECTOR_MODALITY}: building footprints → 10 m chips)"
+        ),
         baseline="a subprocess that imports the same modules and processes nothing",
         columns=[
             "city",
@@ -157,6 +180,14 @@ def run(config: BenchConfig) -> BenchResult:
             for city in CITIES:
                 peaks[city].append(run_child(data_root, city, f"mem-{city}-{attempt}"))
                 log(f"    {city}: peak {peaks[city][-1]['peak_rss_bytes'] / MIB:.1f} MiB")
+        vector_sizes = {city: vector_source_size(data_root, city) for city in CITIES}
+        vector_peaks: dict[str, list[dict[str, Any]]] = {c: [] for c in CITIES}
+        for attempt in range(repeats):
+            log(f"  {VECTOR_MODALITY} subprocess round {attempt + 1}/{repeats}")
+            for city in CITIES:
+                version = f"mem-{VECTOR_MODALITY}-{city}-{attempt}"
+                vector_peaks[city].append(run_child(data_root, city, version, VECTOR_MODALITY))
+                log(f"    {city}: peak {vector_peaks[city][-1]['peak_rss_bytes'] / MIB:.1f} MiB")
 
     def median(case: str, key: str) -> float:
         return statistics.median(p[key] for p in peaks[case])
@@ -181,8 +212,27 @@ def run(config: BenchConfig) -> BenchResult:
                 f"{s['chip_grid_float32_bytes'] / MIB:.1f}",
             ]
         )
+    vector_increments = {
+        c: statistics.median(p["peak_rss_bytes"] for p in vector_peaks[c]) - base for c in CITIES
+    }
+    for city in CITIES:
+        features, file_bytes = vector_sizes[city]
+        result.rows.append(
+            [
+                f"{VECTOR_MODALITY} {city} ({features:,} building features)",
+                str(_tiles(city)),
+                "",
+                f"{(base + vector_increments[city]) / MIB:.1f}",
+                f"{vector_increments[city] / MIB:.1f}",
+                "",
+                f"{statistics.median(p['seconds'] for p in vector_peaks[city]):.2f}",
+                f"{file_bytes / MIB:.1f} (GeoPackage)",
+                "",
+            ]
+        )
     smallest, largest = CITIES[0], CITIES[-1]
     ratio = increments[largest] / increments[smallest]
+    vector_ratio = vector_increments[largest] / vector_increments[smallest]
     tile_ratio = _tiles(largest) / _tiles(smallest)
     width_ratio = sizes[largest]["chip_grid_shape"][1] / sizes[smallest]["chip_grid_shape"][1]
     height_ratio = sizes[largest]["chip_grid_shape"][0] / sizes[smallest]["chip_grid_shape"][0]
@@ -198,6 +248,10 @@ def run(config: BenchConfig) -> BenchResult:
         "10 km × 10 km of the city's lattice (400 × 400 pixels at 25 m) whatever the city's "
         f"size; the increment per block pixel varies by {block_spread:.2f}× across cities "
         f"(met = ≤ {FLAT_TOLERANCE}×).",
+        f"{VECTOR_MODALITY} (OSM building footprints rasterised at 10 m, read block by block "
+        f"through the GeoPackage's spatial index): ratio of increments {largest} / {smallest} "
+        f"{vector_ratio:.2f} — {'flat' if vector_ratio <= FLAT_TOLERANCE else 'not flat'} "
+        f"(≤ {FLAT_TOLERANCE}).",
         "Peak RSS is ru_maxrss, median over subprocess rounds; sources are generated "
         "beforehand by the parent, so the children only read them.",
         "Whole source: the Landsat RGB + QA files as stored (raw) and as float32 values plus a "
@@ -214,6 +268,20 @@ def run(config: BenchConfig) -> BenchResult:
         "increment_per_block_pixel_spread": block_spread,
         "flat": flat,
         "follows_block": follows_block,
+        "vector": {
+            "modality": VECTOR_MODALITY,
+            "ratio_increment_largest_over_smallest": vector_ratio,
+            "flat": vector_ratio <= FLAT_TOLERANCE,
+            "cases": {
+                city: {
+                    "features": vector_sizes[city][0],
+                    "file_bytes": vector_sizes[city][1],
+                    "increment_bytes": vector_increments[city],
+                    "runs": vector_peaks[city],
+                }
+                for city in CITIES
+            },
+        },
         "cases": {
             city: {
                 "tiles": _tiles(city),
@@ -233,13 +301,14 @@ def run(config: BenchConfig) -> BenchResult:
 def main(argv: list[str] | None = None) -> int:
     """Child entry point: one measurement, printed as a JSON line."""
     parser = argparse.ArgumentParser(
-        description="Measure peak RSS of one OPT partition (the child of the memory benchmark)."
+        description="Measure peak RSS of one partition (the child of the memory benchmark)."
     )
     parser.add_argument("--data", type=Path, required=True, help="data root with fetched sources")
     parser.add_argument("--release", default="mem", help="release version to write into")
     parser.add_argument("--city", help="city to process; omit to measure imports only")
+    parser.add_argument("--modality", default=MODALITY, help=f"modality (default {MODALITY})")
     args = parser.parse_args(argv)
-    print(json.dumps(child(args.data, args.city, args.release)))
+    print(json.dumps(child(args.data, args.city, args.release, args.modality)))
     return 0
 
 

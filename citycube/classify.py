@@ -138,28 +138,30 @@ _BUILDING_RULES: list[tuple[int, str, dict[str, set[str]]]] = [
 _UNLABELLED = {"yes", "", "building"}
 
 
-def _present(values: pd.Series) -> np.ndarray:
-    return values.notna().to_numpy() & (values.astype("string").fillna("").str.len() > 0).to_numpy()
-
-
 def osm_building_function(features: pd.DataFrame) -> np.ndarray:
     """Class 1–12 per building from OSM tags; ``building=yes`` with no function tag → 1."""
     n = len(features)
     classes = np.zeros(n, dtype=np.uint8)
     assigned = np.zeros(n, dtype=bool)
+    # Each tag column is converted once per call: the rules test the same few columns often,
+    # and the call is made once per 10 km block.
+    texts: dict[str, pd.Series] = {}
+    present: dict[str, np.ndarray] = {}
+    for column in {column for _, _, rules in _BUILDING_RULES for column in rules}:
+        if column in features:
+            texts[column] = features[column].astype("string").fillna("")
+            present[column] = (texts[column].str.len() > 0).to_numpy()
+    if "building" in texts:
+        present["building"] &= ~texts["building"].isin(_UNLABELLED).to_numpy()
     for class_id, _name, rules in _BUILDING_RULES:
         hit = np.zeros(n, dtype=bool)
         for column, values in rules.items():
-            if column not in features:
+            if column not in texts:
                 continue
-            col = features[column]
-            present = _present(col)
-            if column == "building":
-                present &= ~col.astype("string").fillna("").isin(_UNLABELLED).to_numpy()
             if "*" in values:
-                hit |= present
+                hit |= present[column]
             else:
-                hit |= present & col.astype("string").isin(values).fillna(False).to_numpy()
+                hit |= present[column] & texts[column].isin(values).to_numpy()
         new = hit & ~assigned
         classes[new] = class_id
         assigned |= new
@@ -168,6 +170,11 @@ def osm_building_function(features: pd.DataFrame) -> np.ndarray:
 
 
 CLASSIFIERS: dict[str, Classifier] = {"osm_building_function": osm_building_function}
+
+CLASSIFIER_COLUMNS: dict[str, frozenset[str]] = {
+    "osm_building_function": frozenset(c for _, _, rules in _BUILDING_RULES for c in rules)
+}
+"""Attribute columns each classifier reads; readers fetch only these."""
 
 
 def get_classifier(name: str) -> Classifier:

@@ -51,10 +51,10 @@ from citycube.readers import open_masked_source
 from citycube.temporal import Resolution, resolve
 from citycube.vectors import (
     coverage_fractions,
+    iter_points,
     load_coverage,
-    load_features,
-    load_points,
     load_records,
+    open_vector_layer,
     point_counts,
     rasterize_block,
     tile_index,
@@ -146,7 +146,7 @@ def _vector_image_results(
     grid = pixel_grid(city, modality.chip.resolution_m)
     categorical = modality.kind == Kind.CATEGORICAL_IMAGE
     dtype = np.dtype(modality.chip.dtype)
-    features = load_features(
+    layer = open_vector_layer(
         item.files["data"],
         spec,
         get_city(city).epsg,
@@ -163,7 +163,7 @@ def _vector_image_results(
     ):
         for row_start, row_stop, col_start, col_stop in summaries.blocks:
             values, valid = rasterize_block(
-                features,
+                layer,
                 grid,
                 row_start,
                 row_stop,
@@ -364,17 +364,18 @@ def _point_density_results(
     modality: ModalitySpec, city: str, item: SourceItem, fields: Sequence[FieldSpec]
 ) -> pd.DataFrame:
     """log(1 + points/km²) per tile; a tile without points has no trace data (unavailable)."""
-    x, y = load_points(
-        item.files["data"], get_city(city).epsg, load_products()[item.product].expected_crs(city)
-    )
+    grids = {scale: city_grid(city, scale) for scale in SCALES}
+    counts = {scale: np.zeros(grid.n_tiles, dtype=np.int64) for scale, grid in grids.items()}
+    expected_crs = load_products()[item.product].expected_crs(city)
+    for x, y in iter_points(item.files["data"], get_city(city).epsg, expected_crs):
+        for scale, grid in grids.items():
+            counts[scale] += point_counts(grid, x, y)
     rows: list[dict] = []
-    for scale in SCALES:
-        grid = city_grid(city, scale)
-        counts = point_counts(grid, x, y)
-        density = counts / (grid.tile_size**2 / 1e6)
+    for scale, grid in grids.items():
+        density = counts[scale] / (grid.tile_size**2 / 1e6)
         for t_index, tile_id in enumerate(grid.tile_ids()):
             value = float(np.log1p(density[t_index]))
-            reason = None if counts[t_index] > 0 else "no_trace_data"
+            reason = None if counts[scale][t_index] > 0 else "no_trace_data"
             for f in fields:
                 rows.append(_result_row(tile_id, scale, f.name, value, math.nan, reason))
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)

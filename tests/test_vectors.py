@@ -1,0 +1,133 @@
+"""Vector and point readers: block-by-block reads give what a whole read gives; bad files fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pytest
+import shapely
+from pyproj import CRS, Transformer
+from rasterio.features import rasterize
+from shapely.geometry import LineString, Point, box
+
+import citycube.vectors as vectors
+from citycube.catalogue import RasterizeSpec
+from citycube.chips import blocks
+from citycube.errors import SourceReadError
+from citycube.grids import city_grid, pixel_grid
+from citycube.vectors import iter_points, open_vector_layer, point_counts, rasterize_block
+
+CITY, EPSG = "Amsterdam", 32631  # 10 km lattice blocks; the grid starts on a lattice line
+WGS84 = CRS.from_epsg(4326)
+TO_WGS84 = Transformer.from_crs(EPSG, 4326, always_xy=True)
+SPEC = RasterizeSpec(layer="features", burn_column="value")
+
+
+def _wgs84(geometry: shapely.Geometry) -> shapely.Geometry:
+    return shapely.transform(geometry, lambda xy: np.column_stack(TO_WGS84.transform(*xy.T)))
+
+
+def _features(path: Path) -> list[shapely.Geometry]:
+    """Features that cross block edges and corners, plus one outside the grid."""
+    x0, y0, x1, y1 = city_grid(CITY, "2km").bounds
+    corner_x, corner_y = x0 + 10_000, y1 - 10_000  # a block corner
+    utm = [
+        box(corner_x - 700, corner_y - 900, corner_x + 800, corner_y + 600),  # four blocks
+        LineString([(x0 + 150, corner_y + 37), (x1 - 150, corner_y + 37)]),  # every column
+        LineString([(corner_x + 13, y0 + 100), (corner_x + 13, y1 - 100)]),  # along an edge
+        box(x0 + 4_000, y0 + 3_000, x0 + 4_400, y0 + 3_500),  # inside one block
+        box(x1 + 5_000, y1 + 5_000, x1 + 6_000, y1 + 6_000),  # outside the grid
+    ]
+    frame = gpd.GeoDataFrame(
+        {"value": [3.0, 7.0, 9.0, 5.0, 11.0]}, geometry=[_wgs84(g) for g in utm], crs=4326
+    )
+    frame.to_file(path, layer="features")
+    return utm
+
+
+def test_block_reads_draw_what_a_whole_read_draws(tmp_path: Path) -> None:
+    path = tmp_path / "features.gpkg"
+    _features(path)
+    grid = pixel_grid(CITY, 50)
+    layer = open_vector_layer(path, SPEC, EPSG, WGS84, None)
+    mosaic = np.zeros((grid.height, grid.width), np.float32)
+    for r0, r1, c0, c1 in blocks(grid):
+        values, valid = rasterize_block(
+            layer, grid, r0, r1, c0, c1, background=0.0, dtype=np.dtype("float32")
+        )
+        assert valid.all()
+        mosaic[r0:r1, c0:c1] = values[0]
+    assert len(blocks(grid)) > 4
+    whole = gpd.read_file(path, layer="features").to_crs(epsg=EPSG)
+    expected = rasterize(
+        zip(whole.geometry, whole["value"], strict=True),
+        out_shape=(grid.height, grid.width),
+        transform=grid.transform,
+        dtype="float32",
+    )
+    np.testing.assert_array_equal(mosaic, expected)
+    assert {3.0, 7.0, 9.0, 5.0} <= set(np.unique(mosaic).tolist())
+
+
+def test_opening_checks_crs_columns_and_damage(tmp_path: Path) -> None:
+    path = tmp_path / "features.gpkg"
+    _features(path)
+    with pytest.raises(SourceReadError, match="mislabelled"):
+        open_vector_layer(path, SPEC, EPSG, CRS.from_epsg(3857), None)
+    with pytest.raises(SourceReadError, match="no column 'height'"):
+        open_vector_layer(
+            path, RasterizeSpec(layer="features", burn_column="height"), EPSG, WGS84, None
+        )
+    truncated = tmp_path / "truncated.gpkg"
+    truncated.write_bytes(path.read_bytes()[:3000])
+    with pytest.raises(SourceReadError, match="corrupt or truncated"):
+        open_vector_layer(truncated, SPEC, EPSG, WGS84, None)
+    with pytest.raises(SourceReadError, match="does not exist"):
+        open_vector_layer(tmp_path / "missing.gpkg", SPEC, EPSG, WGS84, None)
+
+
+def _points(path: Path, n: int, crs: int = 4326) -> None:
+    rng = np.random.default_rng(7)
+    x0, y0, x1, y1 = city_grid(CITY, "2km").bounds
+    xs, ys = rng.uniform(x0 - 500, x1 + 500, n), rng.uniform(y0 - 500, y1 + 500, n)
+    lon, lat = TO_WGS84.transform(xs, ys)
+    frame = gpd.GeoDataFrame(geometry=[Point(p) for p in zip(lon, lat, strict=True)], crs=4326)
+    frame.to_crs(epsg=crs).to_parquet(path)
+
+
+def test_point_batches_count_what_one_batch_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "points.parquet"
+    _points(path, 5_000)
+    grid = city_grid(CITY, "2km")
+
+    def counts() -> tuple[np.ndarray, int]:
+        total = np.zeros(grid.n_tiles, np.int64)
+        batches = 0
+        for x, y in iter_points(path, EPSG, WGS84):
+            total += point_counts(grid, x, y)
+            batches += 1
+        return total, batches
+
+    whole, one = counts()
+    monkeypatch.setattr(vectors, "POINT_BATCH_ROWS", 333)
+    batched, many = counts()
+    assert one == 1 and many == 16
+    np.testing.assert_array_equal(batched, whole)
+    assert 0 < whole.sum() < 5_000  # the margin's points fall outside the grid
+
+
+def test_point_files_with_the_wrong_crs_or_damage_fail_clearly(tmp_path: Path) -> None:
+    wrong = tmp_path / "mercator.parquet"
+    _points(wrong, 50, crs=3857)
+    with pytest.raises(SourceReadError, match="mislabelled"):
+        list(iter_points(wrong, EPSG, WGS84))
+    good = tmp_path / "points.parquet"
+    _points(good, 500)
+    truncated = tmp_path / "truncated.parquet"
+    truncated.write_bytes(good.read_bytes()[:-200])
+    with pytest.raises(SourceReadError, match="corrupt or truncated"):
+        list(iter_points(truncated, EPSG, WGS84))
