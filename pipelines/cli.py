@@ -204,13 +204,13 @@ def _run_tasks(
     tasks: Sequence[tuple],
     on_result: Callable[..., None],
     stop: StopRequests,
-) -> int:
+) -> None:
     """Run ``function(*task)`` for each task, ``workers`` at a time, reporting each result.
 
     Tasks are handed to the pool only as workers free up, so a stop request leaves nothing
-    queued: running tasks finish and the rest never start. Returns how many never started. A
-    second request raises KeyboardInterrupt after killing the workers; partitions they were
-    writing never replace a finished one (atomic writes).
+    queued: running tasks finish and the rest never start. A second request raises
+    KeyboardInterrupt after killing the workers; partitions they were writing never replace a
+    finished one (atomic writes).
     """
     waiting = iter(tasks)
     running: set[Future] = set()
@@ -222,7 +222,7 @@ def _run_tasks(
                     break
                 running.add(pool.submit(function, *task))
             if not running:
-                return sum(1 for _ in waiting)
+                return
             finished, running = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
             for future in finished:
                 on_result(*future.result())
