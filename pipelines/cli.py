@@ -27,6 +27,9 @@ from pathlib import Path
 
 DEFAULT_CITIES = ("Amsterdam", "Boston")
 DEFAULT_YEARS = (2020, 2024, 2025)
+BUILD_ENV = "CITYCUBE_BUILD_ID"
+BUILD_TAG = "citycube/build"
+"""Every Dagster run of one `citycube build` carries its id, so runs it kills can be found."""
 # Dagster's console logger prints every event at DEBUG; the CLI prints its own progress lines.
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
@@ -104,6 +107,7 @@ def _materialize(selection_names: Sequence[str], partition_key: str | None, rele
 
     by_key = {a.key.to_user_string(): a for a in all_assets}
     resource = CubeResource(data_root=os.environ["CITYCUBE_DATA"], release_version=release)
+    build_tag = {BUILD_TAG: os.environ[BUILD_ENV]} if os.environ.get(BUILD_ENV) else {}
     return dg.materialize(
         all_assets,
         selection=dg.AssetSelection.assets(*[by_key[n] for n in selection_names]),
@@ -111,9 +115,28 @@ def _materialize(selection_names: Sequence[str], partition_key: str | None, rele
         run_config=QUIET_RUN_CONFIG,
         resources={"cube": resource},
         instance=dg.DagsterInstance.get(),
-        tags={"citycube/release": release},
+        tags={"citycube/release": release, **build_tag},
         raise_on_error=False,
     )
+
+
+def _cancel_killed_runs(build_id: str) -> int:
+    """Mark this build's runs killed mid-way as canceled; returns how many.
+
+    Otherwise the Dagster UI would show them as running forever.
+    """
+    import dagster as dg
+
+    instance = dg.DagsterInstance.get()
+    killed = instance.get_runs(
+        filters=dg.RunsFilter(
+            statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING],
+            tags={BUILD_TAG: build_id},
+        )
+    )
+    for run in killed:
+        instance.report_run_canceled(run, message="killed by a second stop request")
+    return len(killed)
 
 
 def _run_city_year(city: str, year: int, release: str) -> tuple[str, int, bool, str, float]:
@@ -273,7 +296,9 @@ def build(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    os.environ[BUILD_ENV] = f"{os.getpid()}-{time.time_ns()}"  # inherited by the workers
     spawn = multiprocessing.get_context("spawn")
+    killed = 0
     with stop_requests() as stop:
         try:
             with ProcessPoolExecutor(
@@ -286,8 +311,8 @@ def build(args: argparse.Namespace) -> int:
                 if not stop.requested:
                     pairs = [(c, y, args.release) for c in cities for y in years]
                     run(_run_city_year, pairs, report, stop)
-        except KeyboardInterrupt:
-            pass  # the second request: workers were killed, report below
+        except KeyboardInterrupt:  # the second request: workers were killed
+            killed = _cancel_killed_runs(os.environ[BUILD_ENV])
         except BrokenProcessPool as exc:
             print(
                 f"error: a worker process died ({exc}); partitions it was writing are "
@@ -298,7 +323,8 @@ def build(args: argparse.Namespace) -> int:
     if stop.requested:
         print(
             f"\nStopped after {done} of {total} city-years ({total - done} not built, "
-            f"{len(failed)} interrupted or failed). Every partition written so far is in the "
+            f"{len(failed)} failed, {killed} Dagster runs killed mid-way and marked canceled). "
+            "Every partition written so far is in the "
             "release and the cube database was left as it was; run the same command again to "
             "build the rest (sources and derived results already made are reused).",
             file=sys.stderr,

@@ -41,6 +41,21 @@ def _observation_years(data: Path) -> set[int]:
     return {int(path.parent.name.removeprefix("year=")) for path in files}
 
 
+def _runs_left_running(tmp_path: Path) -> int:
+    """Runs the Dagster instance still records as started (read in a fresh interpreter)."""
+    probe = (
+        "import dagster as dg\n"
+        "i = dg.DagsterInstance.get()\n"
+        "s = [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING]\n"
+        "print(len(i.get_runs(filters=dg.RunsFilter(statuses=s))))\n"
+    )
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    return int(done.stdout.strip().splitlines()[-1])
+
+
 def test_stop_requests_then_a_rerun_builds_everything(tmp_path: Path) -> None:
     data = tmp_path / "data"
 
@@ -70,6 +85,7 @@ def test_stop_requests_then_a_rerun_builds_everything(tmp_path: Path) -> None:
     build.send_signal(signal.SIGTERM)
     _, err = build.communicate(timeout=120)
     assert build.returncode == 130, err
+    assert _runs_left_running(tmp_path) == 0, "a killed run still shows as running"
 
     # 3. The same command again completes, and the cube holds every year once.
     build = _start(tmp_path)
