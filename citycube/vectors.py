@@ -30,19 +30,40 @@ from citycube.errors import SourceReadError
 from citycube.grids import PixelGrid, TileGrid
 
 
-def _read(path: Path, **kwargs: object) -> gpd.GeoDataFrame:
+def _require_file(path: Path) -> None:
     if not Path(path).exists():
         raise SourceReadError(f"source file {path} does not exist; re-run its source asset")
+
+
+def _damaged(path: Path, what: str, exc: Exception) -> SourceReadError:
+    return SourceReadError(
+        f"cannot read {path} as {what} ({exc}); the file is corrupt or truncated: "
+        "delete it and re-run its source asset"
+    )
+
+
+def _require_crs(actual: object, expected: CRS, path: Path) -> CRS:
+    """The file's CRS, refused unless it is the product's native one."""
+    if not actual:
+        raise SourceReadError(f"{path} has no CRS; vector sources must declare theirs")
+    crs = CRS.from_user_input(actual)
+    if not crs.equals(expected):
+        raise SourceReadError(
+            f"{path} is in {crs.to_string()} but the product is published in "
+            f"{expected.to_string()}; the file is wrong or mislabelled"
+        )
+    return crs
+
+
+def _read(path: Path, **kwargs: object) -> gpd.GeoDataFrame:
+    _require_file(path)
     try:
         if Path(path).suffix == ".parquet":
             frame = gpd.read_parquet(path)
         else:
             frame = gpd.read_file(path, use_arrow=True, **kwargs)  # Arrow: ~2× faster decode
     except Exception as exc:  # pyogrio/pyarrow raise many types for damaged files
-        raise SourceReadError(
-            f"cannot read {path} as vector data ({exc}); the file is corrupt or truncated: "
-            "delete it and re-run its source asset"
-        ) from exc
+        raise _damaged(path, "vector data", exc) from exc
     if frame.crs is None:
         raise SourceReadError(f"{path} has no CRS; vector sources must declare theirs")
     return frame
@@ -50,11 +71,7 @@ def _read(path: Path, **kwargs: object) -> gpd.GeoDataFrame:
 
 def check_crs(frame: gpd.GeoDataFrame, expected: CRS, path: Path) -> None:
     """Refuse vector files that are not in their product's native CRS."""
-    if not CRS.from_user_input(frame.crs).equals(expected):
-        raise SourceReadError(
-            f"{path} is in {CRS.from_user_input(frame.crs).to_string()} but the product is "
-            f"published in {expected.to_string()}; the file is wrong or mislabelled"
-        )
+    _require_crs(frame.crs, expected, path)
 
 
 FEATURE_MARGIN_DEG = 1e-3
@@ -87,23 +104,12 @@ def open_vector_layer(
     path: Path, spec: RasterizeSpec, city_epsg: int, expected_crs: CRS, coverage: Path | None
 ) -> VectorLayer:
     """Check one vector item and prepare it for block reads; the coverage polygon is loaded."""
-    if not Path(path).exists():
-        raise SourceReadError(f"source file {path} does not exist; re-run its source asset")
+    _require_file(path)
     try:
         info = pyogrio.read_info(path, layer=spec.layer)
     except Exception as exc:  # GDAL reports damage in many ways
-        raise SourceReadError(
-            f"cannot read {path} as vector data ({exc}); the file is corrupt or truncated: "
-            "delete it and re-run its source asset"
-        ) from exc
-    if not info.get("crs"):
-        raise SourceReadError(f"{path} has no CRS; vector sources must declare theirs")
-    source_crs = CRS.from_user_input(info["crs"])
-    if not source_crs.equals(expected_crs):
-        raise SourceReadError(
-            f"{path} is in {source_crs.to_string()} but the product is published in "
-            f"{expected_crs.to_string()}; the file is wrong or mislabelled"
-        )
+        raise _damaged(path, "vector data", exc) from exc
+    source_crs = _require_crs(info.get("crs"), expected_crs, path)
     fields = set(info["fields"])
     for column in (spec.filter_column, spec.burn_column):
         if column and column not in fields:
@@ -210,26 +216,18 @@ def iter_points(
         check_crs(frame, expected_crs, path)
         yield _xy(frame.geometry.to_numpy(), frame.crs, city_epsg)
         return
-    if not Path(path).exists():
-        raise SourceReadError(f"source file {path} does not exist; re-run its source asset")
+    _require_file(path)
     try:
         parquet = pq.ParquetFile(path)
         column, crs = _geoparquet_geometry(parquet, path)
-        if not crs.equals(expected_crs):
-            raise SourceReadError(
-                f"{path} is in {crs.to_string()} but the product is published in "
-                f"{expected_crs.to_string()}; the file is wrong or mislabelled"
-            )
+        _require_crs(crs, expected_crs, path)
         for batch in parquet.iter_batches(batch_size=POINT_BATCH_ROWS, columns=[column]):
             geometry = shapely.from_wkb(batch.column(0).to_numpy(zero_copy_only=False))
             yield _xy(geometry, crs, city_epsg)
     except SourceReadError:
         raise
     except Exception as exc:  # pyarrow/shapely raise many types for damaged files
-        raise SourceReadError(
-            f"cannot read {path} as GeoParquet points ({exc}); the file is corrupt or "
-            "truncated: delete it and re-run its source asset"
-        ) from exc
+        raise _damaged(path, "GeoParquet points", exc) from exc
 
 
 def _geoparquet_geometry(parquet: pq.ParquetFile, path: Path) -> tuple[str, CRS]:
@@ -273,8 +271,7 @@ def load_records(
     path: Path, column: str, year: int | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """lon, lat and value of usable records, plus how many were unusable (blank or non-finite)."""
-    if not Path(path).exists():
-        raise SourceReadError(f"source file {path} does not exist; re-run its source asset")
+    _require_file(path)
     try:
         frame = pd.read_csv(path)
     except Exception as exc:
