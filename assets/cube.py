@@ -1,32 +1,59 @@
-"""Cube assets downstream of the modalities: the tiles table and the DuckDB release catalogue."""
+"""Cube assets downstream of the modalities: the tiles table, then the DuckDB catalogue, built
+aside and checked, then published.
+
+Write, audit, publish: ``cube/staged_database`` builds the new database next to the release and
+carries the cube's quality checks. Its ERROR checks are blocking, so when one fails Dagster
+does not run ``cube/database``, which is what moves the checked file over ``cube.duckdb`` and
+writes ``release.json``; the previous database stays published and the reports are not redone.
+"""
 
 import dagster as dg
 import duckdb
 
-from assets.modalities import modality_assets
+from assets.common import modality_asset_key
 from citycube import checks
-from citycube.cube import build_duckdb, release_metadata, write_json_atomic, write_tiles
+from citycube.catalogue import Catalogue
+from citycube.cube import build_duckdb, publish_database, release_metadata, write_tiles
 from pipelines.resources import CubeResource
 
 TILES_KEY = dg.AssetKey(["cube", "tiles"])
+STAGED_DATABASE_KEY = dg.AssetKey(["cube", "staged_database"])
 DATABASE_KEY = dg.AssetKey(["cube", "database"])
+
+DATABASE_CHECKS = [
+    ("schema_matches", dg.AssetCheckSeverity.ERROR),
+    ("unique_keys", dg.AssetCheckSeverity.ERROR),
+    ("values_in_range_no_zero_fill", dg.AssetCheckSeverity.ERROR),
+    ("availability_floor", dg.AssetCheckSeverity.WARN),
+]
+"""Checks of the staged database; ERROR ones block publishing."""
+
+
+def _check_result(
+    name: str, severity: dg.AssetCheckSeverity, outcome: checks.CheckOutcome
+) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        check_name=name,
+        passed=outcome.passed,
+        severity=severity,
+        description=outcome.description,
+        metadata={"details": dg.MetadataValue.json(outcome.details)},
+    )
 
 
 @dg.asset(
     key=TILES_KEY,
     group_name="cube",
     kinds={"python", "geoparquet"},
-    check_specs=[dg.AssetCheckSpec("tile_counts_match_spec", asset=TILES_KEY)],
+    check_specs=[dg.AssetCheckSpec("tile_counts_match_spec", asset=TILES_KEY, blocking=True)],
 )
 def tiles_table(cube: CubeResource) -> dg.MaterializeResult:
     """GeoParquet table of every 2 km and 5 km tile of the 16 cities (WGS84 geometry)."""
-    release = cube.release()
-    path = write_tiles(release)
-    con = duckdb.connect()
-    con.execute(f"CREATE VIEW tiles AS SELECT * FROM read_parquet('{path}')")
-    outcome = checks.check_tile_counts(con)
-    per_scale = dict(con.execute("SELECT scale, count(*) FROM tiles GROUP BY 1").fetchall())
-    con.close()
+    path = write_tiles(cube.release())
+    with duckdb.connect() as con:
+        con.read_parquet(str(path)).create_view("tiles")
+        outcome = checks.check_tile_counts(con)
+        per_scale = dict(con.sql("SELECT scale, count(*) FROM tiles GROUP BY 1").fetchall())
     return dg.MaterializeResult(
         metadata={
             "path": str(path),
@@ -34,22 +61,9 @@ def tiles_table(cube: CubeResource) -> dg.MaterializeResult:
             "tiles_5km": per_scale.get("5km"),
         },
         check_results=[
-            dg.AssetCheckResult(
-                check_name="tile_counts_match_spec",
-                passed=outcome.passed,
-                description=outcome.description,
-                metadata={"mismatches": dg.MetadataValue.json(outcome.details)},
-            )
+            _check_result("tile_counts_match_spec", dg.AssetCheckSeverity.ERROR, outcome)
         ],
     )
-
-
-_CHECKS = [
-    ("schema_matches", dg.AssetCheckSeverity.ERROR),
-    ("unique_keys", dg.AssetCheckSeverity.ERROR),
-    ("values_in_range_no_zero_fill", dg.AssetCheckSeverity.ERROR),
-    ("availability_floor", dg.AssetCheckSeverity.WARN),
-]
 
 
 def _preview(con: duckdb.DuckDBPyConnection) -> str:
@@ -66,57 +80,78 @@ def _preview(con: duckdb.DuckDBPyConnection) -> str:
     return "\n".join(lines)
 
 
-@dg.asset(
-    key=DATABASE_KEY,
-    deps=[TILES_KEY, *[a.key for a in modality_assets]],
-    group_name="cube",
-    kinds={"duckdb"},
-    check_specs=[dg.AssetCheckSpec(name, asset=DATABASE_KEY) for name, _ in _CHECKS],
-)
-def cube_database(cube: CubeResource) -> dg.MaterializeResult:
-    """DuckDB file with views over the release's Parquet, plus release metadata and checks."""
-    release = cube.release()
-    if not release.tiles_file.exists():
-        write_tiles(release)
-    meta = release_metadata(
-        release, backend=cube.backend, synthetic=cube.backend == "sample", extra={"seed": cube.seed}
+def _release_metadata(cube: CubeResource) -> dict:
+    sources = cube.sources()
+    return release_metadata(
+        cube.release(),
+        source_set=sources.name,
+        synthetic=sources.synthetic,
+        sources=sources.provenance(),
     )
-    path = build_duckdb(release, cube.catalogue(), meta)
-    write_json_atomic(meta, release.metadata_file)
-    con = duckdb.connect(str(path), read_only=True)
-    try:
-        outcomes = [
-            checks.check_schema(con),
-            checks.check_unique_keys(con),
-            checks.check_values(con, cube.catalogue()),
-            checks.check_availability_floor(con),
-        ]
-        rows = con.execute("SELECT count(*) FROM observations").fetchone()[0]
-        available = con.execute(
-            "SELECT count(*) FILTER (WHERE available) FROM observations"
-        ).fetchone()[0]
-        preview = _preview(con)
-    finally:
-        con.close()
-    return dg.MaterializeResult(
-        metadata={
-            "path": str(path),
-            "release": release.version,
-            "observation_rows": rows,
-            "available_rows": available,
-            "availability_preview": dg.MetadataValue.md(preview),
-        },
-        check_results=[
-            dg.AssetCheckResult(
-                check_name=name,
-                passed=o.passed,
-                severity=severity,
-                description=o.description,
-                metadata={"details": dg.MetadataValue.json(o.details)},
+
+
+def build_cube_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
+    """Tiles, the staged and checked database, and its publication."""
+    modality_keys = [modality_asset_key(m.code) for m in catalogue.enabled()]
+
+    @dg.asset(
+        key=STAGED_DATABASE_KEY,
+        deps=[TILES_KEY, *modality_keys],
+        group_name="cube",
+        kinds={"duckdb"},
+        check_specs=[
+            dg.AssetCheckSpec(
+                name, asset=STAGED_DATABASE_KEY, blocking=severity == dg.AssetCheckSeverity.ERROR
             )
-            for (name, severity), o in zip(_CHECKS, outcomes, strict=True)
+            for name, severity in DATABASE_CHECKS
         ],
     )
+    def staged_database(cube: CubeResource) -> dg.MaterializeResult:
+        """A new DuckDB catalogue over the release's Parquet, built aside and checked."""
+        release = cube.release()
+        if not release.tiles_file.exists():
+            write_tiles(release)
+        path = build_duckdb(
+            release, catalogue, _release_metadata(cube), path=release.staged_duckdb_file
+        )
+        with duckdb.connect(str(path), read_only=True) as con:
+            outcomes = [
+                checks.check_schema(con),
+                checks.check_unique_keys(con),
+                checks.check_values(con, catalogue),
+                checks.check_availability_floor(con),
+            ]
+            rows, available = con.execute(
+                "SELECT count(*), count(*) FILTER (WHERE available) FROM observations"
+            ).fetchone()
+            preview = _preview(con)
+        return dg.MaterializeResult(
+            metadata={
+                "path": str(path),
+                "release": release.version,
+                "observation_rows": rows,
+                "available_rows": available,
+                "availability_preview": dg.MetadataValue.md(preview),
+            },
+            check_results=[
+                _check_result(name, severity, outcome)
+                for (name, severity), outcome in zip(DATABASE_CHECKS, outcomes, strict=True)
+            ],
+        )
 
+    @dg.asset(key=DATABASE_KEY, deps=[STAGED_DATABASE_KEY], group_name="cube", kinds={"duckdb"})
+    def database(cube: CubeResource) -> dg.MaterializeResult:
+        """The published ``cube.duckdb`` and ``release.json``, replaced only by a checked one."""
+        release = cube.release()
+        meta = _release_metadata(cube)
+        path = publish_database(release, meta)
+        return dg.MaterializeResult(
+            metadata={
+                "path": str(path),
+                "release": release.version,
+                "synthetic": meta["synthetic"],
+                "source_set": meta["source_set"],
+            }
+        )
 
-cube_assets = [tiles_table, cube_database]
+    return [tiles_table, staged_database, database]

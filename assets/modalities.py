@@ -1,63 +1,53 @@
-"""Modality assets: one per processed modality, partitioned by city × year."""
-
-import warnings
+"""Modality assets: one observations partition per modality and city-year."""
 
 import dagster as dg
 
-from assets.sources import product_temporal, source_asset_key
-from citycube.catalogue import ModalitySpec, Temporal, load_catalogue
-from citycube.process import process_partition
-from pipelines.partitions import CITY, city_year_partitions, split_key
-from pipelines.resources import CubeResource
+from assets.common import SINGLE_RUN, derived_asset_key, modality_asset_key, run_partitions
+from citycube.catalogue import Catalogue, ModalitySpec
+from citycube.process import modality_code_version
+from pipelines.partitions import city_year_partitions, mapping_between, period_partitions
+from pipelines.resources import ComputeResource, CubeResource
+from pipelines.tasks import observe_year
 
 
-def modality_asset_key(code: str) -> dg.AssetKey:
-    """Asset key of a modality's observations."""
-    return dg.AssetKey(["modalities", code.lower()])
-
-
-def build_modality_asset(modality: ModalitySpec) -> dg.AssetsDefinition:
-    """Observations (and chips, for images) of one modality for one city-year."""
-    deps = []
-    for product in [*modality.products(), *modality.auxiliary_products]:
-        if product_temporal(product) == Temporal.STATIC:
-            with warnings.catch_warnings():  # the mapping is stable in use; Dagster flags it beta
-                warnings.simplefilter("ignore", dg.BetaWarning)
-                mapping = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name=CITY)
-            deps.append(dg.AssetDep(source_asset_key(product), partition_mapping=mapping))
-        else:
-            deps.append(dg.AssetDep(source_asset_key(product)))
+def build_modality_asset(modality: ModalitySpec, catalogue: Catalogue) -> dg.AssetsDefinition:
+    """Observations of one modality for each city-year, read from its source period's results."""
+    upstream = period_partitions(modality.temporal)
 
     @dg.asset(
         key=modality_asset_key(modality.code),
         partitions_def=city_year_partitions,
-        deps=deps,
+        deps=[
+            dg.AssetDep(
+                derived_asset_key(modality.code),
+                partition_mapping=mapping_between(upstream, city_year_partitions),
+            )
+        ],
+        backfill_policy=SINGLE_RUN,
+        code_version=modality_code_version(modality, catalogue),
         group_name="modalities",
-        kinds={"python", "parquet"} | ({"zarr"} if modality.is_image else set()),
+        kinds={"python", "parquet"},
         description=(
-            f"{modality.name} ({modality.display_code}): {modality.aggregation.value}, "
-            f"{modality.temporal.value}; writes one observations partition per city-year."
+            f"{modality.name} ({modality.display_code}): one observations partition per "
+            f"city-year ({modality.temporal.value}), values NULL with a reason where unavailable."
         ),
     )
-    def _modality(context: dg.AssetExecutionContext, cube: CubeResource) -> dg.MaterializeResult:
-        city, year = split_key(context)
-        assert year is not None
-        summary = process_partition(
-            modality,
-            cube.catalogue(),
-            city,
-            year,
-            cube.source_backend(),
-            cube.release(),
-            progress=context.log.debug,
+    def _modality(
+        context: dg.AssetExecutionContext, cube: CubeResource, compute: ComputeResource
+    ) -> None:
+        release = cube.release()
+        run_partitions(
+            context,
+            compute,
+            city_year_partitions,
+            observe_year,
+            lambda city, year: (modality, city, year, release),
+            lambda summary: summary.as_metadata(),
         )
-        context.log.info(
-            f"{modality.code} {city} {year}: {summary.available_tiles}/{summary.tiles} tiles "
-            f"available ({summary.basis})"
-        )
-        return dg.MaterializeResult(metadata=summary.as_metadata())
 
     return _modality
 
 
-modality_assets = [build_modality_asset(m) for m in load_catalogue().enabled()]
+def build_modality_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
+    """An observations asset for every enabled modality."""
+    return [build_modality_asset(m, catalogue) for m in catalogue.enabled()]

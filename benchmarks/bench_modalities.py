@@ -30,7 +30,7 @@ from citycube.cube import Release
 from citycube.grids import city_grid
 from citycube.process import PartitionSummary, process_partition
 from citycube.temporal import resolve
-from sources.base import SourceItem
+from citycube.sources import SourceItem
 from sources.sample import SampleBackend
 
 CITY = "Boston"

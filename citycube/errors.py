@@ -43,6 +43,12 @@ class UnknownTileError(CityCubeError):
     code = "CC104"
 
 
+class UnknownProductError(CityCubeError):
+    """A source product id that no adapter of the configured source set serves."""
+
+    code = "CC105"
+
+
 class SourceUnavailableError(CityCubeError):
     """The source does not cover the request (a year or area it never published)."""
 
@@ -60,15 +66,29 @@ class SourceReadError(CityCubeError):
 
 
 class SourceFetchError(CityCubeError):
-    """A server failed or refused while fetching a source."""
+    """A server failed or refused while fetching a source.
+
+    ``transient`` errors (timeouts, 429, 5xx) are worth retrying; the source assets' retry
+    policy retries only those.
+    """
 
     code = "CC202"
+
+    def __init__(self, message: str, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class CubeWriteError(CityCubeError):
     """A cube partition could not be written; the previous version is left intact."""
 
     code = "CC300"
+
+
+class DerivedResultsMissingError(CityCubeError):
+    """Observations were asked for a year whose source period has not been derived yet."""
+
+    code = "CC303"
 
 
 class ChipsNotFoundError(CityCubeError):

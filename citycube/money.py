@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 
 from citycube.errors import SourceReadError
-from sources.base import SourceItem
+from citycube.sources import SourceItem
 
 BASE_YEAR = 2017
 
@@ -39,8 +39,8 @@ def _series(path: str) -> dict[tuple[str, int], float]:
 
 def ppp_2017_factor(indicators: SourceItem, iso3: str, year: int) -> float | None:
     """Multiplier from local currency of ``year`` to 2017 PPP international dollars, or None."""
-    cpi = _series(str(indicators.files["cpi"]))
-    ppp = _series(str(indicators.files["ppp"]))
+    cpi = _series(str(indicators.local_path("cpi")))
+    ppp = _series(str(indicators.local_path("ppp")))
     cpi_year, cpi_base, ppp_base = (
         cpi.get((iso3, year)),
         cpi.get((iso3, BASE_YEAR)),

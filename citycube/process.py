@@ -1,18 +1,26 @@
-"""Turn one modality's source item into tile observations (and chips for image modalities).
+"""Turn one modality's source items into tile observations (and chips for image modalities).
 
-The work splits in two so reuse is cheap and honest:
-- ``tile_results``: per-tile values for one *source* year (or the static item), computed once
-  and cached under ``derived/`` — an epoch or static item serves many calendar years;
-- ``observation_table``: the rows for one *calendar* year, labelled with how that year is
-  served (annual, epoch, static) and never zero-filled when it is not.
+The work splits in two stages, keyed by what changes:
+- ``derive``: per-tile results for one *source period* of a city (a year, a 5-year epoch, or
+  the static item), computed once by one writer into ``derived/`` together with the chips.
+  A result is reused only when its signature matches: the engine version, the modality's
+  spec digest (rules, thresholds, legends, product specs) and the fingerprints of the items it
+  read. A changed rule or a re-made source therefore always recomputes.
+- ``write_observations``: the rows for one *calendar* year, read from the derived results of
+  the period that serves it and labelled with how that year is served (annual, epoch, static,
+  snapshot, city record); never zero-filled when it is not served.
+
+Provenance (``source_id``, ``source_version``, ``synthetic``) comes from the adapter that
+served each product, never from the name of a backend.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +32,15 @@ import shapely
 from pyproj import Transformer
 
 from citycube.aggregate import aggregate_tiles
-from citycube.catalogue import Aggregation, Catalogue, Conversion, FieldSpec, Kind, ModalitySpec
+from citycube.catalogue import (
+    Aggregation,
+    Catalogue,
+    Conversion,
+    FieldSpec,
+    Kind,
+    ModalitySpec,
+    Temporal,
+)
 from citycube.chips import (
     ChipStoreWriter,
     TilePixelSummary,
@@ -42,13 +58,14 @@ from citycube.cube import (
     file_metadata,
     write_parquet_atomic,
 )
-from citycube.errors import SourceReadError, SourceUnavailableError
+from citycube.errors import DerivedResultsMissingError, SourceReadError, SourceUnavailableError
 from citycube.grids import PixelGrid, Tile, city_grid, pixel_grid
 from citycube.memory import bound_process_memory
 from citycube.money import ppp_2017_factor
 from citycube.products import load_products
 from citycube.readers import open_masked_source
-from citycube.temporal import Resolution, resolve
+from citycube.sources import SourceInfo, SourceItem, SourceSet
+from citycube.temporal import BASIS, period_label, period_of, resolve
 from citycube.vectors import (
     coverage_fractions,
     iter_points,
@@ -59,11 +76,14 @@ from citycube.vectors import (
     rasterize_block,
     tile_index,
 )
-from sources.base import SourceBackend, SourceItem
 
 ProgressFn = Callable[[str], None]
 
 RESULT_COLUMNS = ["tile_id", "scale", "field", "value", "valid_fraction", "reason"]
+PROVENANCE_COLUMNS = ["product", "source_year", "source_id", "source_version", "synthetic"]
+ENGINE_VERSION = "2026.12.1"
+"""Version of the processing engine. Part of every derived result's signature and of the
+modality assets' code versions: bump it when a change to the engine changes results."""
 
 
 def _meets(valid_fraction: float, threshold: float) -> bool:
@@ -73,15 +93,6 @@ def _meets(valid_fraction: float, threshold: float) -> bool:
 
 def _label(source_year: int | None) -> str:
     return "static" if source_year is None else str(source_year)
-
-
-def item_signature(item: SourceItem) -> str:
-    """Changes whenever the item's files change, so stale derived results are recomputed."""
-    parts = [item.source_id, item.version]
-    for role, path in sorted(item.files.items()):
-        stat = Path(path).stat()
-        parts.append(f"{role}:{Path(path).name}:{stat.st_size}:{stat.st_mtime_ns}")
-    return "|".join(parts)
 
 
 def _all_tiles(city: str) -> list[Tile]:
@@ -464,35 +475,269 @@ def _compute(
     return _apply_conversions(frame, fields, city, item.source_year, aux)
 
 
-def tile_results(
+def modality_digest(modality: ModalitySpec, catalogue: Catalogue) -> str:
+    """Digest of everything that defines a modality's results.
+
+    Its spec (fields, validity rules and thresholds, aggregation, chip, rendering), the legends
+    it refers to and the specs of the products it reads. Editing any of them changes the digest,
+    and with it the modality assets' code version and every derived result's signature.
+    """
+    products = load_products()
+    legends = {modality.validity.legend, modality.render.legend} - {None}
+    used = [*modality.products(), *modality.auxiliary_products]
+    parts = {
+        "modality": modality.model_dump(mode="json"),
+        "legends": {
+            name: {str(k): v.model_dump(mode="json") for k, v in catalogue.legends[name].items()}
+            for name in sorted(n for n in legends if n is not None)
+        },
+        "products": {p: products[p].model_dump(mode="json") for p in used if p in products},
+    }
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def modality_code_version(modality: ModalitySpec, catalogue: Catalogue) -> str:
+    """Code version of a modality's derived and observation assets: engine + spec digest."""
+    return f"{ENGINE_VERSION}-{modality_digest(modality, catalogue)}"
+
+
+@dataclass(frozen=True)
+class FieldGroup:
+    """One product's fields in a source period: the item read, or why there is none."""
+
+    product: str
+    fields: tuple[FieldSpec, ...]
+    info: SourceInfo
+    """Provenance of the adapter that serves the product."""
+    source_year: int | None
+    """Source year read (None for static products or when unavailable)."""
+    item: SourceItem | None
+    """The fetched item; None when the period is not served."""
+    missing_reason: str | None
+    """Stable reason code when the period is not served."""
+
+    def signature(self) -> str:
+        """What the derived results of this group depend on, besides the rules."""
+        if self.item is None:
+            return f"{self.product}:missing:{self.missing_reason}:{self.info.source_id}"
+        return f"{self.product}:{self.item.source_id}:{self.item.version}:{self.item.fingerprint}"
+
+
+def _field_groups(
+    modality: ModalitySpec, city: str, period: int | None, sources: SourceSet, release: Release
+) -> list[FieldGroup]:
+    """Resolve and fetch each product's item for a source period, independently."""
+    groups: list[FieldGroup] = []
+    for product, fields in modality.field_groups(city):
+        adapter = sources.product(product)
+        source_year, item, reason = None, None, None
+        if period is not None:
+            resolution = resolve(modality.temporal, period, adapter.source_years(city))
+            source_year, reason = resolution.source_year, resolution.missing_reason
+        if reason is None:
+            try:
+                item = adapter.fetch(city, source_year, release.sources_dir)
+            except SourceUnavailableError as exc:
+                source_year, reason = None, exc.reason
+        groups.append(FieldGroup(product, tuple(fields), adapter.info, source_year, item, reason))
+    return groups
+
+
+def _fetch_aux(
+    modality: ModalitySpec, city: str, sources: SourceSet, release: Release
+) -> dict[str, SourceItem]:
+    """Auxiliary items (e.g. CPI and PPP series); conversions that lack one mark their fields."""
+    aux: dict[str, SourceItem] = {}
+    for product in modality.auxiliary_products:
+        if product not in sources:
+            continue
+        try:
+            aux[product] = sources.fetch(product, city, None, release.sources_dir)
+        except SourceUnavailableError:
+            continue
+    return aux
+
+
+def _missing_results(fields: Sequence[FieldSpec], city: str, reason: str) -> pd.DataFrame:
+    rows = [
+        {
+            "tile_id": t.tile_id,
+            "scale": t.scale,
+            "field": f.name,
+            "value": math.nan,
+            "valid_fraction": math.nan,
+            "reason": reason,
+        }
+        for t in _all_tiles(city)
+        for f in fields
+    ]
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+@dataclass(frozen=True)
+class DerivedSummary:
+    """What one (modality, city, source period) derivation produced."""
+
+    modality: str
+    city: str
+    period: int | None
+    """Source period: a year, an epoch's first year, or None for static."""
+    rows: int
+    tiles: int
+    available_tiles: int
+    reused: bool
+    """True when matching results of an earlier run were kept instead of recomputed."""
+    chips: bool
+    """True when chips were written for this period."""
+    reason_counts: dict[str, int]
+    sources: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Per product: source id, version, source year, synthetic flag (or the missing reason)."""
+    path: Path | None = None
+
+    @property
+    def label(self) -> str:
+        """'static' or the period's year."""
+        return period_label(self.period)
+
+    def as_metadata(self) -> dict[str, object]:
+        """Plain values for Dagster materialisation metadata."""
+        return {
+            "period": self.label,
+            "rows": self.rows,
+            "tiles": self.tiles,
+            "available_tiles": self.available_tiles,
+            "reused": self.reused,
+            "chips": self.chips,
+            "reasons": json.dumps(self.reason_counts),
+            "sources": json.dumps(self.sources, default=str),
+            "path": str(self.path),
+        }
+
+
+def _signature(
+    modality: ModalitySpec,
+    catalogue: Catalogue,
+    groups: Sequence[FieldGroup],
+    aux: dict[str, SourceItem],
+) -> str:
+    parts = [ENGINE_VERSION, modality_digest(modality, catalogue)]
+    parts += [g.signature() for g in groups]
+    parts += [f"aux:{p}:{i.fingerprint}" for p, i in sorted(aux.items())]
+    return "|".join(parts)
+
+
+def _per_tile(results: pd.DataFrame) -> pd.DataFrame:
+    return (
+        results.assign(ok=results["reason"].isna())
+        .groupby("tile_id")
+        .agg(ok=("ok", "any"), reason=("reason", "first"))
+    )
+
+
+def _reason_counts(results: pd.DataFrame) -> dict[str, int]:
+    reasons = results.drop_duplicates(["tile_id", "reason"])["reason"].dropna().value_counts()
+    return {str(k): int(v) for k, v in reasons.items()}
+
+
+def _group_sources(groups: Sequence[FieldGroup]) -> dict[str, dict[str, object]]:
+    return {
+        g.product: {
+            "source_id": g.info.source_id,
+            "version": g.item.version if g.item else g.info.version,
+            "source_year": g.source_year,
+            "synthetic": g.item.synthetic if g.item else g.info.synthetic,
+            **({"missing": g.missing_reason} if g.item is None else {}),
+        }
+        for g in groups
+    }
+
+
+def derive(
     modality: ModalitySpec,
     catalogue: Catalogue,
     city: str,
-    item: SourceItem,
-    fields: Sequence[FieldSpec],
+    period: int | None,
+    sources: SourceSet,
     release: Release,
-    aux: dict[str, SourceItem] | None = None,
     progress: ProgressFn | None = None,
-) -> pd.DataFrame:
-    """Per-tile results of one field group for one source year; cached until sources change."""
-    aux = aux or {}
-    label = _label(item.source_year)
-    cached = release.derived_file(modality.code, city, f"{item.product}-{label}")
-    signature = "||".join(item_signature(i) for i in (item, *aux.values()))
-    chips_ok = not modality.is_image or release.chip_store(modality.code, city, label).exists()
-    if cached.exists() and chips_ok:
-        meta = pq.read_schema(cached).metadata or {}
+) -> DerivedSummary:
+    """Compute (or keep, when nothing it depends on changed) one source period's results.
+
+    Field groups served by different products (AQ's NO2 and PM2.5, or each weather variable's
+    file) are resolved, fetched and aggregated independently: one product's missing year never
+    blanks or fills another.
+    """
+    get_city(city)
+    if (period is None) != (modality.temporal == Temporal.STATIC):
+        raise ValueError(f"{modality.code} is {modality.temporal.value}; period {period} is wrong")
+    bound_process_memory()
+    label = period_label(period)
+    groups = _field_groups(modality, city, period, sources, release)
+    aux = _fetch_aux(modality, city, sources, release)
+    signature = _signature(modality, catalogue, groups, aux)
+    path = release.derived_file(modality.code, city, label)
+    chips = modality.is_image and any(g.item is not None for g in groups)
+    store = release.chip_store(modality.code, city, label)
+    if path.exists() and (not chips or store.exists()):
+        meta = pq.read_schema(path).metadata or {}
         if meta.get(b"citycube:signature", b"").decode() == signature:
-            return pq.read_table(cached).to_pandas()
-    frame = _compute(modality, catalogue, city, item, fields, aux, release, progress)
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    write_parquet_atomic(table, cached, file_metadata(release, **{"citycube:signature": signature}))
-    return frame
+            kept = pq.read_table(path).to_pandas()
+            return _derived_summary(modality, city, period, kept, groups, path, True, chips)
+    frames = []
+    for group in groups:
+        if group.item is None:
+            results = _missing_results(group.fields, city, group.missing_reason or "unavailable")
+        else:
+            results = _compute(
+                modality, catalogue, city, group.item, group.fields, aux, release, progress
+            )
+        frames.append(
+            results.assign(
+                product=group.product,
+                source_year=group.source_year,
+                source_id=group.item.source_id if group.item else group.info.source_id,
+                source_version=group.item.version if group.item else group.info.version,
+                synthetic=group.item.synthetic if group.item else group.info.synthetic,
+            )
+        )
+    derived = pd.concat(frames, ignore_index=True)
+    derived["source_year"] = derived["source_year"].astype("Int16")
+    table = pa.Table.from_pandas(derived[RESULT_COLUMNS + PROVENANCE_COLUMNS], preserve_index=False)
+    extra = {"citycube:signature": signature, "citycube:chips": str(chips).lower()}
+    write_parquet_atomic(table, path, file_metadata(release, **extra))
+    return _derived_summary(modality, city, period, derived, groups, path, False, chips)
+
+
+def _derived_summary(
+    modality: ModalitySpec,
+    city: str,
+    period: int | None,
+    results: pd.DataFrame,
+    groups: Sequence[FieldGroup],
+    path: Path,
+    reused: bool,
+    chips: bool,
+) -> DerivedSummary:
+    per_tile = _per_tile(results)
+    return DerivedSummary(
+        modality=modality.code,
+        city=city,
+        period=period,
+        rows=len(results),
+        tiles=len(per_tile),
+        available_tiles=int(per_tile["ok"].sum()),
+        reused=reused,
+        chips=chips,
+        reason_counts=_reason_counts(results),
+        sources=_group_sources(groups),
+        path=path,
+    )
 
 
 @dataclass(frozen=True)
 class PartitionSummary:
-    """What one (modality, city, year) partition wrote."""
+    """What one (modality, city, year) observations partition wrote."""
 
     modality: str
     city: str
@@ -519,66 +764,51 @@ class PartitionSummary:
         }
 
 
-def _missing_results(fields: Sequence[FieldSpec], city: str, reason: str) -> pd.DataFrame:
-    rows = [
-        {
-            "tile_id": t.tile_id,
-            "scale": t.scale,
-            "field": f.name,
-            "value": math.nan,
-            "valid_fraction": math.nan,
-            "reason": reason,
-        }
-        for t in _all_tiles(city)
-        for f in fields
-    ]
-    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Who served one field group of a partition, and how its year was resolved."""
-
-    resolution: Resolution
-    source_id: str
-    source_version: str
-    synthetic: bool
+def read_derived(
+    modality: ModalitySpec, city: str, period: int | None, release: Release
+) -> tuple[pd.DataFrame, bool]:
+    """A source period's derived results and whether it has chips."""
+    label = period_label(period)
+    path = release.derived_file(modality.code, city, label)
+    if not path.exists():
+        raise DerivedResultsMissingError(
+            f"no derived {modality.code} results for {city} {label}: materialise "
+            f"derived/{modality.code.lower()} for that partition first"
+        )
+    table = pq.read_table(path)
+    chips = (table.schema.metadata or {}).get(b"citycube:chips", b"false") == b"true"
+    return table.to_pandas(), chips
 
 
 def observation_table(
-    modality: ModalitySpec,
-    city: str,
-    year: int,
-    provenance: Provenance,
-    results: pd.DataFrame,
+    modality: ModalitySpec, city: str, year: int, derived: pd.DataFrame
 ) -> pa.Table:
     """Rows for one calendar year: values only where available, NULL plus a reason elsewhere."""
     units = {f.name: f.unit for f in modality.fields}
-    available = results["reason"].isna().to_numpy()
-    value = results["value"].to_numpy(dtype=float)
-    fraction = results["valid_fraction"].to_numpy(dtype=float)
-    n = len(results)
-    resolution = provenance.resolution
+    available = derived["reason"].isna().to_numpy()
+    value = derived["value"].to_numpy(dtype=float)
+    fraction = derived["valid_fraction"].to_numpy(dtype=float)
+    n = len(derived)
     columns = {
-        "tile_id": results["tile_id"].tolist(),
+        "tile_id": derived["tile_id"].tolist(),
         "city": [city] * n,
-        "scale": results["scale"].tolist(),
+        "scale": derived["scale"].tolist(),
         "year": [year] * n,
         "modality": [modality.code] * n,
-        "field": results["field"].tolist(),
+        "field": derived["field"].tolist(),
         "value": [
             float(v) if ok and np.isfinite(v) else None
             for v, ok in zip(value, available, strict=True)
         ],
-        "unit": [units[f] for f in results["field"]],
+        "unit": [units[f] for f in derived["field"]],
         "valid_fraction": [float(v) if np.isfinite(v) else None for v in fraction],
         "available": available.tolist(),
-        "reason": [None if ok else r for ok, r in zip(available, results["reason"], strict=True)],
-        "temporal_basis": [resolution.basis] * n,
-        "source_year": [resolution.source_year] * n,
-        "source_id": [provenance.source_id] * n,
-        "source_version": [provenance.source_version] * n,
-        "synthetic": [provenance.synthetic] * n,
+        "reason": [None if ok else r for ok, r in zip(available, derived["reason"], strict=True)],
+        "temporal_basis": [BASIS[modality.temporal]] * n,
+        "source_year": [None if pd.isna(y) else int(y) for y in derived["source_year"]],
+        "source_id": derived["source_id"].tolist(),
+        "source_version": derived["source_version"].tolist(),
+        "synthetic": [bool(v) for v in derived["synthetic"]],
     }
     return pa.Table.from_pydict(columns, schema=OBSERVATION_SCHEMA)
 
@@ -587,19 +817,20 @@ def chip_index_table(
     modality: ModalitySpec,
     city: str,
     year: int,
-    resolution: Resolution,
-    results: pd.DataFrame,
+    period: int | None,
+    derived: pd.DataFrame,
     release: Release,
 ) -> pa.Table:
     """Where each tile's chip lives: store path (relative to the release) and pixel window."""
     assert modality.chip is not None
     grid = pixel_grid(city, modality.chip.resolution_m)
-    store = release.chip_store(modality.code, city, _label(resolution.source_year))
-    per_tile = results.drop_duplicates("tile_id").set_index("tile_id")
+    store = release.chip_store(modality.code, city, period_label(period))
+    per_tile = derived.drop_duplicates("tile_id").set_index("tile_id")
     rows = []
     for tile in _all_tiles(city):
         row_off, col_off, height, width = grid.window(tile)
         rec = per_tile.loc[tile.tile_id]
+        source_year = rec["source_year"]
         rows.append(
             {
                 "tile_id": tile.tile_id,
@@ -615,88 +846,31 @@ def chip_index_table(
                 "resolution_m": float(modality.chip.resolution_m),
                 "valid_fraction": float(rec["valid_fraction"]),
                 "available": bool(pd.isna(rec["reason"])),
-                "temporal_basis": resolution.basis,
-                "source_year": resolution.source_year,
+                "temporal_basis": BASIS[modality.temporal],
+                "source_year": None if pd.isna(source_year) else int(source_year),
             }
         )
     return pa.Table.from_pylist(rows, schema=CHIP_INDEX_SCHEMA)
 
 
-def _fetch_aux(
-    modality: ModalitySpec, city: str, backend: SourceBackend, release: Release
-) -> dict[str, SourceItem]:
-    aux: dict[str, SourceItem] = {}
-    for product in modality.auxiliary_products:
-        try:
-            aux[product] = backend.fetch(product, city, None, release.sources_dir)
-        except SourceUnavailableError:
-            continue  # conversions that need it mark their fields unavailable
-    return aux
-
-
-def process_partition(
-    modality: ModalitySpec,
-    catalogue: Catalogue,
-    city: str,
-    year: int,
-    backend: SourceBackend,
-    release: Release,
-    progress: ProgressFn | None = None,
+def write_observations(
+    modality: ModalitySpec, city: str, year: int, release: Release
 ) -> PartitionSummary:
-    """Build and write one (modality, city, year) partition of the cube.
-
-    Field groups served by different products (AQ's NO2 and PM2.5) are resolved, fetched and
-    aggregated independently: one product's missing year never blanks or fills the other.
-    """
-    bound_process_memory()
-    tables: list[pa.Table] = []
-    frames: list[pd.DataFrame] = []
-    image_resolution: Resolution | None = None
-    aux = _fetch_aux(modality, city, backend, release)
-    sample = backend.name == "sample"
-    for product, fields in modality.field_groups(city):
-        resolution = resolve(modality.temporal, year, backend.source_years(product, city))
-        provenance = Provenance(resolution, f"{backend.name}:{product}", "n/a", sample)
-        if not resolution.available:
-            results = _missing_results(fields, city, resolution.missing_reason or "unavailable")
-        else:
-            try:
-                item = backend.fetch(product, city, resolution.source_year, release.sources_dir)
-            except SourceUnavailableError as exc:
-                resolution = Resolution(year, None, resolution.basis, exc.reason)
-                provenance = Provenance(resolution, provenance.source_id, "n/a", sample)
-                results = _missing_results(fields, city, exc.reason)
-            else:
-                results = tile_results(
-                    modality, catalogue, city, item, fields, release, aux, progress
-                )
-                provenance = Provenance(resolution, item.source_id, item.version, item.synthetic)
-                if modality.is_image:
-                    image_resolution = resolution
-        tables.append(observation_table(modality, city, year, provenance, results))
-        frames.append(results)
-    table = pa.concat_tables(tables)
-    results = pd.concat(frames, ignore_index=True)
-    synthetic = bool(pc.all(table["synthetic"]).as_py()) if table.num_rows else sample
+    """Write one (modality, city, year) partition from the derived results serving that year."""
+    period = period_of(modality.temporal, year)
+    derived, chips = read_derived(modality, city, period, release)
+    table = observation_table(modality, city, year, derived)
+    synthetic = bool(pc.all(table["synthetic"]).as_py()) if table.num_rows else True
     meta = file_metadata(release, **{"citycube:synthetic": str(synthetic).lower()})
-    if modality.is_image and image_resolution is not None:
-        write_parquet_atomic(
-            chip_index_table(modality, city, year, image_resolution, results, release),
-            release.chip_index_file(city, year, modality.code),
-            meta,
-        )
+    index_file = release.chip_index_file(city, year, modality.code)
+    if modality.is_image and chips:
+        index = chip_index_table(modality, city, year, period, derived, release)
+        write_parquet_atomic(index, index_file, meta)
     else:
-        release.chip_index_file(city, year, modality.code).unlink(missing_ok=True)
+        index_file.unlink(missing_ok=True)
     path = write_parquet_atomic(table, release.observations_file(city, year, modality.code), meta)
-    per_tile = (
-        results.assign(ok=results["reason"].isna())
-        .groupby("tile_id")
-        .agg(ok=("ok", "any"), reason=("reason", "first"))
-    )
-    reasons = results.drop_duplicates(["tile_id", "reason"])["reason"].dropna().value_counts()
-    first = tables[0]
-    basis = first["temporal_basis"][0].as_py()
-    source_year = first["source_year"][0].as_py()
+    per_tile = _per_tile(derived)
+    first_year = table["source_year"][0].as_py() if table.num_rows else None
     return PartitionSummary(
         modality=modality.code,
         city=city,
@@ -704,8 +878,23 @@ def process_partition(
         rows=table.num_rows,
         tiles=len(per_tile),
         available_tiles=int(per_tile["ok"].sum()),
-        basis=basis,
-        source_year=source_year,
-        reason_counts={str(k): int(v) for k, v in reasons.items()},
+        basis=BASIS[modality.temporal],
+        source_year=first_year,
+        reason_counts=_reason_counts(derived),
         path=path,
     )
+
+
+def process_partition(
+    modality: ModalitySpec,
+    catalogue: Catalogue,
+    city: str,
+    year: int,
+    sources: SourceSet,
+    release: Release,
+    progress: ProgressFn | None = None,
+) -> PartitionSummary:
+    """Derive the source period serving ``year`` (or keep it) and write that year's partition."""
+    period = period_of(modality.temporal, year)
+    derive(modality, catalogue, city, period, sources, release, progress)
+    return write_observations(modality, city, year, release)

@@ -20,7 +20,8 @@ from pyproj import CRS, Transformer
 from rasterio.crs import CRS as RioCRS
 from rasterio.windows import Window
 
-from citycube.errors import SourceReadError
+from citycube.errors import SourceFetchError, SourceReadError
+from citycube.sources import is_remote
 
 _T = TypeVar("_T")
 
@@ -158,9 +159,16 @@ class MaskedSource:
     """Names of the bands ``read`` returns, in order."""
 
 
-def open_raster(path: str | Path) -> rasterio.DatasetReader:
-    """Open a raster, turning a missing, corrupt or truncated file into a clear error."""
-    path = Path(path)
+def open_raster(href: str | Path) -> rasterio.DatasetReader:
+    """Open a local or remote raster, turning a missing, corrupt or truncated file into a clear
+    error.
+
+    Remote hrefs (``https://…``, ``/vsicurl/…``, ``s3://…``) are opened through GDAL's virtual
+    file systems, so windowed reads fetch only the byte ranges they need.
+    """
+    if is_remote(href):
+        return _open_remote(str(href))
+    path = Path(href)
     if not path.exists():
         raise SourceReadError(f"source file {path} does not exist; re-run its source asset")
     try:
@@ -172,10 +180,27 @@ def open_raster(path: str | Path) -> rasterio.DatasetReader:
             f"cannot open {path} as a raster ({exc}); the file is corrupt or truncated: "
             "delete it and re-run its source asset"
         ) from exc
+    return _georeferenced(ds, str(path))
+
+
+def _open_remote(href: str) -> rasterio.DatasetReader:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+            ds = rasterio.open(href)
+    except rasterio.errors.RasterioIOError as exc:
+        raise SourceFetchError(
+            f"cannot read remote raster {href} ({exc}); the server failed or refused, or the "
+            "object is not a raster"
+        ) from exc
+    return _georeferenced(ds, href)
+
+
+def _georeferenced(ds: rasterio.DatasetReader, name: str) -> rasterio.DatasetReader:
     if ds.crs is None or ds.transform.is_identity:
         ds.close()
         raise SourceReadError(
-            f"{path} has no CRS or geotransform: the file is corrupt or truncated, or is not a "
+            f"{name} has no CRS or geotransform: the file is corrupt or truncated, or is not a "
             "georeferenced product file; delete it and re-run its source asset"
         )
     return ds

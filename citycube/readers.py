@@ -14,7 +14,7 @@ from citycube.catalogue import ModalitySpec
 from citycube.errors import SourceReadError
 from citycube.products import load_products
 from citycube.rasters import MaskedSource, RasterGrid, open_raster, read_checked
-from sources.base import SourceItem
+from citycube.sources import SourceItem
 
 
 def _same_crs(a: CRS, b: CRS) -> bool:
@@ -80,12 +80,8 @@ def open_masked_source(
     as CHELSA does); nodata is judged on the raw values. QA bits (``qa_invalid_bits``) are
     read from the item's 'qa' file on the same grid.
     """
-    if role not in item.files:
-        raise SourceReadError(
-            f"{item.product} item for {item.city} has no {role!r} file (has {sorted(item.files)})"
-        )
     with ExitStack() as stack:
-        data = stack.enter_context(open_raster(item.files[role]))
+        data = stack.enter_context(open_raster(item.href(role)))
         crs = check_native_crs(data, item)
         missing = [b for b in bands if b > data.count]
         if missing:
@@ -94,9 +90,7 @@ def open_masked_source(
             )
         qa = None
         if modality.validity.qa_invalid_bits:
-            if "qa" not in item.files:
-                raise SourceReadError(f"{item.product} item for {item.city} has no 'qa' file")
-            qa = stack.enter_context(open_raster(item.files["qa"]))
+            qa = stack.enter_context(open_raster(item.href("qa")))
             if qa.transform != data.transform or qa.shape != data.shape:
                 raise SourceReadError(f"{qa.name} is not on the same grid as {data.name}")
         qa_mask = sum(1 << b for b in modality.validity.qa_invalid_bits)

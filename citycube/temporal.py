@@ -72,7 +72,7 @@ class Resolution:
         return self.missing_reason is None
 
 
-_BASIS = {
+BASIS: dict[Temporal, str] = {
     Temporal.ANNUAL: "annual",
     Temporal.EPOCH: "epoch",
     Temporal.STATIC: "static",
@@ -92,7 +92,7 @@ def resolve(temporal: Temporal, year: int, source_years: Iterable[int] | None) -
     ``source_years`` is what the source covers (None for static sources).
     """
     check_year(year)
-    basis = _BASIS[temporal]
+    basis = BASIS[temporal]
     if temporal == Temporal.STATIC:
         return Resolution(year, None, basis, None)
     covered = set(source_years or ())
@@ -102,3 +102,38 @@ def resolve(temporal: Temporal, year: int, source_years: Iterable[int] | None) -
     if wanted in covered:
         return Resolution(year, wanted, basis, None)
     return Resolution(year, None, basis, "source_year_missing")
+
+
+EPOCHS: tuple[int, ...] = tuple(range(FIRST_YEAR, LAST_YEAR + 1, EPOCH_LENGTH))
+"""First years of the 5-year source epochs (2000, 2005, …, 2025)."""
+
+
+def period_of(temporal: Temporal, year: int) -> int | None:
+    """The source period that serves a calendar year: its epoch, itself, or None (static).
+
+    Results are computed once per source period and reused by every calendar year it serves.
+    """
+    check_year(year)
+    if temporal == Temporal.STATIC:
+        return None
+    if temporal == Temporal.EPOCH:
+        return epoch_of(year)
+    return year
+
+
+def period_label(period: int | None) -> str:
+    """File label of a source period: the year, or 'static'."""
+    return "static" if period is None else str(period)
+
+
+def years_of_period(temporal: Temporal, period: int | None) -> list[int]:
+    """The calendar years a source period serves."""
+    if temporal == Temporal.STATIC:
+        return list(CALENDAR)
+    if period is None:
+        raise ValueError(f"{temporal} periods are years, not 'static'")
+    if temporal == Temporal.EPOCH:
+        if period not in EPOCHS:
+            raise UnknownYearError(f"{period} is not an epoch start; epochs start in {EPOCHS}")
+        return [y for y in CALENDAR if epoch_of(y) == period]
+    return [check_year(period)]

@@ -7,31 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
-import signal
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import (
-    FIRST_COMPLETED,
-    Executor,
-    Future,
-    ProcessPoolExecutor,
-    wait,
-)
-from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
-from functools import partial
+from collections.abc import Sequence
 from pathlib import Path
 
 DEFAULT_CITIES = ("Amsterdam", "Boston")
 DEFAULT_YEARS = (2020, 2024, 2025)
-BUILD_ENV = "CITYCUBE_BUILD_ID"
-BUILD_TAG = "citycube/build"
-"""Every Dagster run of one `citycube build` carries its id, so runs it kills can be found."""
-# Dagster's console logger prints every event at DEBUG; the CLI prints its own progress lines.
-QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 def _parse_cities(text: str) -> list[str]:
@@ -55,20 +37,13 @@ def _parse_years(text: str) -> list[int]:
 
 
 def _env_defaults(args: argparse.Namespace) -> None:
+    """Point this process (and every process it starts) at the data root, release and
+    DAGSTER_HOME, creating the Dagster instance's storage once, up front."""
+    from pipelines.build import ensure_dagster_home
+
     os.environ["CITYCUBE_DATA"] = str(Path(args.data).resolve())
     os.environ["CITYCUBE_RELEASE"] = args.release
-    home = Path(os.environ.get("DAGSTER_HOME", ".dagster_home")).resolve()
-    os.environ["DAGSTER_HOME"] = str(home)
-    ensure_dagster_home(home)
-
-
-def ensure_dagster_home(home: Path) -> Path:
-    """Create DAGSTER_HOME with telemetry off, so the UI and runs work offline."""
-    home.mkdir(parents=True, exist_ok=True)
-    config = home / "dagster.yaml"
-    if not config.exists():
-        config.write_text("telemetry:\n  enabled: false\n", encoding="utf-8")
-    return home
+    ensure_dagster_home(Path(os.environ.get("DAGSTER_HOME", ".dagster_home")))
 
 
 def summary_text(duckdb_file: Path) -> str:
@@ -98,255 +73,39 @@ def summary_text(duckdb_file: Path) -> str:
         con.close()
 
 
-def _materialize(selection_names: Sequence[str], partition_key: str | None, release: str):
-    """One in-process Dagster run of the named assets (used by the CLI and its workers)."""
-    import dagster as dg
-
-    from pipelines.definitions import all_assets
-    from pipelines.resources import CubeResource
-
-    by_key = {a.key.to_user_string(): a for a in all_assets}
-    resource = CubeResource(data_root=os.environ["CITYCUBE_DATA"], release_version=release)
-    build_tag = {BUILD_TAG: os.environ[BUILD_ENV]} if os.environ.get(BUILD_ENV) else {}
-    return dg.materialize(
-        all_assets,
-        selection=dg.AssetSelection.assets(*[by_key[n] for n in selection_names]),
-        partition_key=partition_key,
-        run_config=QUIET_RUN_CONFIG,
-        resources={"cube": resource},
-        instance=dg.DagsterInstance.get(),
-        tags={"citycube/release": release, **build_tag},
-        raise_on_error=False,
-    )
-
-
-def _cancel_killed_runs(build_id: str) -> int:
-    """Mark this build's runs killed mid-way as canceled; returns how many.
-
-    Otherwise the Dagster UI would show them as running forever.
-    """
-    import dagster as dg
-
-    instance = dg.DagsterInstance.get()
-    killed = instance.get_runs(
-        filters=dg.RunsFilter(
-            statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING],
-            tags={BUILD_TAG: build_id},
-        )
-    )
-    for run in killed:
-        instance.report_run_canceled(run, message="killed by a second stop request")
-    return len(killed)
-
-
-def _run_city_year(city: str, year: int, release: str) -> tuple[str, int, bool, str, float]:
-    """Materialise one city-year; returns (city, year, success, summary, seconds)."""
-    from pipelines.partitions import city_year_key
-    from pipelines.schedules import city_year_assets
-
-    t0 = time.monotonic()
-    names = [a.key.to_user_string() for a in city_year_assets]
-    result = _materialize(names, city_year_key(city, year), release)
-    parts = []
-    for event in result.get_asset_materialization_events():
-        key = event.asset_key.path
-        meta = event.materialization.metadata
-        if key[0] == "modalities" and "tiles" in meta:
-            parts.append(f"{key[-1].upper()} {meta['available_tiles'].value}/{meta['tiles'].value}")
-    if not result.success:
-        failures = [
-            f"{e.step_key}: {e.event_specific_data.error.message.strip().splitlines()[-1]}"
-            for e in result.all_events
-            if e.is_step_failure and e.event_specific_data and e.event_specific_data.error
-        ]
-        parts.append("FAILED " + "; ".join(failures))
-    return city, year, result.success, "  ".join(parts), time.monotonic() - t0
-
-
-class StopRequests:
-    """SIGINT/SIGTERM during a build: the first lets running work finish, the second stops it.
-
-    Dagster swallows an interrupt that arrives while it executes in-process (the step fails and
-    the run goes on), so the build keeps Dagster out of its own main process while it waits:
-    every city-year runs in a worker process and this handler decides when to stop.
-    """
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __call__(self, signo: int, _frame: object) -> None:
-        self.count += 1
-        if self.count > 1:
-            raise KeyboardInterrupt
-        print(
-            f"\n{signal.Signals(signo).name}: not starting new work; waiting for the running "
-            "city-years (again to stop them at once) ...",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    @property
-    def requested(self) -> bool:
-        return self.count > 0
-
-
-@contextmanager
-def stop_requests() -> Iterator[StopRequests]:
-    """Route SIGINT and SIGTERM to a :class:`StopRequests` for the duration of a build."""
-    stop = StopRequests()
-    previous = {signo: signal.signal(signo, stop) for signo in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for signo, handler in previous.items():
-            signal.signal(signo, handler)
-
-
-def _own_process_group() -> None:
-    """Worker start-up: leave the terminal's process group, so Ctrl-C reaches only the parent.
-
-    The parent decides what a stop means (finish running city-years, or kill them on a second
-    request); a worker interrupted behind its back would fail half a city-year instead.
-    """
-    os.setpgrp()
-
-
-def _static_sources(city: str, release: str) -> tuple[str, bool]:
-    """Materialise one city's static (yearless) sources; returns (city, success)."""
-    from assets.sources import source_assets
-    from pipelines.partitions import city_partitions
-
-    names = [a.key.to_user_string() for a in source_assets if a.partitions_def == city_partitions]
-    return city, (not names) or _materialize(names, city, release).success
-
-
-def _run_tasks(
-    pool: Executor,
-    workers: int,
-    function: Callable[..., tuple],
-    tasks: Sequence[tuple],
-    on_result: Callable[..., None],
-    stop: StopRequests,
-) -> None:
-    """Run ``function(*task)`` for each task, ``workers`` at a time, reporting each result.
-
-    Tasks are handed to the pool only as workers free up, so a stop request leaves nothing
-    queued: running tasks finish and the rest never start. A second request raises
-    KeyboardInterrupt after killing the workers; partitions they were writing never replace a
-    finished one (atomic writes).
-    """
-    waiting = iter(tasks)
-    running: set[Future] = set()
-    try:
-        while True:
-            while not stop.requested and len(running) < workers:
-                task = next(waiting, None)
-                if task is None:
-                    break
-                running.add(pool.submit(function, *task))
-            if not running:
-                return
-            finished, running = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
-            for future in finished:
-                on_result(*future.result())
-    except KeyboardInterrupt:
-        pool.shutdown(wait=False, cancel_futures=True)
-        for child in multiprocessing.active_children():
-            child.kill()
-        raise
-
-
 def build(args: argparse.Namespace) -> int:
-    """Materialise the selected city-years and the cube assets through Dagster."""
+    """Build the selected cities and years as a Dagster asset backfill (see pipelines.build)."""
+    from pipelines.build import BuildRequest, run_build
+
     cities = _parse_cities(args.cities)
     years = _parse_years(args.years)
     if args.workers < 1:
         raise SystemExit("--workers must be at least 1")
     _env_defaults(args)
-
-    from assets.cube import cube_assets
-    from assets.reports import availability_report
-    from pipelines.resources import CubeResource
-
-    resource = CubeResource(data_root=os.environ["CITYCUBE_DATA"], release_version=args.release)
     total = len(cities) * len(years)
-    started = time.monotonic()
     print(
-        f"Building release {args.release} (SYNTHETIC sample sources) for {len(cities)} cities × "
-        f"{len(years)} years = {total} city-years into {os.environ['CITYCUBE_DATA']} "
-        f"with {args.workers} worker(s)",
+        f"Building release {args.release} for {len(cities)} cities × {len(years)} years = "
+        f"{total} city-years into {os.environ['CITYCUBE_DATA']} with {args.workers} worker(s); "
+        f"sources: {_source_set_label()}",
         flush=True,
     )
-    width = len(str(total))
-    done = 0
-    failed: list[str] = []
+    request = BuildRequest(
+        cities=cities,
+        years=years,
+        release=args.release,
+        data_root=os.environ["CITYCUBE_DATA"],
+        workers=args.workers,
+        scheduler=os.environ.get("CITYCUBE_DASK_SCHEDULER", ""),
+    )
+    return run_build(request)
 
-    def report_static(city: str, ok: bool) -> None:
-        if not ok:
-            failed.append(f"{city} static sources")
 
-    def report(city: str, year: int, ok: bool, summary: str, seconds: float) -> None:
-        nonlocal done
-        done += 1
-        if not ok:
-            failed.append(f"{city} {year}")
-        print(
-            f"[{done:>{width}}/{total}] {city} {year}: {summary}  ({seconds:.1f}s, "
-            f"elapsed {time.monotonic() - started:.0f}s)",
-            flush=True,
-        )
+def _source_set_label() -> str:
+    from sources import load_source_set
 
-    os.environ[BUILD_ENV] = f"{os.getpid()}-{time.time_ns()}"  # inherited by the workers
-    spawn = multiprocessing.get_context("spawn")
-    killed = 0
-    with stop_requests() as stop:
-        try:
-            with ProcessPoolExecutor(
-                args.workers, mp_context=spawn, initializer=_own_process_group
-            ) as pool:
-                # Static sources first: every year of a city reads them.
-                statics = [(city, args.release) for city in cities]
-                run = partial(_run_tasks, pool, args.workers)
-                run(_static_sources, statics, report_static, stop)
-                if not stop.requested:
-                    pairs = [(c, y, args.release) for c in cities for y in years]
-                    run(_run_city_year, pairs, report, stop)
-        except KeyboardInterrupt:  # the second request: workers were killed
-            killed = _cancel_killed_runs(os.environ[BUILD_ENV])
-        except BrokenProcessPool as exc:
-            print(
-                f"error: a worker process died ({exc}); partitions it was writing are "
-                "discarded, finished ones are kept. Run the same command again.",
-                file=sys.stderr,
-            )
-            return 1
-    if stop.requested:
-        print(
-            f"\nStopped after {done} of {total} city-years ({total - done} not built, "
-            f"{len(failed)} failed, {killed} Dagster runs killed mid-way and marked canceled). "
-            "Every partition written so far is in the "
-            "release and the cube database was left as it was; run the same command again to "
-            "build the rest (sources and derived results already made are reused).",
-            file=sys.stderr,
-        )
-        return 130
-    print("Building tiles table, DuckDB catalogue and availability report ...", flush=True)
-    names = [a.key.to_user_string() for a in [*cube_assets, availability_report]]
-    result = _materialize(names, None, args.release)
-    for check in result.get_asset_check_evaluations():
-        status = "PASS" if check.passed else "FAIL"
-        print(f"  check {check.check_name}: {status}")
-    release = resource.release()
-    print(f"Done in {time.monotonic() - started:.0f}s.\n")
-    print(summary_text(release.duckdb_file))
-    shell = Path(sys.executable).with_name("duckdb")
-    print(f"\nQuery it: {shell if shell.exists() else 'duckdb'} {release.duckdb_file}")
-    print(f"Availability tables and heatmap: {release.root / 'reports'}")
-    print(f"Quick-looks: {release.root / 'quicklooks'}")
-    if failed or not result.success:
-        print(f"\nFAILED partitions (others are intact): {', '.join(failed) or 'cube assets'}")
-        return 1
-    return 0
+    sources = load_source_set(os.environ.get("CITYCUBE_SOURCE_SET") or None)
+    flag = "SYNTHETIC sample data" if sources.synthetic else "no synthetic products"
+    return f"{sources.name} ({flag})"
 
 
 def views(args: argparse.Namespace) -> int:
@@ -358,10 +117,10 @@ def views(args: argparse.Namespace) -> int:
     if not release.root.exists():
         print(f"no release at {release.root}", file=sys.stderr)
         return 2
-    if release.metadata_file.exists():  # keep what the build recorded (backend, synthetic, …)
+    if release.metadata_file.exists():  # keep what the build recorded (sources, synthetic, …)
         meta = json.loads(release.metadata_file.read_text(encoding="utf-8"))
     else:
-        meta = release_metadata(release, backend="unknown", synthetic=True)
+        meta = release_metadata(release, source_set="unknown", synthetic=True)
     print(build_duckdb(release, load_catalogue(), meta))
     return 0
 
@@ -379,8 +138,10 @@ def summary(args: argparse.Namespace) -> int:
 
 
 def dagster_home(args: argparse.Namespace) -> int:
-    """Create DAGSTER_HOME with telemetry off (used by `make dev`)."""
-    print(ensure_dagster_home(Path(os.environ.get("DAGSTER_HOME", ".dagster_home")).resolve()))
+    """Create DAGSTER_HOME and its storage, telemetry off (``make dev`` runs this first)."""
+    from pipelines.build import ensure_dagster_home
+
+    print(ensure_dagster_home(Path(os.environ.get("DAGSTER_HOME", ".dagster_home"))))
     return 0
 
 
@@ -450,16 +211,21 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser(
         "build",
-        help="materialise city-years and the cube through Dagster",
+        help="build cities and years as a Dagster asset backfill",
         description=(
-            "Materialise each city's static sources, then every selected city-year (sources, "
-            "all 18 modalities and quick-looks), then the tiles table, DuckDB catalogue and "
-            "availability report, printing a line per city-year."
+            "Submit a Dagster asset backfill of everything the selected cities and years need "
+            "(sources, derived results per source period, all 18 modalities' observations, "
+            "quick-looks, then the tiles table, the checked DuckDB catalogue and the "
+            "availability report) and drive it to the end, printing progress. The backfill "
+            "and its runs are visible in `make dev` (Runs → Backfills). Partition work runs on "
+            "a dask LocalCluster of --workers processes, or on the scheduler named by "
+            "CITYCUBE_DASK_SCHEDULER (e.g. tcp://host:8786)."
         ),
         epilog=(
-            "Ctrl-C or SIGTERM once: start nothing new, let running city-years finish, exit "
-            "130. Twice: kill the running city-years (finished partitions are kept). Run the "
-            "same command again to build the rest."
+            "Ctrl-C or SIGTERM once: the backfill is canceled and Dagster terminates its runs; "
+            "finished partitions stay and the published cube is left as it was (exit 130). "
+            "Twice: every run is forced down at once. Run the same command again to build the "
+            "rest: finished sources and derived results are reused."
         ),
     )
     b.add_argument(
@@ -476,7 +242,8 @@ def parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=int(os.environ.get("WORKERS", "1")),
-        help="city-years built in parallel processes (env WORKERS; default 1)",
+        help="dask worker processes that partition work runs on (env WORKERS; default 1: "
+        "every step works in its run's own process)",
     )
     b.set_defaults(func=build)
     v = sub.add_parser("views", help="rebuild cube.duckdb views for a release")

@@ -1,21 +1,51 @@
-"""The single Definitions entry point, loaded by workspace.yaml and ``dagster dev``."""
+"""The single Definitions entry point, loaded by workspace.yaml, ``dagster dev`` and the CLI."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import dagster as dg
 
-from assets.cube import cube_assets
-from assets.modalities import modality_assets
-from assets.reports import report_assets
-from assets.sources import source_assets
-from pipelines.resources import default_cube_resource
-from pipelines.schedules import city_year_job, yearly_backfill
+from assets.cube import build_cube_assets
+from assets.derived import build_derived_assets
+from assets.modalities import build_modality_assets
+from assets.reports import build_report_assets
+from assets.sources import build_source_assets
+from citycube.catalogue import Catalogue, load_catalogue
+from pipelines.resources import ComputeResource, default_cube_resource
+from pipelines.schedules import yearly_backfill
 
-all_assets = [*source_assets, *modality_assets, *cube_assets, *report_assets]
 
-defs = dg.Definitions(
-    assets=all_assets,
-    jobs=[city_year_job],
-    schedules=[yearly_backfill],
-    resources={"cube": default_cube_resource()},
-)
+def build_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
+    """Every asset of the cube for a modality catalogue."""
+    return [
+        *build_source_assets(catalogue),
+        *build_derived_assets(catalogue),
+        *build_modality_assets(catalogue),
+        *build_cube_assets(catalogue),
+        *build_report_assets(catalogue),
+    ]
+
+
+def build_definitions(
+    catalogue: Catalogue | None = None, resources: Mapping[str, Any] | None = None
+) -> dg.Definitions:
+    """Definitions for a catalogue (default: the packaged one) and resources.
+
+    Steps run one after another inside a run (the in-process executor); the partitions of each
+    step fan out to the compute resource (a dask cluster when there is more than one worker).
+    """
+    return dg.Definitions(
+        assets=build_assets(catalogue or load_catalogue()),
+        sensors=[yearly_backfill],
+        resources={
+            "cube": default_cube_resource(),
+            "compute": ComputeResource(),
+            **(resources or {}),
+        },
+        executor=dg.in_process_executor,
+    )
+
+
+defs = build_definitions()

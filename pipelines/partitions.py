@@ -1,18 +1,44 @@
-"""Partitions, defined once: city × year for annual work, city for static sources."""
+"""Partitions, defined once: by city (static), city × epoch and city × year.
+
+Work is partitioned by the period its source publishes, so each result is computed once by one
+writer: static products per city, 5-year products per city × epoch, annual and snapshot
+products per city × year. Observations are per city × year and reach their source period
+through the partition mappings below.
+"""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterable
+
 import dagster as dg
 
+from citycube.catalogue import Temporal
 from citycube.cities import load_cities
-from citycube.temporal import CALENDAR
+from citycube.temporal import CALENDAR, EPOCHS, epoch_of
 
 CITY = "city"
 YEAR = "year"
+EPOCH = "epoch"
 
 city_partitions = dg.StaticPartitionsDefinition(list(load_cities()))
 year_partitions = dg.StaticPartitionsDefinition([str(y) for y in CALENDAR])
+epoch_partitions = dg.StaticPartitionsDefinition([str(e) for e in EPOCHS])
 city_year_partitions = dg.MultiPartitionsDefinition({CITY: city_partitions, YEAR: year_partitions})
+city_epoch_partitions = dg.MultiPartitionsDefinition(
+    {CITY: city_partitions, EPOCH: epoch_partitions}
+)
+
+PartitionsDef = dg.StaticPartitionsDefinition | dg.MultiPartitionsDefinition
+
+
+def period_partitions(temporal: Temporal) -> PartitionsDef:
+    """The partitions of work keyed by a temporal kind's source period."""
+    if temporal == Temporal.STATIC:
+        return city_partitions
+    if temporal == Temporal.EPOCH:
+        return city_epoch_partitions
+    return city_year_partitions
 
 
 def city_year_key(city: str, year: int) -> dg.MultiPartitionKey:
@@ -20,10 +46,59 @@ def city_year_key(city: str, year: int) -> dg.MultiPartitionKey:
     return dg.MultiPartitionKey({CITY: city, YEAR: str(year)})
 
 
-def split_key(context: dg.AssetExecutionContext) -> tuple[str, int | None]:
-    """(city, year) of the running partition; year is None for city-only partitions."""
-    key = context.partition_key
-    if isinstance(key, dg.MultiPartitionKey):
-        dims = key.keys_by_dimension
-        return dims[CITY], int(dims[YEAR])
+def period_key(temporal: Temporal, city: str, period: int | None) -> str:
+    """The partition key of a city's source period."""
+    if temporal == Temporal.STATIC:
+        return city
+    if temporal == Temporal.EPOCH:
+        return dg.MultiPartitionKey({CITY: city, EPOCH: str(period)})
+    return city_year_key(city, int(period or 0))
+
+
+def split_key(partitions: PartitionsDef, key: str) -> tuple[str, int | None]:
+    """(city, year or epoch) of a partition key; the period is None for city partitions."""
+    if isinstance(partitions, dg.MultiPartitionsDefinition):
+        dims = partitions.get_partition_key_from_str(str(key)).keys_by_dimension
+        return dims[CITY], int(dims.get(YEAR) or dims[EPOCH])
     return str(key), None
+
+
+def keys_for(partitions: PartitionsDef, cities: Iterable[str], years: Iterable[int]) -> list[str]:
+    """The partition keys of a definition that a selection of cities and years needs."""
+    cities, years = list(cities), sorted(set(years))
+    if partitions == city_partitions:
+        return list(cities)
+    if partitions == city_epoch_partitions:
+        epochs = sorted({epoch_of(y) for y in years})
+        return [dg.MultiPartitionKey({CITY: c, EPOCH: str(e)}) for c in cities for e in epochs]
+    if partitions == city_year_partitions:
+        return [city_year_key(c, y) for c in cities for y in years]
+    raise ValueError(f"unknown partitions definition {partitions}")
+
+
+def _epoch_years() -> dict[str, list[str]]:
+    return {str(e): [str(y) for y in CALENDAR if epoch_of(y) == e] for e in EPOCHS}
+
+
+def mapping_between(upstream: PartitionsDef, downstream: PartitionsDef) -> dg.PartitionMapping:
+    """How a downstream partition finds the upstream partitions it reads.
+
+    city × year reads its city's static partition and its epoch's partition; anything reads the
+    same partition of an asset partitioned the same way.
+    """
+    with warnings.catch_warnings():  # these mappings are stable in use; Dagster flags them beta
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        if upstream == downstream:
+            return dg.IdentityPartitionMapping()
+        if upstream == city_partitions:
+            return dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name=CITY)
+        if upstream == city_epoch_partitions and downstream == city_year_partitions:
+            return dg.MultiPartitionMapping(
+                {
+                    CITY: dg.DimensionPartitionMapping(CITY, dg.IdentityPartitionMapping()),
+                    EPOCH: dg.DimensionPartitionMapping(
+                        YEAR, dg.StaticPartitionMapping(_epoch_years())
+                    ),
+                }
+            )
+    raise ValueError(f"no partition mapping from {upstream} to {downstream}")

@@ -1,39 +1,57 @@
-"""The cube resource: where data lives, which release and which source backend."""
+"""Resources shared by every asset: where the cube lives, and where partition work runs."""
 
 from __future__ import annotations
 
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
+from pydantic import PrivateAttr
 
 from citycube.catalogue import Catalogue, load_catalogue
 from citycube.cube import Release
-from sources.base import SourceBackend
+from citycube.sources import SourceSet
 
 DEFAULT_RELEASE = "sample-0.1.0"
+SOURCE_SET_ENV = "CITYCUBE_SOURCE_SET"
+"""Source-set YAML a build reads when the resource names none."""
+SCHEDULER_ENV = "CITYCUBE_DASK_SCHEDULER"
+"""Address of a running dask scheduler (e.g. tcp://host:8786) that partition work goes to."""
+WORKERS_ENV = "CITYCUBE_WORKERS"
+"""Worker processes of the local dask cluster a run starts when no scheduler is given."""
+PROGRESS_EVERY_S = 10.0
+"""Seconds between progress lines of a long step."""
+
+
+@cache
+def _source_set(path: str) -> SourceSet:
+    from sources import load_source_set
+
+    return load_source_set(path or None)
 
 
 class CubeResource(dg.ConfigurableResource):
-    """Settings shared by every asset; tests swap in a temporary data root."""
+    """The release being built, its sources and its catalogue; tests point it elsewhere."""
 
     data_root: str = "data"
     release_version: str = DEFAULT_RELEASE
-    backend: str = "sample"
-    seed: int = 0
+    source_set: str = ""
+    """Source-set YAML (which adapter serves each product); empty: CITYCUBE_SOURCE_SET, else
+    the packaged default, every product from the offline sample family."""
 
     def release(self) -> Release:
         """The release being built."""
         return Release(Path(self.data_root).resolve(), self.release_version)
 
-    def source_backend(self) -> SourceBackend:
-        """The configured source backend."""
-        if self.backend == "sample":
-            from sources.sample import SampleBackend
-
-            return SampleBackend(seed=self.seed)
-        raise dg.DagsterInvalidConfigError(
-            f"unknown source backend {self.backend!r}; this release offers: 'sample'", [], None
-        )
+    def sources(self) -> SourceSet:
+        """One adapter per product, as the source-set spec says."""
+        return _source_set(self.source_set or os.environ.get(SOURCE_SET_ENV, ""))
 
     def catalogue(self) -> Catalogue:
         """The validated modality catalogue."""
@@ -46,3 +64,159 @@ def default_cube_resource() -> CubeResource:
         data_root=dg.EnvVar("CITYCUBE_DATA"),
         release_version=dg.EnvVar("CITYCUBE_RELEASE"),
     )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one partition's task gave: a result, or the error it raised."""
+
+    key: str
+    """Partition key."""
+    result: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when the task finished without an error."""
+        return self.error is None
+
+
+class ComputeResource(dg.ConfigurableResource):
+    """Where partition work runs: in the step's process, on a local dask cluster, or on a
+    running dask scheduler.
+
+    A step hands this resource one task per partition it materialises. With one worker (or one
+    task) the tasks run in the step's own process; with more, they go to a dask
+    ``LocalCluster`` that this resource starts for the run, or to the scheduler at
+    ``scheduler``. Empty settings are read when the run starts from ``CITYCUBE_DASK_SCHEDULER``
+    and ``CITYCUBE_WORKERS`` (``citycube build`` sets both for the runs it starts).
+    """
+
+    scheduler: str = ""
+    """Address of a running dask scheduler; empty: start a LocalCluster when workers > 1."""
+    workers: int = 0
+    """Worker processes of the local cluster; 0: CITYCUBE_WORKERS, or 1."""
+    _client: Any = PrivateAttr(default=None)
+    _cluster: Any = PrivateAttr(default=None)
+
+    def settings(self) -> tuple[str, int]:
+        """The scheduler address and worker count in effect."""
+        scheduler = self.scheduler or os.environ.get(SCHEDULER_ENV, "")
+        workers = self.workers or int(os.environ.get(WORKERS_ENV, "1") or 1)
+        return scheduler, max(1, workers)
+
+    def _dask_client(self) -> Any:
+        if self._client is None:
+            from dask.distributed import Client, LocalCluster
+
+            scheduler, workers = self.settings()
+            if scheduler:
+                self._client = Client(scheduler, timeout="30s")
+            else:
+                self._cluster = LocalCluster(
+                    n_workers=workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    silence_logs=logging.ERROR,
+                )
+                self._client = Client(self._cluster)
+        return self._client
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        """Close the client, and the cluster this resource started."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
+
+    def run(
+        self,
+        log: logging.Logger | Any,
+        label: str,
+        function: Callable[..., Any],
+        tasks: Sequence[tuple[str, tuple[Any, ...]]],
+    ) -> list[Outcome]:
+        """Run ``function(*args)`` for every (partition key, args) task; one outcome each.
+
+        A failing task does not stop the others. Progress goes to ``log`` every few seconds.
+        """
+        scheduler, workers = self.settings()
+        progress = _Progress(log, label, len(tasks))
+        if not tasks:
+            return []
+        if not scheduler and (workers <= 1 or len(tasks) <= 1):
+            return [progress.add(_run_inline(key, function, args)) for key, args in tasks]
+        return self._run_on_dask(function, tasks, progress)
+
+    def _run_on_dask(
+        self,
+        function: Callable[..., Any],
+        tasks: Sequence[tuple[str, tuple[Any, ...]]],
+        progress: _Progress,
+    ) -> list[Outcome]:
+        from dask.distributed import as_completed
+
+        client = self._dask_client()
+        started = time.monotonic()
+        futures = {
+            client.submit(
+                _timed, function, *args, pure=False, key=f"{progress.label}-{key}-{i}"
+            ): key
+            for i, (key, args) in enumerate(tasks)
+        }
+        outcomes: list[Outcome] = []
+        try:
+            for future in as_completed(futures):
+                key = futures[future]
+                try:
+                    result, seconds = future.result()
+                    outcome = Outcome(key, result=result, seconds=seconds)
+                except Exception as exc:
+                    outcome = Outcome(key, error=exc, seconds=time.monotonic() - started)
+                outcomes.append(progress.add(outcome))
+        finally:
+            pending = [f for f in futures if not f.done()]
+            if pending:  # interrupted: nothing more is started for this step
+                client.cancel(pending)
+        return outcomes
+
+
+def _timed(function: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    start = time.monotonic()
+    return function(*args), time.monotonic() - start
+
+
+def _run_inline(key: str, function: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
+    start = time.monotonic()
+    try:
+        return Outcome(key, result=function(*args), seconds=time.monotonic() - start)
+    except Exception as exc:
+        return Outcome(key, error=exc, seconds=time.monotonic() - start)
+
+
+class _Progress:
+    """Progress lines of a step: partitions done out of all, failures, elapsed time."""
+
+    def __init__(self, log: Any, label: str, total: int) -> None:
+        self.log, self.label, self.total = log, label, total
+        self.done = self.failed = 0
+        self.start = self.last = time.monotonic()
+
+    def add(self, outcome: Outcome) -> Outcome:
+        self.done += 1
+        now = time.monotonic()
+        if not outcome.ok:
+            self.failed += 1
+            self.log.error(f"{self.label} {outcome.key}: {outcome.error}")
+        if self.done == self.total or now - self.last >= PROGRESS_EVERY_S:
+            self.last = now
+            failed = f", {self.failed} failed" if self.failed else ""
+            self.log.info(
+                f"{self.label}: {self.done}/{self.total} partitions{failed} "
+                f"({now - self.start:.1f}s)"
+            )
+        return outcome

@@ -1,1 +1,62 @@
-"""Source families: one module per provider, all behind ``sources.base.SourceBackend``."""
+"""Source adapter families (one module per provider) behind ``citycube.sources.SourceProduct``.
+
+A source-set spec names a family per product; :func:`build_source_set` turns it into the
+:class:`~citycube.sources.SourceSet` a build reads. Add a family by registering a function that
+returns its adapters for the family's options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from citycube.errors import SpecError
+from citycube.sources import SourceProduct, SourceSet, SourceSetSpec, load_source_set_spec
+
+AdapterFamily = Callable[[Mapping[str, Any]], Iterable[SourceProduct]]
+
+
+def _sample(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
+    from sources.sample.backend import sample_adapters
+
+    return sample_adapters(dict(options))
+
+
+FAMILIES: dict[str, AdapterFamily] = {"sample": _sample}
+"""Adapter families by name."""
+
+
+def build_source_set(spec: SourceSetSpec) -> SourceSet:
+    """One adapter per product, each from the family the spec names for it."""
+    wanted = {spec.default, *spec.products.values()}
+    unknown = sorted(wanted - set(FAMILIES))
+    if unknown:
+        raise SpecError(
+            f"source set {spec.name!r} names unknown adapter families {unknown}; "
+            f"known: {sorted(FAMILIES)}"
+        )
+    offered: dict[str, dict[str, SourceProduct]] = {}
+    for family in sorted(wanted):
+        try:
+            adapters = FAMILIES[family](spec.options.get(family, {}))
+        except (TypeError, ValueError) as exc:
+            raise SpecError(f"source set {spec.name!r}: family {family!r}: {exc}") from exc
+        offered[family] = {a.product_id: a for a in adapters}
+    chosen: list[SourceProduct] = []
+    for family, adapters in offered.items():
+        for product_id, adapter in adapters.items():
+            if spec.family_of(product_id) == family:
+                chosen.append(adapter)
+    missing = sorted(p for p, fam in spec.products.items() if p not in offered.get(fam, {}))
+    if missing:
+        raise SpecError(f"source set {spec.name!r}: no adapter in its family serves {missing}")
+    return SourceSet(chosen, name=spec.name)
+
+
+def load_source_set(path: str | Path | None = None) -> SourceSet:
+    """The source set of a spec file, or the packaged default (every product on sample)."""
+    return build_source_set(load_source_set_spec(path))
+
+
+__all__ = ["FAMILIES", "build_source_set", "load_source_set"]

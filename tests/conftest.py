@@ -11,7 +11,7 @@ import rasterio
 from affine import Affine
 
 from citycube.errors import SourceUnavailableError
-from sources.base import SourceBackend, SourceItem
+from citycube.sources import SourceInfo, SourceItem, SourceProduct, SourceSet
 
 
 def write_tif(
@@ -42,34 +42,58 @@ def write_tif(
     return path
 
 
-class LocalFilesBackend(SourceBackend):
-    """Serves hand-made files: {(product, city, year): {role: path}}; years listed per product."""
+class LocalFilesProduct(SourceProduct):
+    """Serves hand-made files of one product: {(city, year): {role: path}}."""
 
-    name = "local-test"
-
-    def __init__(self, items: dict[tuple[str, str, int | None], dict[str, Path]]) -> None:
+    def __init__(
+        self,
+        product_id: str,
+        items: dict[tuple[str, int | None], dict[str, Path]],
+        *,
+        synthetic: bool = True,
+        source_id: str | None = None,
+        version: str = "t1",
+    ) -> None:
         self.items = items
+        self.info = SourceInfo(
+            product_id=product_id,
+            source_id=source_id or f"test:{product_id}",
+            version=version,
+            synthetic=synthetic,
+            licence="test fixture",
+            attribution="tests",
+        )
 
-    def products(self) -> list[str]:
-        return sorted({p for p, _, _ in self.items})
-
-    def source_years(self, product: str, city: str) -> list[int] | None:
-        years = [y for p, c, y in self.items if p == product and c == city]
+    def source_years(self, city: str) -> list[int] | None:
+        years = [y for c, y in self.items if c == city]
         return None if years == [None] else sorted(y for y in years if y is not None)
 
-    def fetch(self, product: str, city: str, source_year: int | None, dest: Path) -> SourceItem:
-        key = (product, city, source_year)
-        if key not in self.items:
-            raise SourceUnavailableError(f"no test item {key}")
+    def fetch(self, city: str, source_year: int | None, dest: Path) -> SourceItem:
+        if (city, source_year) not in self.items:
+            raise SourceUnavailableError(f"no test item {(self.product_id, city, source_year)}")
         return SourceItem(
-            product=product,
+            product=self.product_id,
             city=city,
             source_year=source_year,
-            files=self.items[key],
-            source_id=f"test:{product}",
-            version="t1",
-            synthetic=True,
+            files=self.items[(city, source_year)],
+            source_id=self.info.source_id,
+            version=self.info.version,
+            synthetic=self.info.synthetic,
         )
+
+
+def LocalFilesBackend(
+    items: dict[tuple[str, str, int | None], dict[str, Path]], *, synthetic: bool = True
+) -> SourceSet:
+    """A source set of hand-made files: {(product, city, year): {role: path}}."""
+    by_product: dict[str, dict[tuple[str, int | None], dict[str, Path]]] = {}
+    for (product, city, year), files in items.items():
+        by_product.setdefault(product, {})[(city, year)] = files
+    adapters = [
+        LocalFilesProduct(product, files, synthetic=synthetic)
+        for product, files in by_product.items()
+    ]
+    return SourceSet(adapters, name="local-test")
 
 
 @pytest.fixture

@@ -53,10 +53,10 @@ def test_views_keeps_recorded_release_metadata(tmp_path: Path) -> None:
 
     release = Release(tmp_path, "moved")
     write_tiles(release)
-    meta = release_metadata(release, backend="sample", synthetic=True, extra={"seed": 7})
+    meta = release_metadata(release, source_set="sample", synthetic=True, extra={"seed": 7})
     release.metadata_file.write_text(json.dumps(meta), encoding="utf-8")
     build_duckdb(release, load_catalogue(), meta)
     assert main(["--data", str(tmp_path), "--release", "moved", "views"]) == 0
     con = duckdb.connect(str(release.duckdb_file), read_only=True)
     recorded = dict(con.execute("SELECT key, value FROM release").fetchall())
-    assert recorded["seed"] == "7" and recorded["backend"] == '"sample"'
+    assert recorded["seed"] == "7" and recorded["source_set"] == '"sample"'

@@ -1,4 +1,7 @@
-"""`citycube build` as a user runs it: stop requests, a forced stop, and a clean re-run."""
+"""`citycube build` as a user runs it: a stop request, a forced stop and a clean re-run.
+
+Stopping goes through Dagster: the backfill is canceled and Dagster terminates its runs.
+"""
 
 from __future__ import annotations
 
@@ -27,13 +30,18 @@ def _start(tmp_path: Path) -> subprocess.Popen[str]:
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
     )
 
 
-def _built_years(lines: list[str]) -> list[int]:
-    return [int(line.split(":")[0].split()[-1]) for line in lines if line.startswith("[")]
+def _wait_for(build: subprocess.Popen[str], marker: str, lines: list[str]) -> None:
+    assert build.stdout is not None
+    for line in build.stdout:
+        lines.append(line)
+        if marker in line:
+            return
+    raise AssertionError(f"the build ended before printing {marker!r}:\n{''.join(lines)}")
 
 
 def _observation_years(data: Path) -> set[int]:
@@ -41,56 +49,57 @@ def _observation_years(data: Path) -> set[int]:
     return {int(path.parent.name.removeprefix("year=")) for path in files}
 
 
-def _runs_left_running(tmp_path: Path) -> int:
-    """Runs the Dagster instance still records as started (read in a fresh interpreter)."""
+def _instance_state(tmp_path: Path) -> tuple[list[str], int]:
+    """Backfill statuses and runs still recorded as running (read in a fresh interpreter)."""
     probe = (
         "import dagster as dg\n"
         "i = dg.DagsterInstance.get()\n"
-        "s = [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING]\n"
+        "s = [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING,\n"
+        "     dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.CANCELING]\n"
+        "print(','.join(b.status.value for b in i.get_backfills()))\n"
         "print(len(i.get_runs(filters=dg.RunsFilter(statuses=s))))\n"
     )
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")}
     done = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
     )
-    return int(done.stdout.strip().splitlines()[-1])
+    statuses, running = done.stdout.strip().splitlines()[-2:]
+    return statuses.split(","), int(running)
 
 
 def test_stop_requests_then_a_rerun_builds_everything(tmp_path: Path) -> None:
     data = tmp_path / "data"
 
-    # 1. One SIGTERM after the first city-year: running work finishes, nothing new starts.
+    # 1. One SIGTERM once a run is working: the backfill is canceled through Dagster.
     build = _start(tmp_path)
-    assert build.stdout is not None
-    lines = []
-    for line in build.stdout:
-        lines.append(line)
-        if line.startswith("[1/"):
-            build.send_signal(signal.SIGTERM)
-            break
-    rest, err = build.communicate(timeout=300)
-    lines += rest.splitlines()
-    assert build.returncode == 130, err
-    assert "Stopped after" in err and "run the same command again" in err
-    built = _built_years(lines)
-    assert 1 <= len(built) < len(YEARS)
-    assert _observation_years(data) == set(built)
-    assert not list((data / "releases").glob("*/cube.duckdb")), "a stopped build left a cube"
+    lines: list[str] = []
+    _wait_for(build, "partitions", lines)
+    build.send_signal(signal.SIGTERM)
+    rest, _ = build.communicate(timeout=300)
+    out = "".join(lines) + rest
+    assert build.returncode == 130, out
+    assert "Stopped after" in out and "Run the same command again" in out
+    statuses, running = _instance_state(tmp_path)
+    assert statuses == ["CANCELED"] and running == 0, out
+    assert not list((data / "releases").glob("*/cube.duckdb")), "a stopped build published a cube"
 
-    # 2. Two requests while a city-year runs: its worker is killed mid-write.
+    # 2. Two requests: every run is forced down at once; none is left recorded as running.
     build = _start(tmp_path)
-    time.sleep(4)
+    lines = []
+    _wait_for(build, "started:", lines)
     build.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     build.send_signal(signal.SIGTERM)
-    _, err = build.communicate(timeout=120)
-    assert build.returncode == 130, err
-    assert _runs_left_running(tmp_path) == 0, "a killed run still shows as running"
+    rest, _ = build.communicate(timeout=120)
+    out = "".join(lines) + rest
+    assert build.returncode == 130, out
+    _, running = _instance_state(tmp_path)
+    assert running == 0, f"a run still shows as running:\n{out}"
 
     # 3. The same command again completes, and the cube holds every year once.
     build = _start(tmp_path)
-    out, err = build.communicate(timeout=600)
-    assert build.returncode == 0, err
+    out, _ = build.communicate(timeout=900)
+    assert build.returncode == 0, out
     assert "check unique_keys: PASS" in out
     assert _observation_years(data) == set(YEARS)
     (database,) = (data / "releases").glob("*/cube.duckdb")
@@ -102,5 +111,7 @@ def test_stop_requests_then_a_rerun_builds_everything(tmp_path: Path) -> None:
         ).fetchone()
     assert [y for (y,) in years] == list(YEARS)
     assert duplicates == (0,)
+    statuses, _ = _instance_state(tmp_path)
+    assert statuses[0] == "COMPLETED_SUCCESS"  # newest first
     leftovers = [p for p in data.rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
     assert not leftovers

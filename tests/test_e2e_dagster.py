@@ -1,7 +1,11 @@
-"""End to end: materialise one city-year through Dagster, then query the release with DuckDB."""
+"""End to end: `citycube build` as `make run` calls it, on a fresh DAGSTER_HOME, through a
+2-worker dask LocalCluster; then the release is queried with DuckDB and the instance is read
+back for the backfill and its runs (what `dagster dev` shows)."""
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import re
 import subprocess
 import sys
@@ -13,44 +17,73 @@ import pytest
 import rioxarray  # noqa: F401  (registers .rio)
 import xarray as xr
 
-from assets.cube import cube_assets
-from assets.sources import source_assets
-from pipelines.definitions import all_assets, defs
-from pipelines.partitions import city_partitions, city_year_key
-from pipelines.resources import CubeResource
-from pipelines.schedules import city_year_assets, yearly_backfill
+from pipelines.definitions import build_definitions, defs
+from pipelines.schedules import year_due, yearly_request
 
 pytestmark = pytest.mark.e2e
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 CITY, YEAR = "Amsterdam", 2025
 
 
 @pytest.fixture(scope="module")
-def release_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    data = tmp_path_factory.mktemp("data")
-    cube = CubeResource(data_root=str(data), release_version="test-release")
-    instance = dg.DagsterInstance.ephemeral()
+def build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """One build of Amsterdam 2025 with two dask workers, from an empty DAGSTER_HOME."""
+    root = tmp_path_factory.mktemp("e2e")
+    home, data = root / "dagster_home", root / "data"
+    command = [sys.executable, "-m", "pipelines.cli", "--data", str(data), "--release", "e2e"]
+    command += ["build", "--cities", CITY, "--years", str(YEAR), "--workers", "2"]
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    env.pop("CITYCUBE_DASK_SCHEDULER", None)
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {"release": data / "releases" / "e2e", "home": home, "out": done.stdout}
 
-    def run(selection: list[dg.AssetsDefinition], key: str | None) -> None:
-        result = dg.materialize(
-            all_assets,
-            selection=dg.AssetSelection.assets(*selection),
-            partition_key=key,
-            resources={"cube": cube},
-            instance=instance,
+
+@pytest.fixture(scope="module")
+def release_dir(build: dict[str, object]) -> Path:
+    return build["release"]  # type: ignore[return-value]
+
+
+def _instance(home: Path) -> dg.DagsterInstance:
+    from dagster._core.instance.ref import InstanceRef
+
+    return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
+
+
+def test_build_is_one_backfill_of_successful_runs(build: dict[str, object]) -> None:
+    from dagster._core.execution.backfill import BulkActionStatus
+
+    with _instance(build["home"]) as instance:  # type: ignore[arg-type]
+        (backfill,) = instance.get_backfills()
+        assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS
+        assert backfill.tags["citycube/release"] == "e2e"
+        runs = instance.get_runs(
+            filters=dg.RunsFilter(tags={"dagster/backfill": backfill.backfill_id})
         )
-        assert result.success
+        assert len(runs) >= 4  # static, epoch, annual and cube partitionings each get runs
+        assert {r.status for r in runs} == {dg.DagsterRunStatus.SUCCESS}
+        materialized = {
+            key.to_user_string()
+            for run in runs
+            for key in instance.get_asset_keys_for_run(run.run_id)
+        }
+    assert {"sources/cop_dem_glo30", "derived/dem", "derived/pop", "modalities/opt"} <= materialized
+    assert {"cube/staged_database", "cube/database", "cube/availability_report"} <= materialized
 
-    run([a for a in source_assets if a.partitions_def == city_partitions], CITY)
-    run(city_year_assets, city_year_key(CITY, YEAR))
-    run(cube_assets, None)
-    return cube.release().root
+
+def test_partition_work_ran_on_a_two_worker_local_cluster(build: dict[str, object]) -> None:
+    out = str(build["out"])
+    assert re.search(r"dask: LocalCluster with 2 workers at tcp://", out)
+    assert "check values_in_range_no_zero_fill: PASS" in out
 
 
 def test_definitions_load() -> None:
     dg.Definitions.validate_loadable(defs)
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert {"modalities/opt", "modalities/co2", "cube/database", "sources/odiac"} <= keys
+    assert {"modalities/opt", "derived/co2", "cube/database", "sources/odiac"} <= keys
 
 
 def test_tiles_table_matches_spec(release_dir: Path) -> None:
@@ -87,9 +120,21 @@ def test_observations_queryable_with_both_kinds(release_dir: Path) -> None:
         ).fetchall()
     )
     assert basis["DEM"] == "static" and basis["POP"] == "epoch" and basis["OPT"] == "annual"
-    synthetic = con.execute("SELECT bool_and(synthetic) FROM observations").fetchone()[0]
-    assert synthetic is True
+    provenance = con.execute(
+        "SELECT bool_and(synthetic), count(DISTINCT source_id) FILTER "
+        "(WHERE NOT starts_with(source_id, 'sample:')) FROM observations"
+    ).fetchone()
+    assert provenance == (True, 0)
     assert con.execute("SELECT value FROM release WHERE key='synthetic'").fetchone()[0] == "true"
+
+
+def test_release_records_every_source_with_its_licence(release_dir: Path) -> None:
+    import json
+
+    meta = json.loads((release_dir / "release.json").read_text(encoding="utf-8"))
+    assert meta["source_set"] == "sample" and meta["synthetic"] is True
+    assert meta["sources"]["odiac"]["source_id"] == "sample:odiac"
+    assert all(s["licence"] for s in meta["sources"].values())
 
 
 def test_chips_are_georeferenced_windows(release_dir: Path) -> None:
@@ -110,17 +155,24 @@ def test_chips_are_georeferenced_windows(release_dir: Path) -> None:
     assert chip.dtype == "uint8" and chip.shape == (3, 80, 80)
 
 
-def test_schedule_requests_last_year_for_every_city() -> None:
-    context = dg.build_schedule_context(
-        scheduled_execution_time=__import__("datetime").datetime(2025, 1, 15)
-    )
-    requests = yearly_backfill(context)
-    assert len(requests) == 16
-    assert all(r.partition_key.keys_by_dimension["year"] == "2024" for r in requests)
+def test_yearly_sensor_requests_one_backfill_of_last_year() -> None:
+    graph = build_definitions().resolve_asset_graph()
+    assert year_due(dt.date(2025, 1, 14)) == 2023 and year_due(dt.date(2025, 1, 15)) == 2024
+    result = yearly_request(graph, dt.date(2025, 1, 15), cursor=None)
+    assert isinstance(result, dg.SensorResult) and result.cursor == "2024"
+    (request,) = result.run_requests
+    subset = request.asset_graph_subset
+    opt = subset.get_partitions_subset(dg.AssetKey(["modalities", "opt"]))
+    assert len(opt) == 16 and all(k.endswith("|2024") for k in opt.get_partition_keys())
+    pop = subset.get_partitions_subset(dg.AssetKey(["derived", "pop"]))
+    assert sorted(pop.get_partition_keys())[0] == "Amsterdam|2020"  # 2024's epoch
+    assert dg.AssetKey(["cube", "database"]) in subset.non_partitioned_asset_keys
+    again = yearly_request(graph, dt.date(2025, 6, 1), cursor="2024")
+    assert isinstance(again, dg.SkipReason)
 
 
 def _readme_sql() -> list[str]:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     return re.findall(r"```sql\n(.*?)```", readme, flags=re.DOTALL)
 
 

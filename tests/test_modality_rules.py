@@ -189,16 +189,14 @@ def test_property_in_2017_ppp_keeps_local_value(
     tmp_path: Path, release: Release, cpi_2020: float | None
 ) -> None:
     values = np.full((200, 280), 400_000.0, np.float32)
-    prop = _test_product("PROP", auxiliary_products=("test_wb",))
+    # the conversion reads the World Bank item registered as 'worldbank_indicators'
+    prop = _test_product("PROP", auxiliary_products=("worldbank_indicators",))
     backend = LocalFilesBackend(
         {
             ("test_prop", CITY, 2020): {"data": _grid_tif(tmp_path / "p.tif", values, 100, -9999)},
-            ("test_wb", CITY, None): _indicators(tmp_path, cpi_2020),
+            ("worldbank_indicators", CITY, None): _indicators(tmp_path, cpi_2020),
         }
     )
-    # the conversion reads the World Bank item registered as 'worldbank_indicators'
-    backend.items[("worldbank_indicators", CITY, None)] = backend.items.pop(("test_wb", CITY, None))
-    prop = prop.model_copy(update={"auxiliary_products": ("worldbank_indicators",)})
     process_partition(prop, CAT, CITY, 2020, backend, release)
     rows = _rows(release, 2020, "PROP")
     local = rows[("Amsterdam_2KM_r2_c2", "property_mean_local")]

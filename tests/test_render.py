@@ -209,7 +209,7 @@ def build_small_release(data_root: Path, version: str = "t") -> Release:
             process_partition(modality, CAT, CITY, year, backend, release)
     release.root.mkdir(parents=True, exist_ok=True)
     tiles_frame([CITY]).to_parquet(release.tiles_file)
-    build_duckdb(release, CAT, release_metadata(release, backend="local-test", synthetic=True))
+    build_duckdb(release, CAT, release_metadata(release, source_set="local-test", synthetic=True))
     return release
 
 
@@ -315,15 +315,16 @@ def test_cli_render_writes_the_tile_and_legend(
 
 
 def test_quicklooks_asset_writes_one_png_per_image_modality(release: Release) -> None:
-    from assets.reports import quicklooks
+    from assets.reports import QUICKLOOKS_KEY, build_report_assets
     from pipelines.partitions import city_year_key
-    from pipelines.resources import CubeResource
+    from pipelines.resources import ComputeResource, CubeResource
 
+    (quicklooks,) = [a for a in build_report_assets(CAT) if a.key == QUICKLOOKS_KEY]
     cube = CubeResource(data_root=str(release.data_root), release_version=release.version)
     result = dg.materialize(
         [quicklooks],
         partition_key=city_year_key(CITY, 2020),
-        resources={"cube": cube},
+        resources={"cube": cube, "compute": ComputeResource(workers=1)},
         instance=dg.DagsterInstance.ephemeral(),
     )
     assert result.success

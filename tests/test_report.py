@@ -185,9 +185,12 @@ def test_cli_report_prints_both_tables(
 
 
 def test_availability_report_asset_attaches_tables_and_heatmap(release: Release) -> None:
-    from assets.reports import availability_report
+    from assets.reports import AVAILABILITY_REPORT_KEY, build_report_assets
     from pipelines.resources import CubeResource
 
+    (availability_report,) = [
+        a for a in build_report_assets(CAT) if a.key == AVAILABILITY_REPORT_KEY
+    ]
     cube = CubeResource(data_root=str(release.data_root), release_version=release.version)
     result = dg.materialize(
         [availability_report], resources={"cube": cube}, instance=dg.DagsterInstance.ephemeral()
@@ -203,11 +206,9 @@ def test_availability_report_asset_attaches_tables_and_heatmap(release: Release)
 
 
 def test_report_assets_load_alongside_the_pipeline() -> None:
-    from assets.reports import report_assets
-    from pipelines.definitions import all_assets
-    from pipelines.resources import CubeResource
+    from pipelines.definitions import build_definitions
 
-    defs = dg.Definitions(assets=[*all_assets, *report_assets], resources={"cube": CubeResource()})
+    defs = build_definitions(CAT)
     dg.Definitions.validate_loadable(defs)
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}

@@ -13,9 +13,9 @@ import rasterio
 from pyproj import CRS, Transformer
 from rasterio.warp import Resampling, reproject
 
-from citycube.errors import SourceUnavailableError, UnknownCityError
+from citycube.errors import SourceUnavailableError, UnknownCityError, UnknownProductError
 from citycube.grids import city_extent, city_grid
-from sources.base import SourceItem
+from citycube.sources import SourceItem
 from sources.sample import SAMPLE_VERSION, SYNTHETIC_NOTICE, SampleBackend, synthetic_city
 from sources.sample import backend as backend_module
 from sources.sample.landsat import (
@@ -99,7 +99,7 @@ def test_year_between_epochs_is_unavailable(backend: SampleBackend, tmp_path: Pa
 
 
 def test_bad_requests_say_what_to_change(backend: SampleBackend, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"landsat_c2l2.*odiac"):
+    with pytest.raises(UnknownProductError, match=r"'modis'.*landsat_c2l2.*odiac"):
         backend.fetch("modis", CITY, YEAR, tmp_path)
     with pytest.raises(ValueError, match="static"):
         backend.fetch("cop_dem_glo30", CITY, YEAR, tmp_path)
@@ -289,7 +289,7 @@ def test_killed_fetch_leaves_no_half_item(
     # A partial directory (no marker) and a dead writer's staging directory get replaced.
     (city_dir / str(YEAR)).mkdir()
     (city_dir / str(YEAR) / "half.tif").write_bytes(b"II*\x00")
-    (city_dir / f".{YEAR}.tmp-999999999-deadbeef").mkdir()
+    (city_dir / f".{YEAR}.tmp-{2**22 + 999}-{'0' * 32}").mkdir()
     item = backend.fetch("ghs_pop", CITY, YEAR, tmp_path)
     assert sorted(os.listdir(city_dir)) == [str(YEAR)]
     assert not (city_dir / str(YEAR) / "half.tif").exists()

@@ -59,18 +59,8 @@ def _read(path: Path, band: int | None = None) -> np.ndarray:
 def item_files(
     backend: SampleBackend, product: str, city: str, year: int, dest: Path
 ) -> dict[str, Path]:
-    """Files of an item by role.
-
-    Per-variable products (no 'data' role) are written with the backend's own writer: its
-    ``fetch`` reuse check still insists on a 'data' role (see test_per_variable_fetch).
-    """
-    if product not in PER_VARIABLE:
-        return backend.fetch(product, city, year, dest).files
-    generated = backend.product(product).generate(synthetic_city(city, backend.seed), year)
-    folder = dest / product / city / str(year)
-    folder.mkdir(parents=True, exist_ok=True)
-    backend._write_item(folder, generated, product, city, year)
-    return {layer.role: folder / layer.filename for layer in generated.layers}
+    """Files of an item by role (per-variable products have no 'data' role)."""
+    return dict(backend.fetch(product, city, year, dest).files)
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ from citycube.classify import osm_building_function
 from citycube.errors import SourceUnavailableError
 from citycube.grids import city_extent, city_grid
 from citycube.money import ppp_2017_factor
+from citycube.sources import SourceItem
 from citycube.vectors import coverage_fractions, load_coverage, tile_index
-from sources.base import SourceItem
 from sources.sample import SYNTHETIC_NOTICE, SampleBackend, synthetic_city
 from sources.sample.osm import (
     BUILDING_SNAPSHOT_YEARS,

@@ -1,0 +1,140 @@
+"""Install a fetched item once, atomically: stage it, record it complete, move it into place.
+
+Every adapter that puts files on disk uses this. The files of an item are written into a
+staging directory next to the item's final place (same filesystem, so the move is atomic), a
+completion record (``_complete.json``) is written last and synced, and the directory is moved
+into place with one rename. A killed fetch therefore leaves at most a staging directory, which
+the next fetch of the same item removes once its writer is gone; it never leaves a half item
+that looks complete. A complete item whose record matches the requested identity is reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from citycube.scratch import owned_name, remove_dead_leftovers
+
+COMPLETE_MARKER = "_complete.json"
+"""Written last into an item directory; its presence means the item is whole."""
+
+
+@dataclass(frozen=True)
+class StagedFiles:
+    """What a writer put into the staging directory."""
+
+    files: Mapping[str, str]
+    """File name (relative to the item directory) by role."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Adapter metadata kept in the completion record (scene ids, units, …)."""
+
+
+@dataclass(frozen=True)
+class InstalledItem:
+    """A complete item on disk and its completion record."""
+
+    directory: Path
+    """The item's final directory."""
+    record: Mapping[str, Any]
+    """The completion record: identity, files by role, extra metadata."""
+
+    @property
+    def files(self) -> dict[str, Path]:
+        """Absolute paths by role."""
+        return {role: self.directory / name for role, name in self.record["files"].items()}
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """Adapter metadata recorded with the item."""
+        return dict(self.record.get("extra", {}))
+
+    @property
+    def fingerprint(self) -> str:
+        """Digest of the completion record: changes whenever the item is re-made differently."""
+        text = json.dumps(self.record, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def installed_item(final: Path, identity: Mapping[str, Any]) -> InstalledItem | None:
+    """The complete item at ``final`` if its record matches ``identity`` and its files exist."""
+    try:
+        record = json.loads((final / COMPLETE_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    if any(record.get(key) != value for key, value in identity.items()):
+        return None
+    files = record.get("files")
+    if not isinstance(files, dict) or not files:
+        return None
+    item = InstalledItem(final, record)
+    if not all(path.exists() for path in item.files.values()):
+        return None
+    return item
+
+
+def install_item(
+    final: Path, identity: Mapping[str, Any], write: Callable[[Path], StagedFiles]
+) -> InstalledItem:
+    """Reuse the complete item at ``final``, or stage it with ``write`` and move it into place.
+
+    ``identity`` (product, city, source year, version, …) is stored in the completion record
+    and must match for an item to be reused; anything else found at ``final`` is replaced.
+    """
+    existing = installed_item(final, identity)
+    if existing is not None:
+        return existing
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_leftovers(final)
+    staging = owned_name(final)
+    staging.mkdir()
+    try:
+        staged = write(staging)
+        missing = [name for name in staged.files.values() if not (staging / name).exists()]
+        if missing:
+            raise RuntimeError(f"the writer of {final} did not write {missing}")
+        record = {**identity, "files": dict(staged.files), "extra": dict(staged.extra)}
+        _write_synced_json(staging / COMPLETE_MARKER, record)
+        _move_into_place(staging, final, identity)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # already gone when it was moved
+    item = installed_item(final, identity)
+    if item is None:
+        raise RuntimeError(f"item {final} vanished right after it was installed")
+    return item
+
+
+def _write_synced_json(path: Path, payload: Mapping[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True, default=str)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _move_into_place(staging: Path, final: Path, identity: Mapping[str, Any]) -> None:
+    """Rename ``staging`` to ``final``; an item someone else completed meanwhile is kept."""
+    if installed_item(final, identity) is not None:
+        return
+    stale: Path | None = None
+    if final.exists():
+        stale = owned_name(final, "old")
+        try:
+            os.replace(final, stale)
+        except FileNotFoundError:
+            stale = None
+    try:
+        os.replace(staging, final)
+    except OSError:
+        if installed_item(final, identity) is None:
+            raise
+    finally:
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)

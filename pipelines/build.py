@@ -1,0 +1,549 @@
+"""``citycube build``: an asset backfill of the chosen cities and years, run by Dagster.
+
+The build is a Dagster asset backfill like one launched from the UI: every asset partition the
+cities and years need, across the city, city × epoch and city × year partitionings plus the
+cube. Dagster's backfill logic turns it into runs (one per partitioning, as the single-run
+backfill policy asks), its queued run coordinator launches them and each run's steps fan their
+partitions out to one dask cluster. When a Dagster daemon already serves this
+``DAGSTER_HOME`` (``make dev``), it executes the backfill; otherwise the build process ticks the
+same backfill and run-queue iterations the daemon runs, every second instead of every 30.
+
+The command is two processes. The one in the terminal only relays stop requests: a first
+Ctrl-C/SIGTERM cancels the backfill (Dagster terminates its runs; finished partitions stay), a
+second forces every run down at once. The other, in its own session so a terminal's Ctrl-C
+never reaches the runs behind Dagster's back, creates the dask cluster, submits the backfill,
+drives it and reports progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORKSPACE_FILE = REPO_ROOT / "workspace.yaml"
+BUILD_TAG = "citycube/build"
+RELEASE_TAG = "citycube/release"
+BACKFILL_TAG = "dagster/backfill"
+TICK_S = 1.0
+"""Seconds between backfill iterations when the build drives the backfill itself."""
+DAEMON_FRESH_S = 60.0
+"""A daemon heartbeat younger than this means a daemon serves the instance."""
+MAX_CONCURRENT_RUNS = 4
+"""Runs the queued run coordinator lets execute at once; the work itself is bounded by the
+dask workers, so this only bounds how many runs wait on them."""
+FORCED_STOP_GRACE_S = 20.0
+"""After a forced stop, seconds to wait for runs to report their end before marking them."""
+EXIT_STOPPED = 130
+
+DAGSTER_YAML = f"""\
+# Written by `citycube dagster-home`; edit freely, it is not overwritten.
+telemetry:
+  enabled: false
+run_coordinator:
+  module: dagster.core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
+    max_concurrent_runs: {MAX_CONCURRENT_RUNS}
+    dequeue_interval_seconds: 1
+    dequeue_use_threads: true
+    dequeue_num_workers: {MAX_CONCURRENT_RUNS}
+"""
+
+
+def ensure_dagster_home(home: Path) -> Path:
+    """Create DAGSTER_HOME and its storage once, before any process works in parallel.
+
+    Two processes creating a fresh SQLite instance at the same moment can both run its schema
+    migrations and break it for good, so the storage is created here, by one process, and
+    everything started later only opens it.
+    """
+    import dagster as dg
+
+    home = home.resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        config.write_text(DAGSTER_YAML, encoding="utf-8")
+    os.environ["DAGSTER_HOME"] = str(home)
+    with dg.DagsterInstance.get():  # creates and migrates the storage
+        pass
+    return home
+
+
+# --------------------------------------------------------------------------------------------
+# The build request, passed from the terminal process to the driver.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What to build and with how many workers."""
+
+    cities: list[str]
+    years: list[int]
+    release: str
+    data_root: str
+    workers: int
+    scheduler: str = ""
+    """A running dask scheduler to use instead of a local cluster."""
+
+    def to_json(self) -> str:
+        """For the driver's command line."""
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> BuildRequest:
+        """Back from the driver's command line."""
+        return cls(**json.loads(text))
+
+
+# --------------------------------------------------------------------------------------------
+# The terminal process: relay stop requests to the driver.
+# --------------------------------------------------------------------------------------------
+
+
+def run_build(request: BuildRequest) -> int:
+    """Start the driver in its own session and relay stop requests to it; its exit code."""
+    command = [sys.executable, "-m", "pipelines.build", request.to_json()]
+    driver = subprocess.Popen(command, cwd=REPO_ROOT, start_new_session=True)
+    requests = 0
+
+    def relay(signo: int, _frame: object) -> None:
+        nonlocal requests
+        requests += 1
+        if requests == 1:
+            print(
+                f"\n{signal.Signals(signo).name}: stopping the build: the backfill is canceled "
+                "and Dagster terminates its runs; finished partitions stay. "
+                "(Again to force every run down at once.)",
+                file=sys.stderr,
+                flush=True,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                driver.send_signal(signal.SIGTERM)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                driver.send_signal(signal.SIGINT)
+
+    previous = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                return driver.wait()
+            except KeyboardInterrupt:  # pragma: no cover - the handler takes SIGINT
+                continue
+    finally:
+        for signo, handler in previous.items():
+            signal.signal(signo, handler)
+
+
+# --------------------------------------------------------------------------------------------
+# The driver: cluster, backfill, progress.
+# --------------------------------------------------------------------------------------------
+
+
+class StopFlags:
+    """Stop requests the driver has received: graceful (SIGTERM) and forced (SIGINT)."""
+
+    def __init__(self) -> None:
+        self.graceful = False
+        self.forced = False
+
+    def install(self) -> None:
+        """Route SIGTERM and SIGINT here."""
+        signal.signal(signal.SIGTERM, self._graceful)
+        signal.signal(signal.SIGINT, self._force)
+
+    def _graceful(self, _signo: int, _frame: object) -> None:
+        self.graceful = True
+
+    def _force(self, _signo: int, _frame: object) -> None:
+        self.graceful = self.forced = True
+
+
+def _stop_with_parent() -> None:
+    """Ask Linux to send SIGTERM (a graceful stop) to this process when its parent dies."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[str]:
+    """The scheduler the runs send partition work to: given, or a LocalCluster for the build."""
+    if request.scheduler:
+        yield request.scheduler
+        return
+    if request.workers <= 1:
+        yield ""
+        return
+    from dask.distributed import LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=request.workers,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        silence_logs=logging.ERROR,
+    )
+    try:
+        print(
+            f"dask: LocalCluster with {request.workers} workers at {cluster.scheduler_address}",
+            file=out,
+            flush=True,
+        )
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+def submit_backfill(
+    instance: Any, request: BuildRequest, build_id: str, title: str | None = None
+) -> str:
+    """Add the asset backfill of the request's cities and years to the instance."""
+    from dagster._core.execution.backfill import PartitionBackfill
+    from dagster._core.utils import make_new_backfill_id
+
+    from pipelines.definitions import defs
+    from pipelines.selection import build_selection
+
+    subset = build_selection(defs.resolve_asset_graph(), request.cities, request.years)
+    backfill_id = make_new_backfill_id()
+    backfill = PartitionBackfill.from_asset_graph_subset(
+        backfill_id=backfill_id,
+        backfill_timestamp=time.time(),
+        tags={BUILD_TAG: build_id, RELEASE_TAG: request.release},
+        dynamic_partitions_store=instance,
+        asset_graph_subset=subset,
+        title=title or f"citycube build {_describe(request)}",
+        description=f"release {request.release}: {_describe(request)}",
+        run_config=None,
+    )
+    instance.add_backfill(backfill)
+    return backfill_id
+
+
+def _describe(request: BuildRequest) -> str:
+    cities = (
+        ",".join(request.cities) if len(request.cities) <= 4 else f"{len(request.cities)} cities"
+    )
+    years = _year_span(request.years)
+    return f"{cities} × {years}"
+
+
+def _year_span(years: Sequence[int]) -> str:
+    years = sorted(years)
+    if len(years) > 2 and years == list(range(years[0], years[-1] + 1)):
+        return f"{years[0]}–{years[-1]}"
+    return ",".join(str(y) for y in years)
+
+
+def daemon_serves(instance: Any) -> bool:
+    """True when a Dagster daemon with a backfill loop heartbeats for this instance."""
+    try:
+        heartbeats = instance.get_daemon_heartbeats()
+    except Exception:
+        return False
+    beat = heartbeats.get("BACKFILL")
+    return beat is not None and time.time() - beat.timestamp < DAEMON_FRESH_S
+
+
+@dataclass
+class BuildReport:
+    """How the backfill ended and what happened on the way."""
+
+    status: str = ""
+    runs: dict[str, str] = field(default_factory=dict)
+    """Run id → final status."""
+    failures: list[str] = field(default_factory=list)
+    """One line per failed step."""
+    checks: dict[str, str] = field(default_factory=dict)
+    """Asset check name → PASS, WARN or FAIL."""
+
+
+class ProgressPrinter:
+    """Prints what the backfill's runs do: runs starting and ending, steps, progress lines."""
+
+    def __init__(self, instance: Any, backfill_id: str, out: TextIO) -> None:
+        self.instance = instance
+        self.backfill_id = backfill_id
+        self.out = out
+        self.start = time.time()
+        self.cursors: dict[str, str | None] = {}
+        self.names: dict[str, str] = {}
+        self.report = BuildReport()
+
+    def line(self, text: str, at: float | None = None) -> None:
+        """One progress line with the time since the build started (or since ``at``)."""
+        elapsed = (at if at is not None else time.time()) - self.start
+        print(f"[{elapsed:6.1f}s] {text}", file=self.out, flush=True)
+
+    def runs(self) -> list[Any]:
+        """The backfill's runs, oldest first."""
+        import dagster as dg
+
+        tags = {BACKFILL_TAG: self.backfill_id}
+        return list(reversed(self.instance.get_runs(filters=dg.RunsFilter(tags=tags))))
+
+    def poll(self) -> None:
+        """Print every new event worth a line."""
+        for run in self.runs():
+            if run.run_id not in self.names:
+                self.names[run.run_id] = f"run {len(self.names) + 1} ({run.run_id[:8]})"
+                self.cursors[run.run_id] = None
+            self._events(run)
+
+    def _events(self, run: Any) -> None:
+        from dagster import DagsterEventType
+
+        name = self.names[run.run_id]
+        while True:
+            page = self.instance.get_records_for_run(
+                run.run_id, cursor=self.cursors[run.run_id], limit=500
+            )
+            self.cursors[run.run_id] = page.cursor
+            for record in page.records:
+                entry = record.event_log_entry
+                event = entry.dagster_event
+                at = entry.timestamp
+                if event is None:
+                    if entry.level >= logging.INFO and entry.user_message:
+                        self.line(f"  {entry.user_message}", at)
+                    continue
+                kind = event.event_type
+                if kind == DagsterEventType.RUN_START:
+                    self.line(f"{name} started: {_run_scope(run)}", at)
+                elif kind == DagsterEventType.STEP_FAILURE:
+                    error = event.event_specific_data.error
+                    message = error.message.strip().splitlines()[-1] if error else "failed"
+                    failure = f"{event.step_key}: {message}"
+                    self.report.failures.append(failure)
+                    self.line(f"  FAILED {failure}", at)
+                elif kind == DagsterEventType.STEP_UP_FOR_RETRY:
+                    self.line(f"  retrying {event.step_key}", at)
+                elif kind == DagsterEventType.ASSET_CHECK_EVALUATION:
+                    evaluation = event.event_specific_data
+                    warn = getattr(evaluation.severity, "value", "") == "WARN"
+                    verdict = "PASS" if evaluation.passed else ("WARN" if warn else "FAIL")
+                    self.report.checks[evaluation.check_name] = verdict
+                elif kind in (
+                    DagsterEventType.RUN_SUCCESS,
+                    DagsterEventType.RUN_FAILURE,
+                    DagsterEventType.RUN_CANCELED,
+                ):
+                    ended = kind.value.removeprefix("PIPELINE_").removeprefix("RUN_").lower()
+                    self.report.runs[run.run_id] = ended
+                    self.line(f"{name} {ended}", at)
+            if not page.has_more:
+                return
+
+
+def _run_scope(run: Any) -> str:
+    keys = sorted(k.to_user_string() for k in (run.asset_selection or []))
+    tags = run.tags
+    if "dagster/asset_partition_range_start" in tags:
+        start = tags["dagster/asset_partition_range_start"]
+        end = tags["dagster/asset_partition_range_end"]
+        where = f"partitions {start} … {end}" if start != end else f"partition {start}"
+    elif "dagster/partition" in tags:
+        where = f"partition {tags['dagster/partition']}"
+    else:
+        where = "unpartitioned"
+    groups = sorted({k.split("/")[0] for k in keys})
+    return f"{len(keys)} assets ({', '.join(groups)}), {where}"
+
+
+def drive_backfill(
+    instance: Any, backfill_id: str, printer: ProgressPrinter, stop: StopFlags
+) -> BuildReport:
+    """Run the backfill to its end: tick Dagster's backfill and run-queue iterations unless a
+    daemon does, print progress, and cancel through Dagster when asked to stop."""
+    from dagster._core.execution.backfill import BULK_ACTION_TERMINAL_STATUSES, BulkActionStatus
+    from dagster._core.run_coordinator import QueuedRunCoordinator
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+    from dagster._daemon.backfill import execute_backfill_iteration
+    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+        QueuedRunCoordinatorDaemon,
+    )
+
+    quiet = logging.getLogger("citycube.backfill")
+    quiet.setLevel(logging.WARNING)
+    own = not daemon_serves(instance)
+    if own:
+        printer.line("driving the backfill here (no Dagster daemon serves this DAGSTER_HOME)")
+    else:
+        printer.line("a Dagster daemon serves this DAGSTER_HOME: it runs the backfill")
+    queue = QueuedRunCoordinatorDaemon(interval_seconds=1)
+    queued = isinstance(instance.run_coordinator, QueuedRunCoordinator)
+    canceling = forced_at = None
+    target = WorkspaceFileTarget(paths=[str(WORKSPACE_FILE)])
+    with WorkspaceProcessContext(instance, target) as workspace:
+        while True:
+            if own:
+                for error in execute_backfill_iteration(workspace, quiet):
+                    if error is not None:
+                        printer.line(f"backfill error: {error.message.strip()}")
+                if queued:
+                    for error in queue.run_iteration(workspace):
+                        if error is not None and hasattr(error, "message"):
+                            printer.line(f"run queue error: {error.message.strip()}")
+            printer.poll()
+            backfill = instance.get_backfill(backfill_id)
+            if backfill.status in BULK_ACTION_TERMINAL_STATUSES:
+                printer.report.status = backfill.status.value
+                return printer.report
+            if stop.graceful and canceling is None:
+                canceling = time.monotonic()
+                instance.update_backfill(backfill.with_status(BulkActionStatus.CANCELING))
+                printer.line("canceling the backfill: Dagster terminates its runs")
+            if stop.forced and forced_at is None:
+                forced_at = time.monotonic()
+                _terminate_runs(instance, printer)
+            if forced_at is not None and time.monotonic() - forced_at > FORCED_STOP_GRACE_S:
+                _mark_unfinished_canceled(instance, printer)
+                printer.report.status = BulkActionStatus.CANCELED.value
+                return printer.report
+            time.sleep(TICK_S)
+
+
+def _terminate_runs(instance: Any, printer: ProgressPrinter) -> None:
+    for run in printer.runs():
+        if not run.is_finished:
+            printer.line(f"terminating {printer.names.get(run.run_id, run.run_id)}")
+            with contextlib.suppress(Exception):
+                instance.run_launcher.terminate(run.run_id)
+
+
+def _mark_unfinished_canceled(instance: Any, printer: ProgressPrinter) -> None:
+    """Runs that did not report their end after a forced stop are recorded as canceled."""
+    for run in printer.runs():
+        if not run.is_finished:
+            instance.report_run_canceled(run, message="forced stop of citycube build")
+
+
+def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
+    """The driver's work: cluster, backfill, progress, summary; the command's exit code."""
+    import dagster as dg
+
+    from pipelines.resources import SCHEDULER_ENV, WORKERS_ENV
+
+    stop = StopFlags()
+    stop.install()
+    _stop_with_parent()
+    started = time.monotonic()
+    build_id = f"{os.getpid()}-{time.time_ns()}"
+    instance = dg.DagsterInstance.get()
+    log_file = Path(os.environ["DAGSTER_HOME"]) / "logs" / f"build-{build_id}.log"
+    out = _keep_terminal_for_progress(out, log_file)
+    print(f"full log of the runs and workers: {log_file}", file=out, flush=True)
+    try:
+        with dask_cluster(request, out) as scheduler:
+            # The code server and the runs it launches inherit these.
+            os.environ[SCHEDULER_ENV] = scheduler
+            os.environ[WORKERS_ENV] = str(request.workers)
+            backfill_id = submit_backfill(instance, request, build_id)
+            print(
+                f"Dagster backfill {backfill_id} on {os.environ['DAGSTER_HOME']} "
+                "(see it in `make dev`: Runs → Backfills)",
+                file=out,
+                flush=True,
+            )
+            printer = ProgressPrinter(instance, backfill_id, out)
+            report = drive_backfill(instance, backfill_id, printer, stop)
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()  # into the log
+        print(f"\nbuild failed: {exc}\n(details in {log_file})", file=out, flush=True)
+        return 1
+    elapsed = time.monotonic() - started
+    return _conclude(request, backfill_id, report, elapsed, stop, out)
+
+
+def _keep_terminal_for_progress(out: TextIO, log_file: Path) -> TextIO:
+    """Send this process's stdout and stderr (inherited by the code server, the runs and the
+    dask workers) to ``log_file``; progress keeps going to the terminal through a copy."""
+    if out is not sys.stdout:
+        return out
+    sys.stdout.flush()
+    sys.stderr.flush()
+    terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as log:
+        os.dup2(log.fileno(), sys.stdout.fileno())
+        os.dup2(log.fileno(), sys.stderr.fileno())
+    return terminal
+
+
+def _conclude(
+    request: BuildRequest,
+    backfill_id: str,
+    report: BuildReport,
+    elapsed: float,
+    stop: StopFlags,
+    out: TextIO,
+) -> int:
+    from citycube.cube import Release
+    from pipelines.cli import summary_text
+
+    runs = len(report.runs)
+    if stop.graceful:
+        print(
+            f"\nStopped after {elapsed:.0f}s: backfill {backfill_id} is {report.status.lower()}; "
+            f"{runs} run(s) ended. Every partition finished so far is in the release and the "
+            "cube database was left as it was. Run the same command again to build the rest "
+            "(sources and derived results already made are reused).",
+            file=out,
+            flush=True,
+        )
+        return EXIT_STOPPED
+    for name, verdict in sorted(report.checks.items()):
+        print(f"  check {name}: {verdict}", file=out)
+    if report.status != "COMPLETED_SUCCESS" or report.failures:
+        print(
+            f"\nBuild FAILED after {elapsed:.0f}s (backfill {backfill_id}: {report.status}).",
+            file=out,
+        )
+        for failure in report.failures:
+            print(f"  {failure}", file=out)
+        print(
+            "Partitions that finished are kept; fix the cause and run the same command again.",
+            file=out,
+            flush=True,
+        )
+        return 1
+    release = Release(Path(request.data_root), request.release)
+    print(f"\nDone in {elapsed:.0f}s ({runs} Dagster runs).\n", file=out)
+    print(summary_text(release.duckdb_file), file=out)
+    shell = Path(sys.executable).with_name("duckdb")
+    print(f"\nQuery it: {shell if shell.exists() else 'duckdb'} {release.duckdb_file}", file=out)
+    print(f"Availability tables and heatmap: {release.root / 'reports'}", file=out)
+    print(f"Quick-looks: {release.root / 'quicklooks'}", file=out, flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Driver entry point: ``python -m pipelines.build '<request json>'``."""
+    parser = argparse.ArgumentParser(description="(internal) drive one citycube build")
+    parser.add_argument("request", help="the build request as JSON")
+    args = parser.parse_args(argv)
+    return drive(BuildRequest.from_json(args.request))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
