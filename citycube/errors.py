@@ -12,6 +12,10 @@ class CityCubeError(Exception):
         super().__init__(f"[{self.code}] {message}")
         self.message = message
 
+    def __reduce__(self) -> tuple[type, tuple[object, ...], dict[str, object]]:
+        """Pickle by message and attributes, so errors cross process boundaries intact."""
+        return (type(self), (self.message,), dict(self.__dict__))
+
 
 class SpecError(CityCubeError):
     """A declarative spec (cities, modalities, sources) failed validation."""

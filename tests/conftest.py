@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -104,3 +106,26 @@ def tif_writer(tmp_path: Path) -> Callable[..., Path]:
         return write_tif(tmp_path / "src" / name, data, **kwargs)  # type: ignore[arg-type]
 
     return _write
+
+
+@pytest.fixture
+def file_server(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
+    """A loopback HTTP file server with Range support, in its own process (GDAL holds the
+    GIL while it reads, so an in-process server would deadlock): (base URL, served folder,
+    request log file)."""
+    root = tmp_path / "served"
+    root.mkdir()
+    log = tmp_path / "requests.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.http_file_server", str(root), str(log)],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        yield f"http://127.0.0.1:{port}", root, log
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -1,0 +1,76 @@
+"""The cube's ERROR checks block publishing: bad observations never reach ``cube.duckdb``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from affine import Affine
+
+from assets.cube import DATABASE_KEY, STAGED_DATABASE_KEY, TILES_KEY, build_cube_assets
+from citycube.catalogue import load_catalogue
+from citycube.cube import Release
+from citycube.grids import city_grid
+from citycube.process import process_partition
+from pipelines.resources import CubeResource
+from tests.conftest import LocalFilesBackend
+
+CITY = "Amsterdam"
+CAT = load_catalogue()
+
+
+def _materialize(release: Release) -> dg.ExecuteInProcessResult:
+    cube = CubeResource(data_root=str(release.data_root), release_version=release.version)
+    return dg.materialize(
+        build_cube_assets(CAT),
+        resources={"cube": cube},
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+
+
+def _checks(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
+    return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+
+
+def test_a_failing_check_stops_the_database_from_being_published(
+    tmp_path: Path, tif_writer: Callable[..., Path]
+) -> None:
+    co2 = CAT.get("CO2").model_copy(update={"product": "test_co2"})
+    xmin, _, _, ymax = city_grid(CITY, "2km").bounds
+    path = tif_writer(
+        "co2.tif",
+        np.ones((200, 280), np.float32),
+        crs="EPSG:32631",
+        transform=Affine(100, 0, xmin, 0, -100, ymax),
+    )
+    release = Release(tmp_path / "data", "t")
+    process_partition(
+        co2, CAT, CITY, 2020, LocalFilesBackend({("test_co2", CITY, 2020): {"data": path}}), release
+    )
+
+    # Good data: every check passes and the database is published.
+    good = _materialize(release)
+    assert good.success and all(_checks(good).values())
+    published = release.duckdb_file.read_bytes()
+    recorded = release.metadata_file.read_text(encoding="utf-8")
+
+    # Bad data: an unavailable tile whose value was zero-filled, in a year of its own.
+    rows = pq.read_table(release.observations_file(CITY, 2020, "CO2"))
+    bad = rows.slice(0, 1).to_pylist()[0] | {"year": 2021, "available": False, "value": 0.0}
+    bad["reason"] = "source_year_missing"
+    target = release.observations_file(CITY, 2021, "CO2")
+    target.parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([bad], schema=rows.schema), target)
+    result = _materialize(release)
+    assert not result.success
+    assert _checks(result)["values_in_range_no_zero_fill"] is False
+    materialized = {e.asset_key for e in result.get_asset_materialization_events()}
+    assert {TILES_KEY, STAGED_DATABASE_KEY} <= materialized
+    assert DATABASE_KEY not in materialized  # blocked by the failing check
+    assert release.duckdb_file.read_bytes() == published  # the last good database stays
+    assert release.metadata_file.read_text(encoding="utf-8") == recorded
