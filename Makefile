@@ -11,7 +11,7 @@ CITIES ?= default
 YEARS ?= default
 WORKERS ?= 2
 
-.PHONY: install run test dev lint bench clean
+.PHONY: install run test dev lint bench fresh-runs clean
 
 install: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-## Materialise the default sample release through Dagster and print a DuckDB summary.
+## Build the default sample release as a Dagster asset backfill and print a DuckDB summary.
 run: install
 	$(BIN)/python -m pipelines.cli build --cities '$(CITIES)' --years '$(YEARS)' --workers $(WORKERS)
 
@@ -30,10 +30,10 @@ run: install
 test: install
 	$(BIN)/python -m pytest -q
 
-## Serve the Dagster UI offline (http://127.0.0.1:3000).
+## Serve the Dagster UI and daemon offline (http://127.0.0.1:3000); runs use WORKERS dask workers.
 dev: install
 	$(BIN)/python -m pipelines.cli dagster-home
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	CITYCUBE_WORKERS=$(WORKERS) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 lint: install
 	$(BIN)/ruff check .
@@ -41,6 +41,11 @@ lint: install
 
 bench: install
 	$(BIN)/python -m benchmarks.run
+
+## Fresh clone, then `make run` TIMES times, each on a new empty DAGSTER_HOME and data root.
+TIMES ?= 10
+fresh-runs: install
+	$(BIN)/python -m benchmarks.fresh_runs --times $(TIMES) --workers $(WORKERS)
 
 clean:
 	rm -rf data .dagster_home

@@ -29,8 +29,8 @@ from citycube.cities import SCALES
 from citycube.cube import Release
 from citycube.grids import city_grid
 from citycube.process import PartitionSummary, process_partition
-from citycube.temporal import resolve
 from citycube.sources import SourceItem
+from citycube.temporal import resolve
 from sources.sample import SampleBackend
 
 CITY = "Boston"

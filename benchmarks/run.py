@@ -71,6 +71,18 @@ BENCHMARKS = (
         "sample build of one city-year (fetch + every enabled modality) vs decoding the files",
         False,
     ),
+    Benchmark(
+        "orchestration",
+        "benchmarks.bench_orchestration",
+        "Dagster's bookkeeping per partition: citycube build vs the same tasks straight on dask",
+        False,
+    ),
+    Benchmark(
+        "calendar",
+        "benchmarks.bench_calendar",
+        "the whole calendar: generation, then the build, vs decoding every source file once",
+        False,
+    ),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
 

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -71,14 +71,14 @@ def ensure_dagster_home(home: Path) -> Path:
     everything started later only opens it.
     """
     import dagster as dg
+    from dagster._core.instance.ref import InstanceRef
 
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
         config.write_text(DAGSTER_YAML, encoding="utf-8")
-    os.environ["DAGSTER_HOME"] = str(home)
-    with dg.DagsterInstance.get():  # creates and migrates the storage
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))):  # creates the storage
         pass
     return home
 
@@ -99,6 +99,8 @@ class BuildRequest:
     workers: int
     scheduler: str = ""
     """A running dask scheduler to use instead of a local cluster."""
+    assets: list[str] = field(default_factory=list)
+    """Only assets whose key starts with one of these (e.g. 'sources'); empty: everything."""
 
     def to_json(self) -> str:
         """For the driver's command line."""
@@ -221,7 +223,16 @@ def submit_backfill(
     from pipelines.definitions import defs
     from pipelines.selection import build_selection
 
-    subset = build_selection(defs.resolve_asset_graph(), request.cities, request.years)
+    graph = defs.resolve_asset_graph()
+    keys = [
+        key
+        for key in graph.materializable_asset_keys
+        if not request.assets
+        or any(key.to_user_string().startswith(prefix) for prefix in request.assets)
+    ]
+    if not keys:
+        raise ValueError(f"no asset key starts with any of {request.assets}")
+    subset = build_selection(graph, request.cities, request.years, keys)
     backfill_id = make_new_backfill_id()
     backfill = PartitionBackfill.from_asset_graph_subset(
         backfill_id=backfill_id,
@@ -368,7 +379,7 @@ def _run_scope(run: Any) -> str:
 
 
 def drive_backfill(
-    instance: Any, backfill_id: str, printer: ProgressPrinter, stop: StopFlags
+    instance: Any, backfill_id: str, printer: ProgressPrinter, stop: StopFlags, own: bool = True
 ) -> BuildReport:
     """Run the backfill to its end: tick Dagster's backfill and run-queue iterations unless a
     daemon does, print progress, and cancel through Dagster when asked to stop."""
@@ -383,11 +394,13 @@ def drive_backfill(
 
     quiet = logging.getLogger("citycube.backfill")
     quiet.setLevel(logging.WARNING)
-    own = not daemon_serves(instance)
     if own:
         printer.line("driving the backfill here (no Dagster daemon serves this DAGSTER_HOME)")
     else:
-        printer.line("a Dagster daemon serves this DAGSTER_HOME: it runs the backfill")
+        printer.line(
+            "a Dagster daemon serves this DAGSTER_HOME (`make dev`?): it runs the backfill, "
+            "every 30 s, and its runs use that daemon's CITYCUBE_WORKERS"
+        )
     queue = QueuedRunCoordinatorDaemon(interval_seconds=1)
     queued = isinstance(instance.run_coordinator, QueuedRunCoordinator)
     canceling = forced_at = None
@@ -451,6 +464,9 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     log_file = Path(os.environ["DAGSTER_HOME"]) / "logs" / f"build-{build_id}.log"
     out = _keep_terminal_for_progress(out, log_file)
     print(f"full log of the runs and workers: {log_file}", file=out, flush=True)
+    served = daemon_serves(instance)
+    if served:  # its runs start from its own code server, which this process cannot configure
+        request = replace(request, workers=1)
     try:
         with dask_cluster(request, out) as scheduler:
             # The code server and the runs it launches inherit these.
@@ -464,7 +480,7 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
                 flush=True,
             )
             printer = ProgressPrinter(instance, backfill_id, out)
-            report = drive_backfill(instance, backfill_id, printer, stop)
+            report = drive_backfill(instance, backfill_id, printer, stop, own=not served)
     except Exception as exc:
         import traceback
 
@@ -528,7 +544,9 @@ def _conclude(
         )
         return 1
     release = Release(Path(request.data_root), request.release)
-    print(f"\nDone in {elapsed:.0f}s ({runs} Dagster runs).\n", file=out)
+    print(f"\nDone in {elapsed:.0f}s ({runs} Dagster runs).\n", file=out, flush=True)
+    if request.assets:
+        return 0
     print(summary_text(release.duckdb_file), file=out)
     shell = Path(sys.executable).with_name("duckdb")
     print(f"\nQuery it: {shell if shell.exists() else 'duckdb'} {release.duckdb_file}", file=out)

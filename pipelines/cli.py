@@ -43,7 +43,8 @@ def _env_defaults(args: argparse.Namespace) -> None:
 
     os.environ["CITYCUBE_DATA"] = str(Path(args.data).resolve())
     os.environ["CITYCUBE_RELEASE"] = args.release
-    ensure_dagster_home(Path(os.environ.get("DAGSTER_HOME", ".dagster_home")))
+    home = ensure_dagster_home(Path(os.environ.get("DAGSTER_HOME", ".dagster_home")))
+    os.environ["DAGSTER_HOME"] = str(home)
 
 
 def summary_text(duckdb_file: Path) -> str:
@@ -96,6 +97,7 @@ def build(args: argparse.Namespace) -> int:
         data_root=os.environ["CITYCUBE_DATA"],
         workers=args.workers,
         scheduler=os.environ.get("CITYCUBE_DASK_SCHEDULER", ""),
+        assets=[a.strip() for a in args.assets.split(",") if a.strip()] if args.assets else [],
     )
     return run_build(request)
 
@@ -244,6 +246,12 @@ def parser() -> argparse.ArgumentParser:
         default=int(os.environ.get("WORKERS", "1")),
         help="dask worker processes that partition work runs on (env WORKERS; default 1: "
         "every step works in its run's own process)",
+    )
+    b.add_argument(
+        "--assets",
+        metavar="PREFIXES",
+        help="only assets whose key starts with one of these comma-separated prefixes, e.g. "
+        "'sources' (fetch only) or 'sources,derived/opt'; default: everything",
     )
     b.set_defaults(func=build)
     v = sub.add_parser("views", help="rebuild cube.duckdb views for a release")

@@ -60,3 +60,39 @@ def test_views_keeps_recorded_release_metadata(tmp_path: Path) -> None:
     con = duckdb.connect(str(release.duckdb_file), read_only=True)
     recorded = dict(con.execute("SELECT key, value FROM release").fetchall())
     assert recorded["seed"] == "7" and recorded["source_set"] == '"sample"'
+
+
+def _open_instance(home: str, results: object) -> None:
+    import os
+
+    os.environ["DAGSTER_HOME"] = home
+    try:
+        import dagster as dg
+
+        with dg.DagsterInstance.get() as instance:
+            instance.get_runs(limit=1)
+        results.put("ok")  # type: ignore[attr-defined]
+    except Exception as exc:  # reported to the parent, which asserts on it
+        results.put(f"{type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
+
+
+def test_processes_opening_a_prepared_dagster_home_at_once_never_break_it(tmp_path: Path) -> None:
+    """A fresh SQLite instance created by two processes at once can break for good; the
+    build creates it once, before anything runs in parallel."""
+    import multiprocessing
+
+    from pipelines.build import ensure_dagster_home
+
+    spawn = multiprocessing.get_context("spawn")
+    for trial in range(2):
+        home = ensure_dagster_home(tmp_path / f"home{trial}")
+        results = spawn.Queue()
+        workers = [
+            spawn.Process(target=_open_instance, args=(str(home), results)) for _ in range(3)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=120)
+        assert [results.get(timeout=5) for _ in workers] == ["ok"] * 3
+        assert "QueuedRunCoordinator" in (home / "dagster.yaml").read_text(encoding="utf-8")
