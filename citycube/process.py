@@ -785,30 +785,32 @@ def observation_table(
 ) -> pa.Table:
     """Rows for one calendar year: values only where available, NULL plus a reason elsewhere."""
     units = {f.name: f.unit for f in modality.fields}
+    n = len(derived)
     available = derived["reason"].isna().to_numpy()
     value = derived["value"].to_numpy(dtype=float)
     fraction = derived["valid_fraction"].to_numpy(dtype=float)
-    n = len(derived)
+    source_year = derived["source_year"]
     columns = {
-        "tile_id": derived["tile_id"].tolist(),
-        "city": [city] * n,
-        "scale": derived["scale"].tolist(),
-        "year": [year] * n,
-        "modality": [modality.code] * n,
-        "field": derived["field"].tolist(),
-        "value": [
-            float(v) if ok and np.isfinite(v) else None
-            for v, ok in zip(value, available, strict=True)
-        ],
-        "unit": [units[f] for f in derived["field"]],
-        "valid_fraction": [float(v) if np.isfinite(v) else None for v in fraction],
-        "available": available.tolist(),
-        "reason": [None if ok else r for ok, r in zip(available, derived["reason"], strict=True)],
-        "temporal_basis": [BASIS[modality.temporal]] * n,
-        "source_year": [None if pd.isna(y) else int(y) for y in derived["source_year"]],
-        "source_id": derived["source_id"].tolist(),
-        "source_version": derived["source_version"].tolist(),
-        "synthetic": [bool(v) for v in derived["synthetic"]],
+        "tile_id": pa.array(derived["tile_id"], pa.string()),
+        "city": pa.array([city] * n, pa.string()),
+        "scale": pa.array(derived["scale"], pa.string()),
+        "year": pa.array(np.full(n, year, np.int16)),
+        "modality": pa.array([modality.code] * n, pa.string()),
+        "field": pa.array(derived["field"], pa.string()),
+        "value": pa.array(value, pa.float64(), mask=~(available & np.isfinite(value))),
+        "unit": pa.array(derived["field"].map(units), pa.string()),
+        "valid_fraction": pa.array(fraction, pa.float64(), mask=~np.isfinite(fraction)),
+        "available": pa.array(available, pa.bool_()),
+        "reason": pa.array(derived["reason"].where(~available, None), pa.string()),
+        "temporal_basis": pa.array([BASIS[modality.temporal]] * n, pa.string()),
+        "source_year": pa.array(
+            source_year.fillna(0).to_numpy(dtype=np.int16),
+            pa.int16(),
+            mask=source_year.isna().to_numpy(),
+        ),
+        "source_id": pa.array(derived["source_id"], pa.string()),
+        "source_version": pa.array(derived["source_version"], pa.string()),
+        "synthetic": pa.array(derived["synthetic"].astype(bool), pa.bool_()),
     }
     return pa.Table.from_pydict(columns, schema=OBSERVATION_SCHEMA)
 
@@ -824,33 +826,38 @@ def chip_index_table(
     """Where each tile's chip lives: store path (relative to the release) and pixel window."""
     assert modality.chip is not None
     grid = pixel_grid(city, modality.chip.resolution_m)
-    store = release.chip_store(modality.code, city, period_label(period))
-    per_tile = derived.drop_duplicates("tile_id").set_index("tile_id")
-    rows = []
-    for tile in _all_tiles(city):
-        row_off, col_off, height, width = grid.window(tile)
-        rec = per_tile.loc[tile.tile_id]
-        source_year = rec["source_year"]
-        rows.append(
-            {
-                "tile_id": tile.tile_id,
-                "city": city,
-                "scale": tile.scale,
-                "year": year,
-                "modality": modality.code,
-                "store": str(store.relative_to(release.root)),
-                "row_off": row_off,
-                "col_off": col_off,
-                "height": height,
-                "width": width,
-                "resolution_m": float(modality.chip.resolution_m),
-                "valid_fraction": float(rec["valid_fraction"]),
-                "available": bool(pd.isna(rec["reason"])),
-                "temporal_basis": BASIS[modality.temporal],
-                "source_year": None if pd.isna(source_year) else int(source_year),
-            }
-        )
-    return pa.Table.from_pylist(rows, schema=CHIP_INDEX_SCHEMA)
+    store = str(
+        release.chip_store(modality.code, city, period_label(period)).relative_to(release.root)
+    )
+    tiles = _all_tiles(city)
+    per_tile = (
+        derived.drop_duplicates("tile_id").set_index("tile_id").reindex([t.tile_id for t in tiles])
+    )
+    windows = np.array([grid.window(t) for t in tiles], dtype=np.int32).reshape(-1, 4)
+    n = len(tiles)
+    source_year = per_tile["source_year"]
+    columns = {
+        "tile_id": [t.tile_id for t in tiles],
+        "city": [city] * n,
+        "scale": [t.scale for t in tiles],
+        "year": np.full(n, year, np.int16),
+        "modality": [modality.code] * n,
+        "store": [store] * n,
+        "row_off": windows[:, 0],
+        "col_off": windows[:, 1],
+        "height": windows[:, 2],
+        "width": windows[:, 3],
+        "resolution_m": np.full(n, float(modality.chip.resolution_m)),
+        "valid_fraction": per_tile["valid_fraction"].to_numpy(dtype=float),
+        "available": per_tile["reason"].isna().to_numpy(),
+        "temporal_basis": [BASIS[modality.temporal]] * n,
+        "source_year": pa.array(
+            source_year.fillna(0).to_numpy(dtype=np.int16),
+            pa.int16(),
+            mask=source_year.isna().to_numpy(),
+        ),
+    }
+    return pa.Table.from_pydict(columns, schema=CHIP_INDEX_SCHEMA)
 
 
 def write_observations(
