@@ -1,8 +1,9 @@
 """Names for temporary files that say which process owns them, so cleanup never hits a live write.
 
-Several runs may write the same shared item at once (two city-years of one city both building
-its static DEM chips). A temporary name carries the writer's pid; a leftover is removed only
-when that process no longer exists.
+Each result has one writer, but a writer can outlive the run that started it (a dask task keeps
+running after its run was stopped) and a killed writer leaves its temporary files behind. A
+temporary name carries the writer's pid; a leftover is removed only when that process no
+longer exists.
 """
 
 from __future__ import annotations
