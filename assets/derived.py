@@ -5,10 +5,9 @@ import dagster as dg
 from assets.common import SINGLE_RUN, derived_asset_key, run_partitions, source_asset_key
 from assets.sources import product_temporal
 from citycube.catalogue import Catalogue, ModalitySpec
-from citycube.process import modality_code_version
+from citycube.process import derive, modality_code_version
 from pipelines.partitions import mapping_between, period_partitions
 from pipelines.resources import ComputeResource, CubeResource
-from pipelines.tasks import derive_period
 
 
 def build_derived_asset(modality: ModalitySpec, catalogue: Catalogue) -> dg.AssetsDefinition:
@@ -46,7 +45,7 @@ def build_derived_asset(modality: ModalitySpec, catalogue: Catalogue) -> dg.Asse
             context,
             compute,
             partitions,
-            derive_period,
+            derive,
             lambda city, period: (modality, catalogue, city, period, sources, release),
             lambda summary: summary.as_metadata(),
         )

@@ -4,10 +4,9 @@ import dagster as dg
 
 from assets.common import SINGLE_RUN, derived_asset_key, modality_asset_key, run_partitions
 from citycube.catalogue import Catalogue, ModalitySpec
-from citycube.process import modality_code_version
+from citycube.process import modality_code_version, write_observations
 from pipelines.partitions import city_year_partitions, mapping_between, period_partitions
 from pipelines.resources import ComputeResource, CubeResource
-from pipelines.tasks import observe_year
 
 
 def build_modality_asset(modality: ModalitySpec, catalogue: Catalogue) -> dg.AssetsDefinition:
@@ -40,7 +39,7 @@ def build_modality_asset(modality: ModalitySpec, catalogue: Catalogue) -> dg.Ass
             context,
             compute,
             city_year_partitions,
-            observe_year,
+            write_observations,
             lambda city, year: (modality, city, year, release),
             lambda summary: summary.as_metadata(),
         )

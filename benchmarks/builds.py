@@ -74,8 +74,9 @@ def direct_build(
     import duckdb
 
     from citycube import checks
+    from citycube.process import derive, write_observations
     from citycube.report import write_report
-    from pipelines.tasks import derive_period, observe_year, render_quicklooks
+    from pipelines.tasks import render_quicklooks
     from sources import load_source_set
 
     catalogue = load_catalogue()
@@ -85,9 +86,9 @@ def direct_build(
     for modality in catalogue.enabled():
         periods = {period_of(modality.temporal, y) for y in years}  # {None} when static
         tasks = [(modality, catalogue, c, p, sources, release) for c in cities for p in periods]
-        _map(client, derive_period, tasks)
+        _map(client, derive, tasks)
     for modality in catalogue.enabled():
-        _map(client, observe_year, [(modality, c, y, release) for c in cities for y in years])
+        _map(client, write_observations, [(modality, c, y, release) for c in cities for y in years])
     codes = [m.code for m in catalogue.enabled() if m.is_image]
     looks = [(catalogue, codes, c, y, release) for c in cities for y in years]
     _map(client, render_quicklooks, looks)

@@ -11,7 +11,7 @@ import hashlib
 from enum import StrEnum
 from functools import cache
 from importlib import resources
-from typing import Self
+from typing import Self, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -338,16 +338,24 @@ class Catalogue(BaseModel):
         return frozenset(self.legends[modality.validity.legend])
 
 
-def parse_catalogue(text: str, origin: str = "<string>") -> Catalogue:
-    """Parse and validate a modality catalogue YAML document, with a readable error."""
+SpecModel = TypeVar("SpecModel", bound=BaseModel)
+
+
+def parse_yaml_spec(model: type[SpecModel], text: str, origin: str, what: str) -> SpecModel:
+    """Parse and validate a YAML spec document into ``model``, with an error naming ``origin``."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{origin} is not valid YAML: {exc}") from exc
     try:
-        return Catalogue.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(f"invalid modality catalogue in {origin}:\n{exc}") from exc
+        raise SpecError(f"invalid {what} in {origin}:\n{exc}") from exc
+
+
+def parse_catalogue(text: str, origin: str = "<string>") -> Catalogue:
+    """Parse and validate a modality catalogue YAML document, with a readable error."""
+    return parse_yaml_spec(Catalogue, text, origin, "modality catalogue")
 
 
 def catalogue_text() -> str:

@@ -6,8 +6,7 @@ from functools import cache
 from importlib import resources
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from pyproj import CRS
 
 from citycube.cities import get_city
@@ -47,9 +46,8 @@ class ProductCatalogue(BaseModel):
 @cache
 def load_products() -> dict[str, ProductSpec]:
     """The packaged product specs keyed by id."""
+    from citycube.catalogue import parse_yaml_spec
+
     text = resources.files("schemas").joinpath("sources.yaml").read_text(encoding="utf-8")
-    try:
-        specs = ProductCatalogue.model_validate(yaml.safe_load(text)).products
-    except ValidationError as exc:
-        raise SpecError(f"invalid source spec in schemas/sources.yaml:\n{exc}") from exc
+    specs = parse_yaml_spec(ProductCatalogue, text, "schemas/sources.yaml", "source spec").products
     return {p.id: p for p in specs}

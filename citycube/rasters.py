@@ -164,36 +164,27 @@ def open_raster(href: str | Path) -> rasterio.DatasetReader:
     error.
 
     Remote hrefs (``https://…``, ``/vsicurl/…``, ``s3://…``) are opened through GDAL's virtual
-    file systems, so windowed reads fetch only the byte ranges they need.
+    file systems, so windowed reads fetch only the byte ranges they need; a failure to read one
+    is a fetch error (the server may come back), a bad local file a read error.
     """
-    if is_remote(href):
-        return _open_remote(str(href))
-    path = Path(href)
-    if not path.exists():
-        raise SourceReadError(f"source file {path} does not exist; re-run its source asset")
+    remote = is_remote(href)
+    if not remote and not Path(href).exists():
+        raise SourceReadError(f"source file {href} does not exist; re-run its source asset")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
-            ds = rasterio.open(path)
+            ds = rasterio.open(str(href) if remote else Path(href))
     except rasterio.errors.RasterioIOError as exc:
+        if remote:
+            raise SourceFetchError(
+                f"cannot read remote raster {href} ({exc}); the server failed or refused, or "
+                "the object is not a raster"
+            ) from exc
         raise SourceReadError(
-            f"cannot open {path} as a raster ({exc}); the file is corrupt or truncated: "
+            f"cannot open {href} as a raster ({exc}); the file is corrupt or truncated: "
             "delete it and re-run its source asset"
         ) from exc
-    return _georeferenced(ds, str(path))
-
-
-def _open_remote(href: str) -> rasterio.DatasetReader:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
-            ds = rasterio.open(href)
-    except rasterio.errors.RasterioIOError as exc:
-        raise SourceFetchError(
-            f"cannot read remote raster {href} ({exc}); the server failed or refused, or the "
-            "object is not a raster"
-        ) from exc
-    return _georeferenced(ds, href)
+    return _georeferenced(ds, str(href))
 
 
 def _georeferenced(ds: rasterio.DatasetReader, name: str) -> rasterio.DatasetReader:

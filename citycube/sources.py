@@ -21,10 +21,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Self
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pyproj import CRS
 
+from citycube.catalogue import parse_yaml_spec
 from citycube.errors import SourceReadError, SpecError, UnknownProductError
 from citycube.products import load_products
 
@@ -240,14 +240,7 @@ class SourceSetSpec(BaseModel):
 
 def parse_source_set_spec(text: str, origin: str = "<string>") -> SourceSetSpec:
     """Parse and validate a source-set YAML document, with a readable error."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{origin} is not valid YAML: {exc}") from exc
-    try:
-        return SourceSetSpec.model_validate(data)
-    except ValidationError as exc:
-        raise SpecError(f"invalid source set in {origin}:\n{exc}") from exc
+    return parse_yaml_spec(SourceSetSpec, text, origin, "source set")
 
 
 def load_source_set_spec(path: str | Path | None = None) -> SourceSetSpec:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from citycube.catalogue import Catalogue, ModalitySpec, Temporal
+from citycube.catalogue import Catalogue, Temporal
 from citycube.cube import Release
 from citycube.errors import ChipsNotFoundError, SourceUnavailableError
-from citycube.process import DerivedSummary, PartitionSummary, derive, write_observations
 from citycube.render import render_mosaic, write_png
 from citycube.sources import SourceSet
 from citycube.temporal import resolve
@@ -61,25 +60,6 @@ def fetch_source(
         "fingerprint": item.fingerprint,
         "files": {role: str(href) for role, href in item.files.items()},
     }
-
-
-def derive_period(
-    modality: ModalitySpec,
-    catalogue: Catalogue,
-    city: str,
-    period: int | None,
-    sources: SourceSet,
-    release: Release,
-) -> DerivedSummary:
-    """Derive (or keep) one modality's results for a city's source period."""
-    return derive(modality, catalogue, city, period, sources, release)
-
-
-def observe_year(
-    modality: ModalitySpec, city: str, year: int, release: Release
-) -> PartitionSummary:
-    """Write one modality's observations for a city-year from its derived results."""
-    return write_observations(modality, city, year, release)
 
 
 def render_quicklooks(
