@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any
 
 import dask.array as da
+import numcodecs
 import numpy as np
 import rasterio
 import rioxarray  # noqa: F401  (registers the ``.rio`` accessor)
@@ -42,7 +43,8 @@ from affine import Affine
 from rasterio.crs import CRS as RioCRS
 from rasterio.warp import Resampling, reproject, transform_bounds
 from rasterio.windows import Window
-from zarr.codecs import ZstdCodec
+from zarr.codecs import BytesCodec, ZstdCodec
+from zarr.codecs.bytes import Endian
 
 from citycube.cities import PARENT_SIZE_M
 from citycube.errors import CubeWriteError
@@ -223,15 +225,7 @@ def warp_block(
         "num_threads": num_threads,
     }
 
-    fraction = np.zeros((height, width), dtype=np.float32)
-    reproject(
-        valid.astype(np.float32),
-        fraction,
-        resampling=Resampling.average,
-        **geometry,
-    )
-    supported = fraction >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE
-    del fraction
+    supported = _supported(valid, height, width, geometry)
 
     if categorical:
         ids, sentinel = _with_sentinel(values, valid)
@@ -262,6 +256,20 @@ def warp_block(
         out_valid = supported & np.all(np.isfinite(out), axis=0)
         out[:, ~out_valid] = np.nan
     return out, out_valid
+
+
+def _supported(valid: np.ndarray, height: int, width: int, geometry: dict[str, Any]) -> np.ndarray:
+    """Destination pixels at least ``MIN_VALID_FRACTION`` of whose source support is valid.
+
+    When every cell of the window is valid the answer is every pixel, without a warp: the
+    window covers each pixel's whole support (it has a margin, and a window cut by the
+    raster's edge is padded with invalid cells), so each average of ones is one.
+    """
+    if valid.all():
+        return np.ones((height, width), dtype=bool)
+    fraction = np.zeros((height, width), dtype=np.float32)
+    reproject(valid.astype(np.float32), fraction, resampling=Resampling.average, **geometry)
+    return fraction >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE
 
 
 def warp_rows(
@@ -419,6 +427,7 @@ class ChipStoreWriter:
         self._tmp_path = owned_name(self.path, "tmp")
         self._written: list[tuple[int, int, int, int]] = []
         self._zarr_group: zarr.Group | None = None
+        self._arrays: dict[str, zarr.Array] = {}
         self._started = False
         self._committed = False
 
@@ -498,9 +507,11 @@ class ChipStoreWriter:
         stored = self._to_store_type(values, valid)
         rows, cols = slice(row_start, row_stop), slice(col_start, col_stop)
         try:
-            group = self._group()
-            group["data"][:, rows, cols] = stored
-            group["valid"][rows, cols] = valid.astype(np.uint8)
+            chunk = self._whole_chunk(row_start, row_stop, col_start, col_stop)
+            if chunk is None or not self._write_chunk("data", (0, *chunk), stored):
+                self._array("data")[:, rows, cols] = stored
+            if chunk is None or not self._write_chunk("valid", chunk, valid.view(np.uint8)):
+                self._array("valid")[rows, cols] = valid.astype(np.uint8)
         except Exception as exc:
             raise CubeWriteError(
                 f"writing rows {row_start}:{row_stop}, cols {col_start}:{col_stop} of "
@@ -513,6 +524,63 @@ class ChipStoreWriter:
         if self._zarr_group is None:
             self._zarr_group = zarr.open_group(str(self._tmp_path), mode="r+", zarr_format=3)
         return self._zarr_group
+
+    def _array(self, name: str) -> zarr.Array:
+        """One array of the temp store, its metadata read once."""
+        if name not in self._arrays:
+            self._arrays[name] = self._group()[name]
+        return self._arrays[name]
+
+    def _whole_chunk(
+        self, row_start: int, row_stop: int, col_start: int, col_stop: int
+    ) -> tuple[int, int] | None:
+        """(row, col) index of the chunk these rows and columns exactly fill, else None.
+
+        A chunk on the grid's south or east edge is filled by the part of it inside the grid.
+        """
+        size, grid = self.chunk_px, self.pixel_grid
+        if row_start % size or col_start % size:
+            return None
+        if row_stop != min(row_start + size, grid.height):
+            return None
+        if col_stop != min(col_start + size, grid.width):
+            return None
+        return row_start // size, col_start // size
+
+    def _write_chunk(self, name: str, index: tuple[int, ...], block: np.ndarray) -> bool:
+        """Encode and write one whole chunk straight to its file; False if zarr must do it.
+
+        This is the chunk zarr itself would write (its codecs, its key, edge chunks padded
+        with the fill value, a chunk of nothing but fill value left out), without zarr's
+        per-write round trips through its event-loop thread, which cost several times the
+        compression of a 10 km block. Only plain ``bytes`` + ``zstd`` arrays are written here.
+        """
+        array = self._array(name)
+        metadata = array.metadata
+        codecs = getattr(metadata, "codecs", ())
+        if (
+            len(codecs) != 2
+            or not isinstance(codecs[0], BytesCodec)
+            or codecs[0].endian not in (None, Endian.little)
+            or not isinstance(codecs[1], ZstdCodec)
+            or block.dtype != array.dtype
+        ):
+            return False
+        fill = metadata.fill_value
+        chunk_shape = tuple(array.chunks)
+        if block.shape != chunk_shape:
+            padded = np.full(chunk_shape, fill, dtype=block.dtype)
+            padded[tuple(slice(0, n) for n in block.shape)] = block
+            block = padded
+        path = self._tmp_path / array.path / metadata.encode_chunk_key(index)
+        if _all_fill(block, fill):
+            path.unlink(missing_ok=True)  # an absent chunk reads as fill
+            return True
+        codec = numcodecs.Zstd(level=codecs[1].level, checksum=codecs[1].checksum)
+        payload = codec.encode(np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<")))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(payload)
+        return True
 
     def commit(self) -> None:
         """Swap the finished temp store into ``path``; the old store is removed afterwards.
@@ -621,29 +689,51 @@ class ChipStoreWriter:
         return {**self.attrs, **facts}
 
     def _to_store_type(self, values: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """Cast to the store dtype with invalid pixels set to the fill value."""
+        """Cast to the store dtype with invalid pixels set to the fill value.
+
+        Works in place on one working copy (or none, when every pixel is valid and the type
+        already fits): a block is written per 10 km, and each extra full-size temporary is
+        mapped and unmapped again (see ``citycube.memory``).
+        """
         out_is_int = np.issubdtype(self.dtype, np.integer)
+        all_valid = bool(valid.all())
         if out_is_int and np.issubdtype(values.dtype, np.floating):
             info = np.iinfo(self.dtype)
-            inside = np.clip(np.rint(np.where(valid, values, 0)), info.min, info.max)
+            inside = values.copy()
+            if not all_valid:
+                np.copyto(inside, 0, where=~valid)  # invalid cells may hold NaN
+            np.rint(inside, out=inside)
+            np.clip(inside, info.min, info.max, out=inside)
             stored = inside.astype(self.dtype)
         elif out_is_int:
             info = np.iinfo(self.dtype)
-            present = values[:, valid]
-            if present.size and (present.min() < info.min or present.max() > info.max):
-                raise CubeWriteError(
-                    f"values {present.min()}..{present.max()} do not fit the store type "
-                    f"{self.dtype}; choose a wider dtype for {self.path.name}"
-                )
-            stored = np.where(valid, values, 0).astype(self.dtype)
+            if valid.any():
+                low = values.min(where=valid, initial=np.iinfo(values.dtype).max)
+                high = values.max(where=valid, initial=np.iinfo(values.dtype).min)
+                if low < info.min or high > info.max:
+                    raise CubeWriteError(
+                        f"values {low}..{high} do not fit the store type "
+                        f"{self.dtype}; choose a wider dtype for {self.path.name}"
+                    )
+            stored = values.astype(self.dtype, copy=not all_valid)
         else:
-            stored = values.astype(self.dtype)
-        stored[:, ~valid] = self.fill_value
+            stored = values.astype(self.dtype, copy=not all_valid)
+        if not all_valid:
+            np.copyto(stored, np.array(self.fill_value, dtype=self.dtype), where=~valid)
         return stored
 
     def _discard(self) -> None:
         """Remove the temp store (after a failure, or whatever is left after a commit)."""
         shutil.rmtree(self._tmp_path, ignore_errors=True)
+
+
+def _all_fill(block: np.ndarray, fill: Any) -> bool:
+    """Whether every element is the fill value (NaN counts as equal to a NaN fill)."""
+    if np.issubdtype(block.dtype, np.floating) and np.isnan(fill):
+        return bool(np.isnan(block).all())
+    if np.issubdtype(block.dtype, np.floating) and fill == 0:
+        return not block.view(f"u{block.dtype.itemsize}").any()  # -0.0 is not the fill 0.0
+    return bool(block.min() == fill and block.max() == fill)
 
 
 def _checked_fill(dtype: np.dtype, fill_value: Any) -> int | float:
@@ -780,7 +870,7 @@ def tile_pixel_summaries(
         tile_values = values[:, rows, cols]
         n_valid = int(tile_valid.sum())
         if categorical:
-            ids, counts = np.unique(tile_values[0][tile_valid], return_counts=True)
+            ids, counts = _class_counts(tile_values[0][tile_valid])
             mode = int(ids[np.argmax(counts)]) if ids.size else None
             summaries.append(
                 TilePixelSummary(
@@ -807,3 +897,22 @@ def tile_pixel_summaries(
                 )
             )
     return summaries
+
+
+_COUNTED_IDS = 1 << 16
+"""Ids below this are counted by direct indexing (a bincount); others are sorted (np.unique)."""
+
+
+def _class_counts(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct ids in ascending order and how often each occurs, as ``np.unique`` gives them.
+
+    Class ids are small non-negative integers, so a bincount is used: one pass instead of a
+    sort of every pixel of the tile.
+    """
+    if ids.size and np.issubdtype(ids.dtype, np.integer):
+        low, high = int(ids.min()), int(ids.max())
+        if low >= 0 and high < _COUNTED_IDS:
+            counts = np.bincount(ids.ravel().astype(np.intp, copy=False), minlength=high + 1)
+            present = np.flatnonzero(counts)
+            return present.astype(ids.dtype), counts[present]
+    return np.unique(ids, return_counts=True)

@@ -308,6 +308,46 @@ def test_store_is_written_block_by_block_and_refuses_a_missing_block(tmp_path: P
         writer.write_block(200, 100, values[:, :100, :100], valid[:100, :100])
 
 
+@pytest.mark.parametrize(("dtype", "fill"), [(np.uint8, 0), (np.float32, math.nan)])
+def test_block_writes_store_the_chunk_files_zarr_itself_writes(
+    tmp_path: Path, dtype: type, fill: float
+) -> None:
+    """Whole-chunk blocks skip zarr's write path; the files must be the ones zarr writes."""
+    grid = small_grid(resolution=100.0, width=150, height=250)  # edge chunks are partial
+    rng = np.random.default_rng(11)
+    values = rng.integers(0, 200, (2, grid.height, grid.width)).astype(dtype)
+    valid = rng.random(grid.shape) > 0.3
+    valid[:100, 100:] = False  # a block of nothing but fill: no chunk file at all
+    values[:, 100:200, :100] = 0  # a block whose valid values all equal the uint8 fill
+    valid[100:200, :100] = True
+
+    def files(path: Path) -> dict[str, bytes]:
+        return {
+            str(f.relative_to(path)): f.read_bytes()
+            for f in sorted(path.rglob("*"))
+            if f.is_file() and f.name != "zarr.json"
+        }
+
+    def write(path: Path, by_blocks: bool) -> dict[str, bytes]:
+        with ChipStoreWriter(path, grid, ["b0", "b1"], dtype, fill, {}) as writer:
+            if by_blocks:
+                for r0, r1, c0, c1 in blocks(grid):
+                    writer.write_block(r0, c0, values[:, r0:r1, c0:c1], valid[r0:r1, c0:c1])
+            else:  # bands that cut chunks: zarr merges and encodes them itself
+                for start in range(0, grid.height, 37):
+                    stop = min(start + 37, grid.height)
+                    writer.write_rows(start, values[:, start:stop], valid[start:stop])
+        return files(path)
+
+    by_blocks = write(tmp_path / "blocks.zarr", by_blocks=True)
+    assert by_blocks == write(tmp_path / "zarr.zarr", by_blocks=False)
+    assert "data/c/0/0/1" not in by_blocks and "valid/c/0/1" not in by_blocks
+    assert ("data/c/0/1/0" in by_blocks) == (dtype is np.float32)
+    chips = open_chips(tmp_path / "blocks.zarr")
+    np.testing.assert_array_equal(chips["valid"].values, valid)
+    np.testing.assert_array_equal(chips["data"].values, np.where(valid, values, fill))
+
+
 def test_float_values_are_rounded_into_an_integer_store(tmp_path: Path) -> None:
     grid = small_grid()
     values = np.full((1, grid.height, grid.width), 254.6, dtype=np.float32)
@@ -647,6 +687,25 @@ def test_tile_mode_breaks_ties_to_the_smallest_id() -> None:
     assert tie.mode_class == 4 and tie.class_counts == ((4, 800), (9, 800))
     assert empty.mode_class is None and empty.valid_pixels == 0
     assert plain.mode_class == 9 and plain.band_means == ()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "low", "high"),
+    [(np.uint8, 0, 256), (np.int32, 0, 300), (np.int32, -5, 5), (np.int64, 0, 2**40)],
+)
+def test_tile_class_counts_are_those_of_every_valid_pixel(dtype: type, low: int, high: int) -> None:
+    grid = small_grid()
+    rng = np.random.default_rng(2)
+    ids = rng.integers(low, high, (1, 40, 120)).astype(dtype)
+    valid = rng.random((40, 120)) > 0.25
+    tiles = [grid_tile(grid, 1, c) for c in range(3)]
+    for tile, summary in zip(
+        tiles, tile_pixel_summaries(ids, valid, 40, 0, grid, tiles, categorical=True), strict=True
+    ):
+        window = (slice(None), slice(40 * tile.col, 40 * tile.col + 40))
+        distinct, counts = np.unique(ids[0][window][valid[window]], return_counts=True)
+        assert summary.class_counts == tuple(zip(distinct.tolist(), counts.tolist(), strict=True))
+        assert summary.mode_class == int(distinct[np.argmax(counts)])
 
 
 # --------------------------------------------------------------------------------------------
