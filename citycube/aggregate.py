@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import shapely
 from exactextract import exact_extract
+from exactextract.feature import JSONFeature, JSONFeatureSource
 from exactextract.raster import NumPyRasterSource
 from pyproj import CRS, Geod, Transformer
 from rasterio.windows import Window
@@ -537,6 +539,36 @@ def _cell_window(raster: RasterGrid, rings: np.ndarray) -> tuple[int, int, int, 
     return row_off, row_end, col_off, col_end
 
 
+class _WKBFeature(JSONFeature):
+    """A feature without properties whose geometry exactextract reads as WKB."""
+
+    def __init__(self, wkb: bytes) -> None:
+        super().__init__({"type": "Feature", "properties": {}})
+        self._wkb = wkb
+
+    def geometry(self) -> bytes:
+        return self._wkb
+
+
+class _WKBPolygons(JSONFeatureSource):
+    """Tile outlines for exactextract as WKB (exact doubles, like the GeoJSON they replace).
+
+    Given GeoJSON-like dicts, exactextract serialises each to JSON text and parses it again;
+    for ~160-vertex outlines that was half of a first-year coverage computation.
+    """
+
+    def __init__(self, rings: np.ndarray) -> None:
+        super().__init__([])
+        self._wkb: list[bytes] = shapely.to_wkb(shapely.polygons(rings)).tolist()
+
+    def count(self) -> int:
+        return len(self._wkb)
+
+    def __iter__(self) -> Iterator[_WKBFeature]:
+        for wkb in self._wkb:
+            yield _WKBFeature(wkb)
+
+
 @dataclass(frozen=True)
 class _BandGrid:
     """The source cells under one whole row of tiles, as exactextract is shown them.
@@ -629,15 +661,7 @@ def _block_coverage(
         left + band.width * cell_w,
         top,
     )
-    features = [
-        {
-            "type": "Feature",
-            "properties": {},
-            "geometry": {"type": "Polygon", "coordinates": [ring.tolist()]},
-        }
-        for ring in rings
-    ]
-    results = exact_extract(grid_source, features, ["cell_id", "coverage"])
+    results = exact_extract(grid_source, _WKBPolygons(rings), ["cell_id", "coverage"])
     tile_index, cell_index, area = [], [], []
     for k, feature in enumerate(results):
         ids = np.asarray(feature["properties"]["cell_id"], dtype=np.int64)
