@@ -28,11 +28,11 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import dask.array as da
 import numcodecs
 import numpy as np
 import rasterio
@@ -43,8 +43,10 @@ from affine import Affine
 from rasterio.crs import CRS as RioCRS
 from rasterio.warp import Resampling, reproject, transform_bounds
 from rasterio.windows import Window
+from xarray.backends.zarr import FillValueCoder, encode_zarr_attr_value
 from zarr.codecs import BytesCodec, ZstdCodec
 from zarr.codecs.bytes import Endian
+from zarr.dtype import VariableLengthUTF8
 
 from citycube.cities import PARENT_SIZE_M
 from citycube.errors import CubeWriteError
@@ -78,6 +80,8 @@ _FRACTION_TOLERANCE = 1e-6
 """Float slack so a support that is exactly half valid is not lost to rounding."""
 
 _ZARR_COMPRESSOR = ZstdCodec(level=3)
+_COORDINATE_COMPRESSOR = ZstdCodec(level=0)
+"""zarr's default codec for the small coordinate arrays, which xarray leaves to zarr."""
 
 SOURCE_CACHE_BYTES = 8 * 1024 * 1024
 """GDAL block cache while a city is warped block by block: about the source tiles under one
@@ -624,53 +628,86 @@ class ChipStoreWriter:
             zarr.consolidate_metadata(str(self._tmp_path), zarr_format=3)
 
     def _write_template(self) -> None:
-        """Write metadata and coordinates; data chunks are written later, band by band."""
+        """Write metadata and coordinates; data chunks are written later, block by block.
+
+        The layout is the one ``xarray.Dataset.to_zarr`` gives the equivalent dataset (data
+        and valid with their coordinates and a rioxarray ``spatial_ref``), written with zarr
+        directly: through xarray and dask the empty template cost more than a city's chunks
+        of a coarse modality (``tests/test_chips.py`` compares the two).
+        """
         grid = self.pixel_grid
         n_bands, chunk = len(self.band_names), self.chunk_px
-        data = da.full(
-            (n_bands, grid.height, grid.width),
-            self.fill_value,
-            dtype=self.dtype,
-            chunks=(n_bands, chunk, chunk),
-        )
-        valid = da.zeros((grid.height, grid.width), dtype=np.uint8, chunks=(chunk, chunk))
-        template = xr.Dataset(
-            {"data": (("band", "y", "x"), data), "valid": (("y", "x"), valid)},
-            coords={
-                "band": ("band", np.array(self.band_names, dtype=object)),
-                "y": ("y", grid.y_coords()),
-                "x": ("x", grid.x_coords()),
-            },
-            attrs=self._store_attrs(),
-        )
-        template["data"].attrs["nodata"] = self.fill_value
-        template["data"].attrs["long_name"] = list(self.band_names)
-        template["valid"].attrs["description"] = (
-            "1 where at least half of the pixel's source support is valid, else 0"
-        )
-        template = template.rio.write_crs(grid.crs).rio.write_transform(grid.transform)
-        for name in ("data", "valid"):
-            template[name].attrs["grid_mapping"] = "spatial_ref"
-        encoding = {
-            "data": {
-                "chunks": (n_bands, chunk, chunk),
-                "compressors": (_ZARR_COMPRESSOR,),
-                "fill_value": self.fill_value,
-            },
-            "valid": {
-                "chunks": (chunk, chunk),
-                "compressors": (_ZARR_COMPRESSOR,),
-                "fill_value": 0,
-            },
-        }
-        template.to_zarr(
-            self._tmp_path,
+        group = zarr.open_group(
+            str(self._tmp_path),
             mode="w-",
-            compute=False,
             zarr_format=3,
-            consolidated=False,
-            encoding=encoding,
+            attributes=_zarr_attrs(self._store_attrs()),
         )
+        coordinates = (_COORDINATE_COMPRESSOR,)
+        nan_fill = {"_FillValue": FillValueCoder.encode(np.nan, np.dtype(np.float64))}
+        band = group.create_array(
+            "band",
+            shape=(n_bands,),
+            dtype=VariableLengthUTF8(),  # type: ignore[arg-type]
+            chunks=(n_bands,),
+            compressors=coordinates,
+            fill_value="",
+            dimension_names=("band",),
+        )
+        band[:] = np.array(self.band_names, dtype=object)
+        for name, values in (("x", grid.x_coords()), ("y", grid.y_coords())):
+            coordinate = group.create_array(
+                name,
+                shape=values.shape,
+                dtype=values.dtype,
+                chunks=values.shape,
+                compressors=coordinates,
+                fill_value=np.nan,
+                dimension_names=(name,),
+                attributes=nan_fill,
+            )
+            coordinate[:] = values
+        group.create_array(
+            "spatial_ref",
+            shape=(),
+            dtype=np.int64,
+            compressors=coordinates,
+            fill_value=0,
+            attributes=_grid_mapping_attrs(grid.crs, grid.transform),
+        )
+        data_attrs: dict[str, Any] = {
+            "nodata": self.fill_value,
+            "long_name": list(self.band_names),
+            "grid_mapping": "spatial_ref",
+        }
+        if np.issubdtype(self.dtype, np.floating):
+            data_attrs.update(nan_fill)  # xarray's CF default for float variables, any fill
+        group.create_array(
+            "data",
+            shape=(n_bands, grid.height, grid.width),
+            chunks=(n_bands, chunk, chunk),
+            dtype=self.dtype,
+            compressors=(_ZARR_COMPRESSOR,),
+            fill_value=self.fill_value,
+            dimension_names=("band", "y", "x"),
+            attributes=data_attrs,
+        )
+        group.create_array(
+            "valid",
+            shape=(grid.height, grid.width),
+            chunks=(chunk, chunk),
+            dtype=np.uint8,
+            compressors=(_ZARR_COMPRESSOR,),
+            fill_value=0,
+            dimension_names=("y", "x"),
+            attributes={
+                "description": (
+                    "1 where at least half of the pixel's source support is valid, else 0"
+                ),
+                "grid_mapping": "spatial_ref",
+            },
+        )
+        self._zarr_group = group
 
     def _store_attrs(self) -> dict[str, Any]:
         """Caller attrs plus the grid facts a reader needs; the grid facts cannot be overridden."""
@@ -725,6 +762,23 @@ class ChipStoreWriter:
     def _discard(self) -> None:
         """Remove the temp store (after a failure, or whatever is left after a commit)."""
         shutil.rmtree(self._tmp_path, ignore_errors=True)
+
+
+def _zarr_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Attribute values as xarray stores them (NumPy scalars and arrays as plain JSON)."""
+    return {key: encode_zarr_attr_value(value) for key, value in attrs.items()}
+
+
+def _grid_mapping_attrs(crs: str, transform: Affine) -> dict[str, Any]:
+    """The ``spatial_ref`` attributes rioxarray writes for a grid (CF grid mapping + WKT)."""
+    return dict(_grid_mapping_items(crs, transform))
+
+
+@lru_cache(maxsize=32)
+def _grid_mapping_items(crs: str, transform: Affine) -> tuple[tuple[str, Any], ...]:
+    """Built once per grid: rioxarray derives them from the CRS through pyproj, slowly."""
+    coordinate = xr.Dataset().rio.write_crs(crs).rio.write_transform(transform)["spatial_ref"]
+    return tuple(_zarr_attrs(coordinate.attrs).items())
 
 
 def _all_fill(block: np.ndarray, fill: Any) -> bool:

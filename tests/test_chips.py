@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import dask.array
 import geopandas as gpd
 import numpy as np
 import pyarrow as pa
@@ -346,6 +347,77 @@ def test_block_writes_store_the_chunk_files_zarr_itself_writes(
     chips = open_chips(tmp_path / "blocks.zarr")
     np.testing.assert_array_equal(chips["valid"].values, valid)
     np.testing.assert_array_equal(chips["data"].values, np.where(valid, values, fill))
+
+
+def _xarray_template(writer: ChipStoreWriter, path: Path) -> None:
+    """The template as xarray writes the equivalent dataset: the layout readers rely on."""
+    grid, n_bands, chunk = writer.pixel_grid, len(writer.band_names), writer.chunk_px
+    data = dask.array.full(
+        (n_bands, grid.height, grid.width),
+        writer.fill_value,
+        dtype=writer.dtype,
+        chunks=(n_bands, chunk, chunk),
+    )
+    valid = dask.array.zeros((grid.height, grid.width), dtype=np.uint8, chunks=(chunk, chunk))
+    template = xr.Dataset(
+        {"data": (("band", "y", "x"), data), "valid": (("y", "x"), valid)},
+        coords={
+            "band": ("band", np.array(writer.band_names, dtype=object)),
+            "y": ("y", grid.y_coords()),
+            "x": ("x", grid.x_coords()),
+        },
+        attrs=writer._store_attrs(),
+    )
+    template["data"].attrs["nodata"] = writer.fill_value
+    template["data"].attrs["long_name"] = list(writer.band_names)
+    template["valid"].attrs["description"] = (
+        "1 where at least half of the pixel's source support is valid, else 0"
+    )
+    template = template.rio.write_crs(grid.crs).rio.write_transform(grid.transform)
+    for name in ("data", "valid"):
+        template[name].attrs["grid_mapping"] = "spatial_ref"
+    compressor = zarr.codecs.ZstdCodec(level=3)
+    template.to_zarr(
+        path,
+        mode="w-",
+        compute=False,
+        zarr_format=3,
+        consolidated=False,
+        encoding={
+            "data": {
+                "chunks": (n_bands, chunk, chunk),
+                "compressors": (compressor,),
+                "fill_value": writer.fill_value,
+            },
+            "valid": {"chunks": (chunk, chunk), "compressors": (compressor,), "fill_value": 0},
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "fill", "bands"),
+    [
+        (np.uint8, 255, ["dominant_class"]),
+        (np.uint8, 0, ["red", "green", "blue"]),
+        (np.float32, math.nan, ["height_m"]),
+        (np.float64, -9999.0, ["a", "b"]),
+        (np.int16, -1, ["a"]),
+    ],
+)
+def test_the_template_is_the_one_xarray_writes(
+    tmp_path: Path, dtype: type, fill: float, bands: list[str]
+) -> None:
+    grid = pixel_grid(CITY, 250)
+    attrs = {"modality": "X", "source_year": np.int64(2020), "scale": np.float32(1.5)}
+    writer = ChipStoreWriter(tmp_path / "new.zarr", grid, bands, dtype, fill, attrs)
+    writer._tmp_path = tmp_path / "new"
+    writer._write_template()
+    _xarray_template(writer, tmp_path / "xarray")
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(f.relative_to(root)): f.read_bytes() for f in root.rglob("*") if f.is_file()}
+
+    assert files(tmp_path / "new") == files(tmp_path / "xarray")
 
 
 def test_float_values_are_rounded_into_an_integer_store(tmp_path: Path) -> None:
