@@ -377,10 +377,12 @@ def _with_sentinel(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, i
         fits32 = present.min() >= np.iinfo(np.int32).min and present.max() < np.iinfo(np.int32).max
     work = np.int32 if fits32 else np.int64
     ids = np.where(valid, values, 0).astype(work)  # invalid cells may hold NaN or junk
-    present_ids = set(np.unique(ids[:, valid]).tolist()) if valid.any() else set()
     sentinel = int(np.iinfo(work).min)
-    while sentinel in present_ids:
-        sentinel += 1
+    lowest = ids.min(where=valid, initial=np.iinfo(work).max) if valid.any() else None
+    if lowest is not None and int(lowest) == sentinel:  # the type's minimum is an id: look on
+        present_ids = set(np.unique(ids[:, valid]).tolist())
+        while sentinel in present_ids:
+            sentinel += 1
     ids[:, ~valid] = sentinel
     return ids, sentinel
 
@@ -937,10 +939,7 @@ def tile_pixel_summaries(
                 )
             )
         else:
-            means = tuple(
-                float(band[tile_valid].mean(dtype=np.float64)) if n_valid else math.nan
-                for band in tile_values
-            )
+            means = tuple(_valid_mean(band, tile_valid, n_valid) for band in tile_values)
             summaries.append(
                 TilePixelSummary(
                     tile_id=tile.tile_id,
@@ -951,6 +950,19 @@ def tile_pixel_summaries(
                 )
             )
     return summaries
+
+
+def _valid_mean(band: np.ndarray, valid: np.ndarray, n_valid: int) -> float:
+    """Mean of a band's valid pixels in float64; NaN when none is valid.
+
+    Small integers are summed exactly in int64, without copying the valid pixels out: the
+    float64 mean of integers is that exact sum divided by the count, whatever the order.
+    """
+    if not n_valid:
+        return math.nan
+    if np.issubdtype(band.dtype, np.integer) and band.dtype.itemsize <= 4:
+        return float(band.sum(where=valid, dtype=np.int64)) / n_valid
+    return float(band[valid].mean(dtype=np.float64))
 
 
 _COUNTED_IDS = 1 << 16

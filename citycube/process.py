@@ -184,7 +184,7 @@ def _vector_image_results(
             )
             w.write_block(row_start, col_start, values, valid)  # already the store type
             summaries.add(
-                values.astype(np.float64) if not categorical else values,
+                values if categorical or np.issubdtype(dtype, np.integer) else values.astype(float),
                 valid,
                 row_start,
                 col_start,

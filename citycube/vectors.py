@@ -257,9 +257,14 @@ def _burn_shapes(
     geometry_ends = np.cumsum(np.bincount(part_owner, minlength=int(fast.sum()))).tolist()
     sequence_lists = [xy[a:b] for a, b in zip([0, *sequence_ends[:-1]], sequence_ends, strict=True)]
     part_lists = [sequence_lists[a:b] for a, b in zip([0, *part_ends[:-1]], part_ends, strict=True)]
+    burn = np.asarray(values).tolist()
+    if fast.all() and (types == _POLYGON).all():  # the usual layer: one list of rings each
+        return [
+            ({"type": "Polygon", "coordinates": rings}, value)
+            for rings, value in zip(part_lists, burn, strict=True)
+        ]
     shapes: list[tuple[object, object]] = []
     fast_index = 0
-    burn = np.asarray(values).tolist()
     for index, type_id in enumerate(types.tolist()):
         if not fast[index]:
             projected = _to_crs(geometry[index : index + 1], source, target)[0]

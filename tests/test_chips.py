@@ -780,6 +780,26 @@ def test_tile_class_counts_are_those_of_every_valid_pixel(dtype: type, low: int,
         assert summary.mode_class == int(distinct[np.argmax(counts)])
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32, np.float32, np.float64])
+def test_tile_means_are_the_float64_means_of_the_valid_pixels(dtype: type) -> None:
+    grid = small_grid()
+    rng = np.random.default_rng(4)
+    values = (rng.normal(0, 1000, (2, 40, 120)) % 250).astype(dtype)
+    if np.issubdtype(dtype, np.signedinteger):
+        values[1] -= 200
+    valid = rng.random((40, 120)) > 0.4
+    valid[:, 80:] = True
+    tiles = [grid_tile(grid, 1, c) for c in range(3)]
+    for tile, summary in zip(
+        tiles,
+        tile_pixel_summaries(values, valid, 40, 0, grid, tiles, categorical=False),
+        strict=True,
+    ):
+        window = (slice(None), slice(40 * tile.col, 40 * tile.col + 40))
+        expected = tuple(float(b[window][valid[window]].mean(dtype=np.float64)) for b in values)
+        assert summary.band_means == expected  # bit for bit
+
+
 # --------------------------------------------------------------------------------------------
 # A whole city, block by block
 
