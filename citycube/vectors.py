@@ -30,6 +30,7 @@ from citycube.catalogue import RasterizeSpec
 from citycube.classify import CLASSIFIER_COLUMNS, get_classifier
 from citycube.errors import SourceReadError
 from citycube.grids import PixelGrid, TileGrid
+from citycube.rasters import transformer
 
 
 def _require_file(path: Path) -> None:
@@ -373,9 +374,21 @@ def _geoparquet_geometry(parquet: pq.ParquetFile, path: Path) -> tuple[str, CRS]
 
 
 def _xy(geometry: np.ndarray, crs: object, city_epsg: int) -> tuple[np.ndarray, np.ndarray]:
-    points = gpd.GeoSeries(geometry, crs=crs)
-    points = points[points.notna()].to_crs(epsg=city_epsg)
-    return points.x.to_numpy(), points.y.to_numpy()
+    """Coordinates of the present points in the city CRS (NaN for an empty point).
+
+    Projected straight from the coordinate arrays: a GeoSeries would build a CRS and a new
+    point geometry per point for every batch, several times the cost of the projection.
+    """
+    points = geometry[~shapely.is_missing(geometry)]
+    if not (shapely.get_type_id(points) == _POINT).all():
+        raise ValueError("x attribute access only provided for Point geometries")
+    x, y = np.full(len(points), np.nan), np.full(len(points), np.nan)
+    present = ~shapely.is_empty(points)
+    to_city = transformer(CRS.from_user_input(crs), f"EPSG:{city_epsg}")
+    x[present], y[present] = to_city.transform(
+        shapely.get_x(points[present]), shapely.get_y(points[present])
+    )
+    return x, y
 
 
 def tile_index(grid: TileGrid, x: np.ndarray, y: np.ndarray) -> np.ndarray:

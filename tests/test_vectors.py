@@ -182,6 +182,26 @@ def test_point_batches_count_what_one_batch_counts(
     assert 0 < whole.sum() < 5_000  # the margin's points fall outside the grid
 
 
+def test_points_are_projected_as_geopandas_projects_them(tmp_path: Path) -> None:
+    path = tmp_path / "points.parquet"
+    _points(path, 2_000)
+    frame = gpd.read_parquet(path)
+    frame.loc[[3, 17], "geometry"] = None  # missing: left out
+    frame.loc[[5], "geometry"] = Point()  # empty: kept, at NaN
+    frame.to_parquet(path)
+    (x, y), *more = list(iter_points(path, EPSG, WGS84))
+    assert not more
+    expected = frame[~shapely.is_missing(frame.geometry.to_numpy())].to_crs(epsg=EPSG)
+    np.testing.assert_array_equal(x, expected.geometry.x.to_numpy())
+    np.testing.assert_array_equal(y, expected.geometry.y.to_numpy())
+    assert len(x) == 1_998 and np.isnan(x[4]) and np.isfinite(np.delete(x, 4)).all()
+
+    frame.loc[[9], "geometry"] = LineString([(4.9, 52.3), (4.91, 52.31)])
+    frame.to_parquet(path)
+    with pytest.raises(SourceReadError, match="corrupt or truncated"):
+        list(iter_points(path, EPSG, WGS84))
+
+
 def test_point_files_with_the_wrong_crs_or_damage_fail_clearly(tmp_path: Path) -> None:
     wrong = tmp_path / "mercator.parquet"
     _points(wrong, 50, crs=3857)
