@@ -229,9 +229,8 @@ def warp_block(
         "num_threads": num_threads,
     }
 
-    supported = _supported(valid, height, width, geometry)
-
     if categorical:
+        supported = _supported(valid, height, width, geometry)
         ids, sentinel = _with_sentinel(values, valid)
         del values, valid
         out = np.full((n_bands, height, width), sentinel, dtype=ids.dtype)
@@ -245,21 +244,44 @@ def warp_block(
         )
         out_valid = supported & np.all(out != sentinel, axis=0)
     else:
-        floats = values.astype(_float_type(values.dtype), copy=True)
-        floats[:, ~valid] = np.nan
+        out, supported = _average_with_support(values, valid, height, width, geometry)
         del values, valid
-        out = np.full((n_bands, height, width), np.nan, dtype=floats.dtype)
-        reproject(
-            floats,
-            out,
-            src_nodata=np.nan,
-            dst_nodata=np.nan,
-            resampling=Resampling.average,
-            **geometry,
-        )
         out_valid = supported & np.all(np.isfinite(out), axis=0)
         out[:, ~out_valid] = np.nan
     return out, out_valid
+
+
+def _average_with_support(
+    values: np.ndarray, valid: np.ndarray, height: int, width: int, geometry: dict[str, Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Area-weighted average of the valid cells, and which pixels :func:`_supported` keeps.
+
+    When some cells are invalid and the values are float32 (as the fraction is), the valid
+    fraction is warped as one more band of the values' own warp, with each band's nodata
+    judged on its own (``UNIFIED_SRC_NODATA=NO``): one warp instead of two, same figures.
+    """
+    float_type = _float_type(values.dtype)
+    n_bands = len(values)
+    together = float_type is np.float32 and not valid.all()
+    stacked = np.empty((n_bands + together, *valid.shape), dtype=float_type)
+    stacked[:n_bands] = values
+    stacked[:n_bands, ~valid] = np.nan
+    if together:
+        stacked[n_bands] = valid
+    out = np.full((len(stacked), height, width), np.nan, dtype=float_type)
+    reproject(
+        stacked,
+        out,
+        src_nodata=np.nan,
+        dst_nodata=np.nan,
+        resampling=Resampling.average,
+        **({"UNIFIED_SRC_NODATA": "NO"} if together else {}),
+        **geometry,
+    )
+    if not together:
+        return out, _supported(valid, height, width, geometry)
+    supported = out[n_bands] >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE  # NaN: no support
+    return out[:n_bands], supported
 
 
 def _supported(valid: np.ndarray, height: int, width: int, geometry: dict[str, Any]) -> np.ndarray:

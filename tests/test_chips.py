@@ -22,6 +22,7 @@ from pyproj import CRS, Transformer
 from rasterio.warp import Resampling, reproject
 from rasterio.windows import Window
 
+import citycube.chips
 import citycube.process
 from citycube.catalogue import load_catalogue
 from citycube.chips import (
@@ -531,6 +532,56 @@ def test_a_pixel_is_valid_when_at_least_half_of_its_support_is(
 
     assert valid[0].tolist() == [False, False, True, True, True]
     assert out[0, 0, 2:].tolist() == [4, 4, 4]
+
+
+@pytest.mark.parametrize(("source_crs", "dtype"), [("EPSG:4326", np.float32), (None, np.uint8)])
+def test_partly_valid_blocks_warp_as_values_and_fraction_apart(
+    tmp_path: Path, source_crs: str | None, dtype: type
+) -> None:
+    """Values and valid fraction share one warp; the result is that of two separate warps."""
+    rng = np.random.default_rng(9)
+    grid = small_grid(resolution=25.0, width=120, height=100)
+    if source_crs is None:
+        crs, transform = f"EPSG:{EPSG}", utm_transform(30.0, X_MIN - 415, Y_MAX + 415)
+    else:
+        lon, lat = Transformer.from_crs(EPSG, 4326, always_xy=True).transform(X_MIN, Y_MAX)
+        crs, transform = source_crs, Affine(0.0003, 0, lon - 0.01, 0, -0.0002, lat + 0.01)
+    values = rng.integers(1, 250, (2, 140, 160)).astype(dtype)
+    values[:, rng.random((140, 160)) < 0.35] = 0  # scattered invalid cells: many 50 % pixels
+    path = write_raster(tmp_path / "src.tif", values, crs, transform, nodata=0)
+    source = masked_source(path, 0)
+
+    out, valid = warp_block(source, grid, 0, 100, 0, 120, categorical=False)
+
+    # The reference: the same source window, then the fraction and the values warped apart.
+    dst_crs = rasterio.crs.CRS.from_epsg(EPSG)
+    window = citycube.chips._source_window(source, grid.transform, 120, 100, dst_crs)
+    clipped = citycube.chips._clip_window(window, 160, 140)
+    raw, cell_valid = citycube.chips._pad_to_window(*source.read(clipped), clipped, window)
+    geometry = {
+        "src_transform": transform @ Affine.translation(window.col_off, window.row_off),
+        "src_crs": crs,
+        "dst_transform": grid.transform,
+        "dst_crs": dst_crs,
+    }
+    fraction = np.zeros((100, 120), np.float32)
+    reproject(cell_valid.astype(np.float32), fraction, resampling=Resampling.average, **geometry)
+    floats = raw.astype(np.float32)
+    floats[:, ~cell_valid] = np.nan
+    expected = np.full((2, 100, 120), np.nan, np.float32)
+    reproject(
+        floats,
+        expected,
+        src_nodata=np.nan,
+        dst_nodata=np.nan,
+        resampling=Resampling.average,
+        **geometry,
+    )
+    expected_valid = (fraction >= 0.5 - 1e-6) & np.isfinite(expected).all(axis=0)
+    expected[:, ~expected_valid] = np.nan
+    assert 0.2 < valid.mean() < 0.95
+    np.testing.assert_array_equal(valid, expected_valid)
+    np.testing.assert_array_equal(out, expected)
 
 
 def test_gdal_nodata_pct_threshold_is_not_the_50_percent_rule() -> None:
