@@ -133,10 +133,11 @@ def _chip_values(
     values: np.ndarray, valid: np.ndarray, dtype: np.dtype, fill: float, categorical: bool
 ) -> np.ndarray:
     """Warped values as the chip store takes them: rounded into [0, max] for integer images,
-    ids cast to the store type; float images go as they are (the writer casts and fills)."""
+    ids cast to the store type. Float images, and integer images of an unsigned type (whose
+    range starts at 0), go as they are: the writer rounds, clips, casts and fills them."""
     if categorical:
         return np.where(valid, values, fill).astype(dtype)
-    if np.issubdtype(dtype, np.integer):
+    if np.issubdtype(dtype, np.integer) and np.iinfo(dtype).min < 0:
         rounded = np.clip(np.rint(values), 0, np.iinfo(dtype).max)
         return np.where(valid, rounded, fill).astype(dtype)
     return values
