@@ -620,6 +620,40 @@ def _band_grid(
     )
 
 
+_OUTLINES_KEPT = 64
+"""Blocks whose projected tile outlines are kept (a few MiB at most, whatever the city)."""
+
+_outlines: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _block_outlines(
+    raster: RasterGrid, grid: TileGrid, block: _Block, to_source: Transformer
+) -> tuple[np.ndarray, np.ndarray]:
+    """The block's tile outlines in the source CRS and each tile's area measured there.
+
+    Depends on the source's CRS only, not its grid, so sources that share a CRS (the lon/lat
+    products) share them: projecting the outlines and measuring each on the ellipsoid was a
+    third of a source's first-year coverage cost. Kept for the last ``_OUTLINES_KEPT`` blocks.
+    """
+    key = (grid, block, raster.crs.srs, raster.crs.to_wkt())
+    if key in _outlines:
+        return _outlines[key]
+    rings = _projected_rings(raster, grid, block, to_source)
+    if raster.crs.is_geographic:
+        ellipsoid = raster.crs.ellipsoid
+        geod = Geod(a=ellipsoid.semi_major_metre, b=ellipsoid.semi_minor_metre)
+        tile_area = np.array(
+            [abs(geod.polygon_area_perimeter(r[:-1, 0], r[:-1, 1])[0]) for r in rings]
+        )
+    else:
+        tile_area = _shoelace(rings)
+    rings.flags.writeable = tile_area.flags.writeable = False
+    if len(_outlines) >= _OUTLINES_KEPT:
+        _outlines.pop(next(iter(_outlines)))  # the oldest
+    _outlines[key] = rings, tile_area
+    return rings, tile_area
+
+
 def _block_coverage(
     raster: RasterGrid,
     grid: TileGrid,
@@ -632,15 +666,7 @@ def _block_coverage(
     exactextract measures the tiles on the grid of their whole row of tiles (``band``); the
     weights are then re-indexed onto the block's own window, the only cells they touch.
     """
-    rings = _projected_rings(raster, grid, block, to_source)
-    if raster.crs.is_geographic:
-        ellipsoid = raster.crs.ellipsoid
-        geod = Geod(a=ellipsoid.semi_major_metre, b=ellipsoid.semi_minor_metre)
-        tile_area = np.array(
-            [abs(geod.polygon_area_perimeter(r[:-1, 0], r[:-1, 1])[0]) for r in rings]
-        )
-    else:
-        tile_area = _shoelace(rings)
+    rings, tile_area = _block_outlines(raster, grid, block, to_source)
     n_tiles = len(rings)
     window = _cell_window(raster, rings)
     if window is None or band is None:
