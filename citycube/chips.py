@@ -263,7 +263,7 @@ def _average_with_support(
     float_type = _float_type(values.dtype)
     n_bands = len(values)
     together = float_type is np.float32 and not valid.all()
-    stacked = np.empty((n_bands + together, *valid.shape), dtype=float_type)
+    stacked = np.empty((n_bands + (1 if together else 0), *valid.shape), dtype=float_type)
     stacked[:n_bands] = values
     stacked[:n_bands, ~valid] = np.nan
     if together:
