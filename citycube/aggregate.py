@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import shapely
 from exactextract import exact_extract
+from exactextract.feature import JSONFeature, JSONFeatureSource
 from exactextract.raster import NumPyRasterSource
 from pyproj import CRS, Geod, Transformer
 from rasterio.windows import Window
@@ -537,6 +539,36 @@ def _cell_window(raster: RasterGrid, rings: np.ndarray) -> tuple[int, int, int, 
     return row_off, row_end, col_off, col_end
 
 
+class _WKBFeature(JSONFeature):
+    """A feature without properties whose geometry exactextract reads as WKB."""
+
+    def __init__(self, wkb: bytes) -> None:
+        super().__init__({"type": "Feature", "properties": {}})
+        self._wkb = wkb
+
+    def geometry(self) -> bytes:
+        return self._wkb
+
+
+class _WKBPolygons(JSONFeatureSource):
+    """Tile outlines for exactextract as WKB (exact doubles, like the GeoJSON they replace).
+
+    Given GeoJSON-like dicts, exactextract serialises each to JSON text and parses it again;
+    for ~160-vertex outlines that was half of a first-year coverage computation.
+    """
+
+    def __init__(self, rings: np.ndarray) -> None:
+        super().__init__([])
+        self._wkb: list[bytes] = shapely.to_wkb(shapely.polygons(rings)).tolist()
+
+    def count(self) -> int:
+        return len(self._wkb)
+
+    def __iter__(self) -> Iterator[_WKBFeature]:
+        for wkb in self._wkb:
+            yield _WKBFeature(wkb)
+
+
 @dataclass(frozen=True)
 class _BandGrid:
     """The source cells under one whole row of tiles, as exactextract is shown them.
@@ -588,6 +620,40 @@ def _band_grid(
     )
 
 
+_OUTLINES_KEPT = 64
+"""Blocks whose projected tile outlines are kept (a few MiB at most, whatever the city)."""
+
+_outlines: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _block_outlines(
+    raster: RasterGrid, grid: TileGrid, block: _Block, to_source: Transformer
+) -> tuple[np.ndarray, np.ndarray]:
+    """The block's tile outlines in the source CRS and each tile's area measured there.
+
+    Depends on the source's CRS only, not its grid, so sources that share a CRS (the lon/lat
+    products) share them: projecting the outlines and measuring each on the ellipsoid was a
+    third of a source's first-year coverage cost. Kept for the last ``_OUTLINES_KEPT`` blocks.
+    """
+    key = (grid, block, raster.crs.srs, raster.crs.to_wkt())
+    if key in _outlines:
+        return _outlines[key]
+    rings = _projected_rings(raster, grid, block, to_source)
+    if raster.crs.is_geographic:
+        ellipsoid = raster.crs.ellipsoid
+        geod = Geod(a=ellipsoid.semi_major_metre, b=ellipsoid.semi_minor_metre)
+        tile_area = np.array(
+            [abs(geod.polygon_area_perimeter(r[:-1, 0], r[:-1, 1])[0]) for r in rings]
+        )
+    else:
+        tile_area = _shoelace(rings)
+    rings.flags.writeable = tile_area.flags.writeable = False
+    if len(_outlines) >= _OUTLINES_KEPT:
+        _outlines.pop(next(iter(_outlines)))  # the oldest
+    _outlines[key] = rings, tile_area
+    return rings, tile_area
+
+
 def _block_coverage(
     raster: RasterGrid,
     grid: TileGrid,
@@ -600,15 +666,7 @@ def _block_coverage(
     exactextract measures the tiles on the grid of their whole row of tiles (``band``); the
     weights are then re-indexed onto the block's own window, the only cells they touch.
     """
-    rings = _projected_rings(raster, grid, block, to_source)
-    if raster.crs.is_geographic:
-        ellipsoid = raster.crs.ellipsoid
-        geod = Geod(a=ellipsoid.semi_major_metre, b=ellipsoid.semi_minor_metre)
-        tile_area = np.array(
-            [abs(geod.polygon_area_perimeter(r[:-1, 0], r[:-1, 1])[0]) for r in rings]
-        )
-    else:
-        tile_area = _shoelace(rings)
+    rings, tile_area = _block_outlines(raster, grid, block, to_source)
     n_tiles = len(rings)
     window = _cell_window(raster, rings)
     if window is None or band is None:
@@ -629,15 +687,7 @@ def _block_coverage(
         left + band.width * cell_w,
         top,
     )
-    features = [
-        {
-            "type": "Feature",
-            "properties": {},
-            "geometry": {"type": "Polygon", "coordinates": [ring.tolist()]},
-        }
-        for ring in rings
-    ]
-    results = exact_extract(grid_source, features, ["cell_id", "coverage"])
+    results = exact_extract(grid_source, _WKBPolygons(rings), ["cell_id", "coverage"])
     tile_index, cell_index, area = [], [], []
     for k, feature in enumerate(results):
         ids = np.asarray(feature["properties"]["cell_id"], dtype=np.int64)

@@ -28,11 +28,12 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import dask.array as da
+import numcodecs
 import numpy as np
 import rasterio
 import rioxarray  # noqa: F401  (registers the ``.rio`` accessor)
@@ -42,7 +43,10 @@ from affine import Affine
 from rasterio.crs import CRS as RioCRS
 from rasterio.warp import Resampling, reproject, transform_bounds
 from rasterio.windows import Window
-from zarr.codecs import ZstdCodec
+from xarray.backends.zarr import FillValueCoder, encode_zarr_attr_value
+from zarr.codecs import BytesCodec, ZstdCodec
+from zarr.codecs.bytes import Endian
+from zarr.dtype import VariableLengthUTF8
 
 from citycube.cities import PARENT_SIZE_M
 from citycube.errors import CubeWriteError
@@ -76,6 +80,8 @@ _FRACTION_TOLERANCE = 1e-6
 """Float slack so a support that is exactly half valid is not lost to rounding."""
 
 _ZARR_COMPRESSOR = ZstdCodec(level=3)
+_COORDINATE_COMPRESSOR = ZstdCodec(level=0)
+"""zarr's default codec for the small coordinate arrays, which xarray leaves to zarr."""
 
 SOURCE_CACHE_BYTES = 8 * 1024 * 1024
 """GDAL block cache while a city is warped block by block: about the source tiles under one
@@ -223,17 +229,8 @@ def warp_block(
         "num_threads": num_threads,
     }
 
-    fraction = np.zeros((height, width), dtype=np.float32)
-    reproject(
-        valid.astype(np.float32),
-        fraction,
-        resampling=Resampling.average,
-        **geometry,
-    )
-    supported = fraction >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE
-    del fraction
-
     if categorical:
+        supported = _supported(valid, height, width, geometry)
         ids, sentinel = _with_sentinel(values, valid)
         del values, valid
         out = np.full((n_bands, height, width), sentinel, dtype=ids.dtype)
@@ -247,21 +244,58 @@ def warp_block(
         )
         out_valid = supported & np.all(out != sentinel, axis=0)
     else:
-        floats = values.astype(_float_type(values.dtype), copy=True)
-        floats[:, ~valid] = np.nan
+        out, supported = _average_with_support(values, valid, height, width, geometry)
         del values, valid
-        out = np.full((n_bands, height, width), np.nan, dtype=floats.dtype)
-        reproject(
-            floats,
-            out,
-            src_nodata=np.nan,
-            dst_nodata=np.nan,
-            resampling=Resampling.average,
-            **geometry,
-        )
         out_valid = supported & np.all(np.isfinite(out), axis=0)
         out[:, ~out_valid] = np.nan
     return out, out_valid
+
+
+def _average_with_support(
+    values: np.ndarray, valid: np.ndarray, height: int, width: int, geometry: dict[str, Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Area-weighted average of the valid cells, and which pixels :func:`_supported` keeps.
+
+    When some cells are invalid and the values are float32 (as the fraction is), the valid
+    fraction is warped as one more band of the values' own warp, with each band's nodata
+    judged on its own (``UNIFIED_SRC_NODATA=NO``): one warp instead of two, same figures.
+    """
+    float_type = _float_type(values.dtype)
+    n_bands = len(values)
+    together = float_type is np.float32 and not valid.all()
+    stacked = np.empty((n_bands + (1 if together else 0), *valid.shape), dtype=float_type)
+    stacked[:n_bands] = values
+    stacked[:n_bands, ~valid] = np.nan
+    if together:
+        stacked[n_bands] = valid
+    out = np.full((len(stacked), height, width), np.nan, dtype=float_type)
+    reproject(
+        stacked,
+        out,
+        src_nodata=np.nan,
+        dst_nodata=np.nan,
+        resampling=Resampling.average,
+        **({"UNIFIED_SRC_NODATA": "NO"} if together else {}),
+        **geometry,
+    )
+    if not together:
+        return out, _supported(valid, height, width, geometry)
+    supported = out[n_bands] >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE  # NaN: no support
+    return out[:n_bands], supported
+
+
+def _supported(valid: np.ndarray, height: int, width: int, geometry: dict[str, Any]) -> np.ndarray:
+    """Destination pixels at least ``MIN_VALID_FRACTION`` of whose source support is valid.
+
+    When every cell of the window is valid the answer is every pixel, without a warp: the
+    window covers each pixel's whole support (it has a margin, and a window cut by the
+    raster's edge is padded with invalid cells), so each average of ones is one.
+    """
+    if valid.all():
+        return np.ones((height, width), dtype=bool)
+    fraction = np.zeros((height, width), dtype=np.float32)
+    reproject(valid.astype(np.float32), fraction, resampling=Resampling.average, **geometry)
+    return fraction >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE
 
 
 def warp_rows(
@@ -365,10 +399,12 @@ def _with_sentinel(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, i
         fits32 = present.min() >= np.iinfo(np.int32).min and present.max() < np.iinfo(np.int32).max
     work = np.int32 if fits32 else np.int64
     ids = np.where(valid, values, 0).astype(work)  # invalid cells may hold NaN or junk
-    present_ids = set(np.unique(ids[:, valid]).tolist()) if valid.any() else set()
     sentinel = int(np.iinfo(work).min)
-    while sentinel in present_ids:
-        sentinel += 1
+    lowest = ids.min(where=valid, initial=np.iinfo(work).max) if valid.any() else None
+    if lowest is not None and int(lowest) == sentinel:  # the type's minimum is an id: look on
+        present_ids = set(np.unique(ids[:, valid]).tolist())
+        while sentinel in present_ids:
+            sentinel += 1
     ids[:, ~valid] = sentinel
     return ids, sentinel
 
@@ -419,6 +455,7 @@ class ChipStoreWriter:
         self._tmp_path = owned_name(self.path, "tmp")
         self._written: list[tuple[int, int, int, int]] = []
         self._zarr_group: zarr.Group | None = None
+        self._arrays: dict[str, zarr.Array] = {}
         self._started = False
         self._committed = False
 
@@ -498,9 +535,11 @@ class ChipStoreWriter:
         stored = self._to_store_type(values, valid)
         rows, cols = slice(row_start, row_stop), slice(col_start, col_stop)
         try:
-            group = self._group()
-            group["data"][:, rows, cols] = stored
-            group["valid"][rows, cols] = valid.astype(np.uint8)
+            chunk = self._whole_chunk(row_start, row_stop, col_start, col_stop)
+            if chunk is None or not self._write_chunk("data", (0, *chunk), stored):
+                self._array("data")[:, rows, cols] = stored
+            if chunk is None or not self._write_chunk("valid", chunk, valid.view(np.uint8)):
+                self._array("valid")[rows, cols] = valid.astype(np.uint8)
         except Exception as exc:
             raise CubeWriteError(
                 f"writing rows {row_start}:{row_stop}, cols {col_start}:{col_stop} of "
@@ -513,6 +552,63 @@ class ChipStoreWriter:
         if self._zarr_group is None:
             self._zarr_group = zarr.open_group(str(self._tmp_path), mode="r+", zarr_format=3)
         return self._zarr_group
+
+    def _array(self, name: str) -> zarr.Array:
+        """One array of the temp store, its metadata read once."""
+        if name not in self._arrays:
+            self._arrays[name] = self._group()[name]
+        return self._arrays[name]
+
+    def _whole_chunk(
+        self, row_start: int, row_stop: int, col_start: int, col_stop: int
+    ) -> tuple[int, int] | None:
+        """(row, col) index of the chunk these rows and columns exactly fill, else None.
+
+        A chunk on the grid's south or east edge is filled by the part of it inside the grid.
+        """
+        size, grid = self.chunk_px, self.pixel_grid
+        if row_start % size or col_start % size:
+            return None
+        if row_stop != min(row_start + size, grid.height):
+            return None
+        if col_stop != min(col_start + size, grid.width):
+            return None
+        return row_start // size, col_start // size
+
+    def _write_chunk(self, name: str, index: tuple[int, ...], block: np.ndarray) -> bool:
+        """Encode and write one whole chunk straight to its file; False if zarr must do it.
+
+        This is the chunk zarr itself would write (its codecs, its key, edge chunks padded
+        with the fill value, a chunk of nothing but fill value left out), without zarr's
+        per-write round trips through its event-loop thread, which cost several times the
+        compression of a 10 km block. Only plain ``bytes`` + ``zstd`` arrays are written here.
+        """
+        array = self._array(name)
+        metadata = array.metadata
+        codecs = getattr(metadata, "codecs", ())
+        if (
+            len(codecs) != 2
+            or not isinstance(codecs[0], BytesCodec)
+            or codecs[0].endian not in (None, Endian.little)
+            or not isinstance(codecs[1], ZstdCodec)
+            or block.dtype != array.dtype
+        ):
+            return False
+        fill = metadata.fill_value
+        chunk_shape = tuple(array.chunks)
+        if block.shape != chunk_shape:
+            padded = np.full(chunk_shape, fill, dtype=block.dtype)
+            padded[tuple(slice(0, n) for n in block.shape)] = block
+            block = padded
+        path = self._tmp_path / array.path / metadata.encode_chunk_key(index)
+        if _all_fill(block, fill):
+            path.unlink(missing_ok=True)  # an absent chunk reads as fill
+            return True
+        codec = numcodecs.Zstd(level=codecs[1].level, checksum=codecs[1].checksum)
+        payload = codec.encode(np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<")))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(payload)
+        return True
 
     def commit(self) -> None:
         """Swap the finished temp store into ``path``; the old store is removed afterwards.
@@ -556,53 +652,86 @@ class ChipStoreWriter:
             zarr.consolidate_metadata(str(self._tmp_path), zarr_format=3)
 
     def _write_template(self) -> None:
-        """Write metadata and coordinates; data chunks are written later, band by band."""
+        """Write metadata and coordinates; data chunks are written later, block by block.
+
+        The layout is the one ``xarray.Dataset.to_zarr`` gives the equivalent dataset (data
+        and valid with their coordinates and a rioxarray ``spatial_ref``), written with zarr
+        directly: through xarray and dask the empty template cost more than a city's chunks
+        of a coarse modality (``tests/test_chips.py`` compares the two).
+        """
         grid = self.pixel_grid
         n_bands, chunk = len(self.band_names), self.chunk_px
-        data = da.full(
-            (n_bands, grid.height, grid.width),
-            self.fill_value,
-            dtype=self.dtype,
-            chunks=(n_bands, chunk, chunk),
-        )
-        valid = da.zeros((grid.height, grid.width), dtype=np.uint8, chunks=(chunk, chunk))
-        template = xr.Dataset(
-            {"data": (("band", "y", "x"), data), "valid": (("y", "x"), valid)},
-            coords={
-                "band": ("band", np.array(self.band_names, dtype=object)),
-                "y": ("y", grid.y_coords()),
-                "x": ("x", grid.x_coords()),
-            },
-            attrs=self._store_attrs(),
-        )
-        template["data"].attrs["nodata"] = self.fill_value
-        template["data"].attrs["long_name"] = list(self.band_names)
-        template["valid"].attrs["description"] = (
-            "1 where at least half of the pixel's source support is valid, else 0"
-        )
-        template = template.rio.write_crs(grid.crs).rio.write_transform(grid.transform)
-        for name in ("data", "valid"):
-            template[name].attrs["grid_mapping"] = "spatial_ref"
-        encoding = {
-            "data": {
-                "chunks": (n_bands, chunk, chunk),
-                "compressors": (_ZARR_COMPRESSOR,),
-                "fill_value": self.fill_value,
-            },
-            "valid": {
-                "chunks": (chunk, chunk),
-                "compressors": (_ZARR_COMPRESSOR,),
-                "fill_value": 0,
-            },
-        }
-        template.to_zarr(
-            self._tmp_path,
+        group = zarr.open_group(
+            str(self._tmp_path),
             mode="w-",
-            compute=False,
             zarr_format=3,
-            consolidated=False,
-            encoding=encoding,
+            attributes=_zarr_attrs(self._store_attrs()),
         )
+        coordinates = (_COORDINATE_COMPRESSOR,)
+        nan_fill = {"_FillValue": FillValueCoder.encode(np.nan, np.dtype(np.float64))}
+        band = group.create_array(
+            "band",
+            shape=(n_bands,),
+            dtype=VariableLengthUTF8(),  # type: ignore[arg-type]
+            chunks=(n_bands,),
+            compressors=coordinates,
+            fill_value="",
+            dimension_names=("band",),
+        )
+        band[:] = np.array(self.band_names, dtype=object)
+        for name, values in (("x", grid.x_coords()), ("y", grid.y_coords())):
+            coordinate = group.create_array(
+                name,
+                shape=values.shape,
+                dtype=values.dtype,
+                chunks=values.shape,
+                compressors=coordinates,
+                fill_value=np.nan,
+                dimension_names=(name,),
+                attributes=nan_fill,
+            )
+            coordinate[:] = values
+        group.create_array(
+            "spatial_ref",
+            shape=(),
+            dtype=np.int64,
+            compressors=coordinates,
+            fill_value=0,
+            attributes=_grid_mapping_attrs(grid.crs, grid.transform),
+        )
+        data_attrs: dict[str, Any] = {
+            "nodata": self.fill_value,
+            "long_name": list(self.band_names),
+            "grid_mapping": "spatial_ref",
+        }
+        if np.issubdtype(self.dtype, np.floating):
+            data_attrs.update(nan_fill)  # xarray's CF default for float variables, any fill
+        group.create_array(
+            "data",
+            shape=(n_bands, grid.height, grid.width),
+            chunks=(n_bands, chunk, chunk),
+            dtype=self.dtype,
+            compressors=(_ZARR_COMPRESSOR,),
+            fill_value=self.fill_value,
+            dimension_names=("band", "y", "x"),
+            attributes=data_attrs,
+        )
+        group.create_array(
+            "valid",
+            shape=(grid.height, grid.width),
+            chunks=(chunk, chunk),
+            dtype=np.uint8,
+            compressors=(_ZARR_COMPRESSOR,),
+            fill_value=0,
+            dimension_names=("y", "x"),
+            attributes={
+                "description": (
+                    "1 where at least half of the pixel's source support is valid, else 0"
+                ),
+                "grid_mapping": "spatial_ref",
+            },
+        )
+        self._zarr_group = group
 
     def _store_attrs(self) -> dict[str, Any]:
         """Caller attrs plus the grid facts a reader needs; the grid facts cannot be overridden."""
@@ -621,29 +750,68 @@ class ChipStoreWriter:
         return {**self.attrs, **facts}
 
     def _to_store_type(self, values: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """Cast to the store dtype with invalid pixels set to the fill value."""
+        """Cast to the store dtype with invalid pixels set to the fill value.
+
+        Works in place on one working copy (or none, when every pixel is valid and the type
+        already fits): a block is written per 10 km, and each extra full-size temporary is
+        mapped and unmapped again (see ``citycube.memory``).
+        """
         out_is_int = np.issubdtype(self.dtype, np.integer)
+        all_valid = bool(valid.all())
         if out_is_int and np.issubdtype(values.dtype, np.floating):
             info = np.iinfo(self.dtype)
-            inside = np.clip(np.rint(np.where(valid, values, 0)), info.min, info.max)
+            inside = values.copy()
+            if not all_valid:
+                np.copyto(inside, 0, where=~valid)  # invalid cells may hold NaN
+            np.rint(inside, out=inside)
+            np.clip(inside, info.min, info.max, out=inside)
             stored = inside.astype(self.dtype)
         elif out_is_int:
             info = np.iinfo(self.dtype)
-            present = values[:, valid]
-            if present.size and (present.min() < info.min or present.max() > info.max):
-                raise CubeWriteError(
-                    f"values {present.min()}..{present.max()} do not fit the store type "
-                    f"{self.dtype}; choose a wider dtype for {self.path.name}"
-                )
-            stored = np.where(valid, values, 0).astype(self.dtype)
+            if valid.any():
+                low = values.min(where=valid, initial=np.iinfo(values.dtype).max)
+                high = values.max(where=valid, initial=np.iinfo(values.dtype).min)
+                if low < info.min or high > info.max:
+                    raise CubeWriteError(
+                        f"values {low}..{high} do not fit the store type "
+                        f"{self.dtype}; choose a wider dtype for {self.path.name}"
+                    )
+            stored = values.astype(self.dtype, copy=not all_valid)
         else:
-            stored = values.astype(self.dtype)
-        stored[:, ~valid] = self.fill_value
+            stored = values.astype(self.dtype, copy=not all_valid)
+        if not all_valid:
+            np.copyto(stored, np.array(self.fill_value, dtype=self.dtype), where=~valid)
         return stored
 
     def _discard(self) -> None:
         """Remove the temp store (after a failure, or whatever is left after a commit)."""
         shutil.rmtree(self._tmp_path, ignore_errors=True)
+
+
+def _zarr_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Attribute values as xarray stores them (NumPy scalars and arrays as plain JSON)."""
+    return {key: encode_zarr_attr_value(value) for key, value in attrs.items()}
+
+
+def _grid_mapping_attrs(crs: str, transform: Affine) -> dict[str, Any]:
+    """The ``spatial_ref`` attributes rioxarray writes for a grid (CF grid mapping + WKT)."""
+    return dict(_grid_mapping_items(crs, transform))
+
+
+@lru_cache(maxsize=32)
+def _grid_mapping_items(crs: str, transform: Affine) -> tuple[tuple[str, Any], ...]:
+    """Built once per grid: rioxarray derives them from the CRS through pyproj, slowly."""
+    coordinate = xr.Dataset().rio.write_crs(crs).rio.write_transform(transform)["spatial_ref"]
+    return tuple(_zarr_attrs(coordinate.attrs).items())
+
+
+def _all_fill(block: np.ndarray, fill: Any) -> bool:
+    """Whether every element is the fill value (NaN counts as equal to a NaN fill)."""
+    if np.issubdtype(block.dtype, np.floating) and np.isnan(fill):
+        return bool(np.isnan(block).all())
+    if np.issubdtype(block.dtype, np.floating) and fill == 0:
+        return not block.view(f"u{block.dtype.itemsize}").any()  # -0.0 is not the fill 0.0
+    return bool(block.min() == fill and block.max() == fill)
 
 
 def _checked_fill(dtype: np.dtype, fill_value: Any) -> int | float:
@@ -780,7 +948,7 @@ def tile_pixel_summaries(
         tile_values = values[:, rows, cols]
         n_valid = int(tile_valid.sum())
         if categorical:
-            ids, counts = np.unique(tile_values[0][tile_valid], return_counts=True)
+            ids, counts = _class_counts(tile_values[0][tile_valid])
             mode = int(ids[np.argmax(counts)]) if ids.size else None
             summaries.append(
                 TilePixelSummary(
@@ -793,10 +961,7 @@ def tile_pixel_summaries(
                 )
             )
         else:
-            means = tuple(
-                float(band[tile_valid].mean(dtype=np.float64)) if n_valid else math.nan
-                for band in tile_values
-            )
+            means = tuple(_valid_mean(band, tile_valid, n_valid) for band in tile_values)
             summaries.append(
                 TilePixelSummary(
                     tile_id=tile.tile_id,
@@ -807,3 +972,35 @@ def tile_pixel_summaries(
                 )
             )
     return summaries
+
+
+def _valid_mean(band: np.ndarray, valid: np.ndarray, n_valid: int) -> float:
+    """Mean of a band's valid pixels in float64; NaN when none is valid.
+
+    Small integers are summed exactly in int64, without copying the valid pixels out: the
+    float64 mean of integers is that exact sum divided by the count, whatever the order.
+    """
+    if not n_valid:
+        return math.nan
+    if np.issubdtype(band.dtype, np.integer) and band.dtype.itemsize <= 4:
+        return float(band.sum(where=valid, dtype=np.int64)) / n_valid
+    return float(band[valid].mean(dtype=np.float64))
+
+
+_COUNTED_IDS = 1 << 16
+"""Ids below this are counted by direct indexing (a bincount); others are sorted (np.unique)."""
+
+
+def _class_counts(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct ids in ascending order and how often each occurs, as ``np.unique`` gives them.
+
+    Class ids are small non-negative integers, so a bincount is used: one pass instead of a
+    sort of every pixel of the tile.
+    """
+    if ids.size and np.issubdtype(ids.dtype, np.integer):
+        low, high = int(ids.min()), int(ids.max())
+        if low >= 0 and high < _COUNTED_IDS:
+            counts = np.bincount(ids.ravel().astype(np.intp, copy=False), minlength=high + 1)
+            present = np.flatnonzero(counts)
+            return present.astype(ids.dtype), counts[present]
+    return np.unique(ids, return_counts=True)

@@ -143,30 +143,43 @@ def osm_building_function(features: pd.DataFrame) -> np.ndarray:
     n = len(features)
     classes = np.zeros(n, dtype=np.uint8)
     assigned = np.zeros(n, dtype=bool)
-    # Each tag column is converted once per call: the rules test the same few columns often,
-    # and the call is made once per 10 km block.
-    texts: dict[str, pd.Series] = {}
-    present: dict[str, np.ndarray] = {}
-    for column in {column for _, _, rules in _BUILDING_RULES for column in rules}:
-        if column in features:
-            texts[column] = features[column].astype("string").fillna("")
-            present[column] = (texts[column].str.len() > 0).to_numpy()
-    if "building" in texts:
-        present["building"] &= ~texts["building"].isin(_UNLABELLED).to_numpy()
+    # A tag column holds few distinct texts, so each rule is decided once per distinct text
+    # and spread to the features through the column's codes (the call is made per 10 km block).
+    tags = {
+        column: _TagColumn(features[column], _UNLABELLED if column == "building" else set())
+        for column in {column for _, _, rules in _BUILDING_RULES for column in rules}
+        if column in features
+    }
     for class_id, _name, rules in _BUILDING_RULES:
         hit = np.zeros(n, dtype=bool)
         for column, values in rules.items():
-            if column not in texts:
-                continue
-            if "*" in values:
-                hit |= present[column]
-            else:
-                hit |= present[column] & texts[column].isin(values).to_numpy()
+            if column in tags:
+                hit |= tags[column].matches(values)
         new = hit & ~assigned
         classes[new] = class_id
         assigned |= new
     classes[~assigned] = 1
     return classes
+
+
+class _TagColumn:
+    """One tag column as codes into its distinct texts; missing reads as an empty text."""
+
+    def __init__(self, column: pd.Series, absent: set[str]) -> None:
+        """``absent``: texts that count as no tag at all (``building=yes`` says no function)."""
+        codes, distinct = pd.factorize(column, use_na_sentinel=True)
+        # Code -1 (missing) picks the extra last entry of the per-text arrays.
+        self._codes = codes
+        self._texts = [*(str(value) for value in distinct), ""]
+        self._present = np.array([t != "" and t not in absent for t in self._texts], dtype=bool)
+
+    def matches(self, values: set[str]) -> np.ndarray:
+        """Features whose tag is present and, unless ``values`` holds "*", one of ``values``."""
+        if "*" in values:
+            per_text = self._present
+        else:
+            per_text = self._present & np.array([t in values for t in self._texts], dtype=bool)
+        return per_text[self._codes]
 
 
 CLASSIFIERS: dict[str, Classifier] = {"osm_building_function": osm_building_function}

@@ -127,12 +127,9 @@ def _image_results(
             values, valid = warp_block(
                 source, grid, row_start, row_stop, col_start, col_stop, categorical=categorical
             )
-            if np.issubdtype(dtype, np.integer) and not categorical:
-                stored = np.where(valid, np.clip(np.rint(values), 0, np.iinfo(dtype).max), fill)
-            else:
-                stored = np.where(valid, values, fill)
-            w.write_block(row_start, col_start, stored.astype(dtype), valid)
-            del stored
+            w.write_block(
+                row_start, col_start, _chip_values(values, valid, dtype, fill, categorical), valid
+            )
             summaries.add(values, valid, row_start, col_start, categorical=categorical)
             del values, valid
             release_block()
@@ -141,6 +138,20 @@ def _image_results(
     return pd.DataFrame(
         _summary_rows(modality, summaries.ordered(), categorical), columns=RESULT_COLUMNS
     )
+
+
+def _chip_values(
+    values: np.ndarray, valid: np.ndarray, dtype: np.dtype, fill: float, categorical: bool
+) -> np.ndarray:
+    """Warped values as the chip store takes them: rounded into [0, max] for integer images,
+    ids cast to the store type. Float images, and integer images of an unsigned type (whose
+    range starts at 0), go as they are: the writer rounds, clips, casts and fills them."""
+    if categorical:
+        return np.where(valid, values, fill).astype(dtype)
+    if np.issubdtype(dtype, np.integer) and np.iinfo(dtype).min < 0:
+        rounded = np.clip(np.rint(values), 0, np.iinfo(dtype).max)
+        return np.where(valid, rounded, fill).astype(dtype)
+    return values
 
 
 def _vector_image_results(
@@ -183,9 +194,9 @@ def _vector_image_results(
                 background=spec.background,
                 dtype=dtype,
             )
-            w.write_block(row_start, col_start, np.where(valid, values, fill).astype(dtype), valid)
+            w.write_block(row_start, col_start, values, valid)  # already the store type
             summaries.add(
-                values.astype(np.float64) if not categorical else values,
+                values if categorical or np.issubdtype(dtype, np.integer) else values.astype(float),
                 valid,
                 row_start,
                 col_start,

@@ -7,8 +7,10 @@ a time, so memory follows the block or batch, not the city (SPEC §9 "Memory").
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -28,6 +30,7 @@ from citycube.catalogue import RasterizeSpec
 from citycube.classify import CLASSIFIER_COLUMNS, get_classifier
 from citycube.errors import SourceReadError
 from citycube.grids import PixelGrid, TileGrid
+from citycube.rasters import transformer
 
 
 def _require_file(path: Path) -> None:
@@ -126,6 +129,14 @@ def features_in(
     layer: VectorLayer, bounds: tuple[float, float, float, float]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Geometries (city CRS) and burn values of the features meeting ``bounds`` (city CRS)."""
+    geometry, values = _source_features_in(layer, bounds)
+    return _to_crs(geometry, layer.source_crs, layer.city_crs), values
+
+
+def _source_features_in(
+    layer: VectorLayer, bounds: tuple[float, float, float, float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Like :func:`features_in`, but the geometries stay in the source CRS (not yet projected)."""
     left, bottom, right, top = transform_bounds(
         layer.city_crs, layer.source_crs, *bounds, densify_pts=21
     )
@@ -133,22 +144,40 @@ def features_in(
         m = FEATURE_MARGIN_DEG
         left, bottom, right, top = left - m, bottom - m, right + m, top + m
     spec = layer.spec
-    frame = _read(
-        layer.path, layer=spec.layer, bbox=(left, bottom, right, top), columns=list(layer.columns)
-    )
+    geometry, attributes = _read_block(layer, (left, bottom, right, top))
+    keep = ~shapely.is_missing(geometry) & ~shapely.is_empty(geometry)
     if spec.filter_column:
-        frame = frame[frame[spec.filter_column].isin(spec.filter_values)]
-    frame = frame[frame.geometry.notna() & ~frame.geometry.is_empty]
+        keep &= attributes[spec.filter_column].isin(spec.filter_values).to_numpy()
+    geometry, attributes = geometry[keep], attributes[keep]
     if spec.classify:
-        values = get_classifier(spec.classify)(pd.DataFrame(frame.drop(columns="geometry")))
+        values = get_classifier(spec.classify)(attributes)
     elif spec.burn_column:
-        values = pd.to_numeric(frame[spec.burn_column], errors="coerce").to_numpy(float)
-        keep = np.isfinite(values)
-        frame, values = frame[keep], values[keep]
+        values = pd.to_numeric(attributes[spec.burn_column], errors="coerce").to_numpy(float)
+        finite = np.isfinite(values)
+        geometry, values = geometry[finite], values[finite]
     else:
-        values = np.full(len(frame), spec.burn_value, dtype=float)
-    geometry = _to_crs(frame.geometry.to_numpy(), layer.source_crs, layer.city_crs)
+        values = np.full(len(geometry), spec.burn_value, dtype=float)
     return geometry, np.asarray(values)
+
+
+def _read_block(
+    layer: VectorLayer, bbox: tuple[float, float, float, float]
+) -> tuple[np.ndarray, pd.DataFrame]:
+    """Geometries and attribute columns of the features the spatial index finds in ``bbox``.
+
+    Read as Arrow and decoded directly: a GeoDataFrame would only be taken apart again.
+    """
+    try:
+        meta, table = pyogrio.read_arrow(
+            layer.path, layer=layer.spec.layer, bbox=bbox, columns=list(layer.columns)
+        )
+        geometry_column = meta["geometry_name"] or "wkb_geometry"
+        wkb = table.column(geometry_column).to_numpy(zero_copy_only=False)
+        geometry = shapely.from_wkb(wkb)
+        attributes = table.drop_columns([geometry_column]).to_pandas()
+    except Exception as exc:  # pyogrio/pyarrow/shapely raise many types for damaged files
+        raise _damaged(layer.path, "vector data", exc) from exc
+    return geometry, attributes
 
 
 @lru_cache(maxsize=64)
@@ -164,6 +193,99 @@ def _to_crs(geometry: np.ndarray, source: CRS, target: CRS) -> np.ndarray:
         return np.column_stack(transformer.transform(xy[:, 0], xy[:, 1]))
 
     return shapely.transform(geometry, reproject)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a block's shapes are built and burned.
+
+    A block's shapes are hundreds of thousands of small coordinate lists, none in a reference
+    cycle (reference counting frees them). With the collector on, every few hundred new lists
+    trigger a collection that rescans the survivors, which cost more than the burn itself.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+_POINT, _LINE, _POLYGON, _MULTI_POINT, _MULTI_LINE, _MULTI_POLYGON = 0, 1, 3, 4, 5, 6
+_GEOJSON_TYPES = {
+    _POINT: "Point",
+    _LINE: "LineString",
+    _POLYGON: "Polygon",
+    _MULTI_POINT: "MultiPoint",
+    _MULTI_LINE: "MultiLineString",
+    _MULTI_POLYGON: "MultiPolygon",
+}
+
+
+def _burn_shapes(
+    geometry: np.ndarray, values: np.ndarray, source: CRS, target: CRS
+) -> list[tuple[object, object]]:
+    """(geometry, value) pairs for ``rasterize``, projected from ``source`` to ``target``.
+
+    Geometries become the GeoJSON-like mappings their ``__geo_interface__`` would give, but
+    built from one coordinate array per block: shapely's per-polygon ``__geo_interface__``
+    walks every coordinate in Python and was most of a vector modality's time. Coordinates are
+    projected point by point exactly as :func:`_to_crs` does, so the same pixels burn. Types
+    without a fast form here (collections, rings, 3-D) go through ``__geo_interface__``.
+    """
+    types = shapely.get_type_id(geometry)
+    fast = np.isin(types, list(_GEOJSON_TYPES)) & ~shapely.has_z(geometry)
+    parts, part_owner = shapely.get_parts(geometry[fast], return_index=True)
+    empty_parts = np.bincount(part_owner, weights=shapely.is_empty(parts), minlength=fast.sum())
+    fast[np.flatnonzero(fast)[empty_parts > 0]] = False
+    if not fast.all():
+        parts, part_owner = shapely.get_parts(geometry[fast], return_index=True)
+    # A part's coordinate sequences: a polygon's rings, a line or point itself.
+    is_polygon = shapely.get_type_id(parts) == _POLYGON
+    rings, ring_owner = shapely.get_rings(parts[is_polygon], return_index=True)
+    sequences = np.concatenate([rings, parts[~is_polygon]])
+    sequence_part = np.concatenate(
+        [np.flatnonzero(is_polygon)[ring_owner], np.flatnonzero(~is_polygon)]
+    )
+    order = np.argsort(sequence_part, kind="stable")  # rings stay in order within a part
+    sequences, sequence_part = sequences[order], sequence_part[order]
+    coords, coord_owner = shapely.get_coordinates(sequences, return_index=True)
+    x, y = _transformer(source, target).transform(coords[:, 0], coords[:, 1])
+    xy = np.column_stack([x, y]).tolist()
+    sequence_ends = np.cumsum(np.bincount(coord_owner, minlength=len(sequences))).tolist()
+    part_ends = np.cumsum(np.bincount(sequence_part, minlength=len(parts))).tolist()
+    geometry_ends = np.cumsum(np.bincount(part_owner, minlength=int(fast.sum()))).tolist()
+    sequence_lists = [xy[a:b] for a, b in zip([0, *sequence_ends[:-1]], sequence_ends, strict=True)]
+    part_lists = [sequence_lists[a:b] for a, b in zip([0, *part_ends[:-1]], part_ends, strict=True)]
+    burn = np.asarray(values).tolist()
+    if fast.all() and (types == _POLYGON).all():  # the usual layer: one list of rings each
+        return [
+            ({"type": "Polygon", "coordinates": rings}, value)
+            for rings, value in zip(part_lists, burn, strict=True)
+        ]
+    shapes: list[tuple[object, object]] = []
+    fast_index = 0
+    for index, type_id in enumerate(types.tolist()):
+        if not fast[index]:
+            projected = _to_crs(geometry[index : index + 1], source, target)[0]
+            shapes.append((projected, burn[index]))
+            continue
+        start = geometry_ends[fast_index - 1] if fast_index else 0
+        own = part_lists[start : geometry_ends[fast_index]]
+        fast_index += 1
+        if type_id == _POINT:
+            coordinates: object = own[0][0][0]
+        elif type_id in (_LINE, _POLYGON):
+            coordinates = own[0][0] if type_id == _LINE else own[0]
+        elif type_id == _MULTI_POINT:
+            coordinates = [part[0][0] for part in own]
+        elif type_id == _MULTI_LINE:
+            coordinates = [part[0] for part in own]
+        else:
+            coordinates = own
+        shapes.append(({"type": _GEOJSON_TYPES[type_id], "coordinates": coordinates}, burn[index]))
+    return shapes
 
 
 def rasterize_block(
@@ -187,11 +309,15 @@ def rasterize_block(
     top = pixel_grid.y_max - row_start * res
     left = pixel_grid.x_min + col_start * res
     transform = Affine(res, 0, left, 0, -res, top)
-    geometry, values = features_in(layer, (left, top - height * res, left + width * res, top))
+    geometry, values = _source_features_in(
+        layer, (left, top - height * res, left + width * res, top)
+    )
     out = np.full((height, width), background, dtype=dtype)
     if len(geometry):
-        shapes = zip(geometry, values, strict=True)
-        rasterize(shapes, out=out, transform=transform, all_touched=False)
+        with _collector_paused():
+            shapes = _burn_shapes(geometry, values, layer.source_crs, layer.city_crs)
+            rasterize(shapes, out=out, transform=transform, all_touched=False)
+            del shapes
     if layer.coverage is None:
         valid = np.ones((height, width), dtype=bool)
     else:
@@ -248,9 +374,21 @@ def _geoparquet_geometry(parquet: pq.ParquetFile, path: Path) -> tuple[str, CRS]
 
 
 def _xy(geometry: np.ndarray, crs: object, city_epsg: int) -> tuple[np.ndarray, np.ndarray]:
-    points = gpd.GeoSeries(geometry, crs=crs)
-    points = points[points.notna()].to_crs(epsg=city_epsg)
-    return points.x.to_numpy(), points.y.to_numpy()
+    """Coordinates of the present points in the city CRS (NaN for an empty point).
+
+    Projected straight from the coordinate arrays: a GeoSeries would build a CRS and a new
+    point geometry per point for every batch, several times the cost of the projection.
+    """
+    points = geometry[~shapely.is_missing(geometry)]
+    if not (shapely.get_type_id(points) == _POINT).all():
+        raise ValueError("x attribute access only provided for Point geometries")
+    x, y = np.full(len(points), np.nan), np.full(len(points), np.nan)
+    present = ~shapely.is_empty(points)
+    to_city = transformer(CRS.from_user_input(crs), f"EPSG:{city_epsg}")
+    x[present], y[present] = to_city.transform(
+        shapely.get_x(points[present]), shapely.get_y(points[present])
+    )
+    return x, y
 
 
 def tile_index(grid: TileGrid, x: np.ndarray, y: np.ndarray) -> np.ndarray:

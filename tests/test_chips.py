@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import dask.array
 import geopandas as gpd
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,7 @@ from pyproj import CRS, Transformer
 from rasterio.warp import Resampling, reproject
 from rasterio.windows import Window
 
+import citycube.chips
 import citycube.process
 from citycube.catalogue import load_catalogue
 from citycube.chips import (
@@ -308,6 +310,117 @@ def test_store_is_written_block_by_block_and_refuses_a_missing_block(tmp_path: P
         writer.write_block(200, 100, values[:, :100, :100], valid[:100, :100])
 
 
+@pytest.mark.parametrize(("dtype", "fill"), [(np.uint8, 0), (np.float32, math.nan)])
+def test_block_writes_store_the_chunk_files_zarr_itself_writes(
+    tmp_path: Path, dtype: type, fill: float
+) -> None:
+    """Whole-chunk blocks skip zarr's write path; the files must be the ones zarr writes."""
+    grid = small_grid(resolution=100.0, width=150, height=250)  # edge chunks are partial
+    rng = np.random.default_rng(11)
+    values = rng.integers(0, 200, (2, grid.height, grid.width)).astype(dtype)
+    valid = rng.random(grid.shape) > 0.3
+    valid[:100, 100:] = False  # a block of nothing but fill: no chunk file at all
+    values[:, 100:200, :100] = 0  # a block whose valid values all equal the uint8 fill
+    valid[100:200, :100] = True
+
+    def files(path: Path) -> dict[str, bytes]:
+        return {
+            str(f.relative_to(path)): f.read_bytes()
+            for f in sorted(path.rglob("*"))
+            if f.is_file() and f.name != "zarr.json"
+        }
+
+    def write(path: Path, by_blocks: bool) -> dict[str, bytes]:
+        with ChipStoreWriter(path, grid, ["b0", "b1"], dtype, fill, {}) as writer:
+            if by_blocks:
+                for r0, r1, c0, c1 in blocks(grid):
+                    writer.write_block(r0, c0, values[:, r0:r1, c0:c1], valid[r0:r1, c0:c1])
+            else:  # bands that cut chunks: zarr merges and encodes them itself
+                for start in range(0, grid.height, 37):
+                    stop = min(start + 37, grid.height)
+                    writer.write_rows(start, values[:, start:stop], valid[start:stop])
+        return files(path)
+
+    by_blocks = write(tmp_path / "blocks.zarr", by_blocks=True)
+    assert by_blocks == write(tmp_path / "zarr.zarr", by_blocks=False)
+    assert "data/c/0/0/1" not in by_blocks and "valid/c/0/1" not in by_blocks
+    assert ("data/c/0/1/0" in by_blocks) == (dtype is np.float32)
+    chips = open_chips(tmp_path / "blocks.zarr")
+    np.testing.assert_array_equal(chips["valid"].values, valid)
+    np.testing.assert_array_equal(chips["data"].values, np.where(valid, values, fill))
+
+
+def _xarray_template(writer: ChipStoreWriter, path: Path) -> None:
+    """The template as xarray writes the equivalent dataset: the layout readers rely on."""
+    grid, n_bands, chunk = writer.pixel_grid, len(writer.band_names), writer.chunk_px
+    data = dask.array.full(
+        (n_bands, grid.height, grid.width),
+        writer.fill_value,
+        dtype=writer.dtype,
+        chunks=(n_bands, chunk, chunk),
+    )
+    valid = dask.array.zeros((grid.height, grid.width), dtype=np.uint8, chunks=(chunk, chunk))
+    template = xr.Dataset(
+        {"data": (("band", "y", "x"), data), "valid": (("y", "x"), valid)},
+        coords={
+            "band": ("band", np.array(writer.band_names, dtype=object)),
+            "y": ("y", grid.y_coords()),
+            "x": ("x", grid.x_coords()),
+        },
+        attrs=writer._store_attrs(),
+    )
+    template["data"].attrs["nodata"] = writer.fill_value
+    template["data"].attrs["long_name"] = list(writer.band_names)
+    template["valid"].attrs["description"] = (
+        "1 where at least half of the pixel's source support is valid, else 0"
+    )
+    template = template.rio.write_crs(grid.crs).rio.write_transform(grid.transform)
+    for name in ("data", "valid"):
+        template[name].attrs["grid_mapping"] = "spatial_ref"
+    compressor = zarr.codecs.ZstdCodec(level=3)
+    template.to_zarr(
+        path,
+        mode="w-",
+        compute=False,
+        zarr_format=3,
+        consolidated=False,
+        encoding={
+            "data": {
+                "chunks": (n_bands, chunk, chunk),
+                "compressors": (compressor,),
+                "fill_value": writer.fill_value,
+            },
+            "valid": {"chunks": (chunk, chunk), "compressors": (compressor,), "fill_value": 0},
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "fill", "bands"),
+    [
+        (np.uint8, 255, ["dominant_class"]),
+        (np.uint8, 0, ["red", "green", "blue"]),
+        (np.float32, math.nan, ["height_m"]),
+        (np.float64, -9999.0, ["a", "b"]),
+        (np.int16, -1, ["a"]),
+    ],
+)
+def test_the_template_is_the_one_xarray_writes(
+    tmp_path: Path, dtype: type, fill: float, bands: list[str]
+) -> None:
+    grid = pixel_grid(CITY, 250)
+    attrs = {"modality": "X", "source_year": np.int64(2020), "scale": np.float32(1.5)}
+    writer = ChipStoreWriter(tmp_path / "new.zarr", grid, bands, dtype, fill, attrs)
+    writer._tmp_path = tmp_path / "new"
+    writer._write_template()
+    _xarray_template(writer, tmp_path / "xarray")
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(f.relative_to(root)): f.read_bytes() for f in root.rglob("*") if f.is_file()}
+
+    assert files(tmp_path / "new") == files(tmp_path / "xarray")
+
+
 def test_float_values_are_rounded_into_an_integer_store(tmp_path: Path) -> None:
     grid = small_grid()
     values = np.full((1, grid.height, grid.width), 254.6, dtype=np.float32)
@@ -419,6 +532,56 @@ def test_a_pixel_is_valid_when_at_least_half_of_its_support_is(
 
     assert valid[0].tolist() == [False, False, True, True, True]
     assert out[0, 0, 2:].tolist() == [4, 4, 4]
+
+
+@pytest.mark.parametrize(("source_crs", "dtype"), [("EPSG:4326", np.float32), (None, np.uint8)])
+def test_partly_valid_blocks_warp_as_values_and_fraction_apart(
+    tmp_path: Path, source_crs: str | None, dtype: type
+) -> None:
+    """Values and valid fraction share one warp; the result is that of two separate warps."""
+    rng = np.random.default_rng(9)
+    grid = small_grid(resolution=25.0, width=120, height=100)
+    if source_crs is None:
+        crs, transform = f"EPSG:{EPSG}", utm_transform(30.0, X_MIN - 415, Y_MAX + 415)
+    else:
+        lon, lat = Transformer.from_crs(EPSG, 4326, always_xy=True).transform(X_MIN, Y_MAX)
+        crs, transform = source_crs, Affine(0.0003, 0, lon - 0.01, 0, -0.0002, lat + 0.01)
+    values = rng.integers(1, 250, (2, 140, 160)).astype(dtype)
+    values[:, rng.random((140, 160)) < 0.35] = 0  # scattered invalid cells: many 50 % pixels
+    path = write_raster(tmp_path / "src.tif", values, crs, transform, nodata=0)
+    source = masked_source(path, 0)
+
+    out, valid = warp_block(source, grid, 0, 100, 0, 120, categorical=False)
+
+    # The reference: the same source window, then the fraction and the values warped apart.
+    dst_crs = rasterio.crs.CRS.from_epsg(EPSG)
+    window = citycube.chips._source_window(source, grid.transform, 120, 100, dst_crs)
+    clipped = citycube.chips._clip_window(window, 160, 140)
+    raw, cell_valid = citycube.chips._pad_to_window(*source.read(clipped), clipped, window)
+    geometry = {
+        "src_transform": transform @ Affine.translation(window.col_off, window.row_off),
+        "src_crs": crs,
+        "dst_transform": grid.transform,
+        "dst_crs": dst_crs,
+    }
+    fraction = np.zeros((100, 120), np.float32)
+    reproject(cell_valid.astype(np.float32), fraction, resampling=Resampling.average, **geometry)
+    floats = raw.astype(np.float32)
+    floats[:, ~cell_valid] = np.nan
+    expected = np.full((2, 100, 120), np.nan, np.float32)
+    reproject(
+        floats,
+        expected,
+        src_nodata=np.nan,
+        dst_nodata=np.nan,
+        resampling=Resampling.average,
+        **geometry,
+    )
+    expected_valid = (fraction >= 0.5 - 1e-6) & np.isfinite(expected).all(axis=0)
+    expected[:, ~expected_valid] = np.nan
+    assert 0.2 < valid.mean() < 0.95
+    np.testing.assert_array_equal(valid, expected_valid)
+    np.testing.assert_array_equal(out, expected)
 
 
 def test_gdal_nodata_pct_threshold_is_not_the_50_percent_rule() -> None:
@@ -647,6 +810,45 @@ def test_tile_mode_breaks_ties_to_the_smallest_id() -> None:
     assert tie.mode_class == 4 and tie.class_counts == ((4, 800), (9, 800))
     assert empty.mode_class is None and empty.valid_pixels == 0
     assert plain.mode_class == 9 and plain.band_means == ()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "low", "high"),
+    [(np.uint8, 0, 256), (np.int32, 0, 300), (np.int32, -5, 5), (np.int64, 0, 2**40)],
+)
+def test_tile_class_counts_are_those_of_every_valid_pixel(dtype: type, low: int, high: int) -> None:
+    grid = small_grid()
+    rng = np.random.default_rng(2)
+    ids = rng.integers(low, high, (1, 40, 120)).astype(dtype)
+    valid = rng.random((40, 120)) > 0.25
+    tiles = [grid_tile(grid, 1, c) for c in range(3)]
+    for tile, summary in zip(
+        tiles, tile_pixel_summaries(ids, valid, 40, 0, grid, tiles, categorical=True), strict=True
+    ):
+        window = (slice(None), slice(40 * tile.col, 40 * tile.col + 40))
+        distinct, counts = np.unique(ids[0][window][valid[window]], return_counts=True)
+        assert summary.class_counts == tuple(zip(distinct.tolist(), counts.tolist(), strict=True))
+        assert summary.mode_class == int(distinct[np.argmax(counts)])
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32, np.float32, np.float64])
+def test_tile_means_are_the_float64_means_of_the_valid_pixels(dtype: type) -> None:
+    grid = small_grid()
+    rng = np.random.default_rng(4)
+    values = (rng.normal(0, 1000, (2, 40, 120)) % 250).astype(dtype)
+    if np.issubdtype(dtype, np.signedinteger):
+        values[1] -= 200
+    valid = rng.random((40, 120)) > 0.4
+    valid[:, 80:] = True
+    tiles = [grid_tile(grid, 1, c) for c in range(3)]
+    for tile, summary in zip(
+        tiles,
+        tile_pixel_summaries(values, valid, 40, 0, grid, tiles, categorical=False),
+        strict=True,
+    ):
+        window = (slice(None), slice(40 * tile.col, 40 * tile.col + 40))
+        expected = tuple(float(b[window][valid[window]].mean(dtype=np.float64)) for b in values)
+        assert summary.band_means == expected  # bit for bit
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,16 @@ import pytest
 import shapely
 from pyproj import CRS, Transformer
 from rasterio.features import rasterize
-from shapely.geometry import LineString, Point, box
+from shapely.geometry import (
+    GeometryCollection,
+    LineString,
+    MultiLineString,
+    MultiPoint,
+    MultiPolygon,
+    Point,
+    Polygon,
+    box,
+)
 
 import citycube.vectors as vectors
 from citycube.catalogue import RasterizeSpec
@@ -71,6 +80,59 @@ def test_block_reads_draw_what_a_whole_read_draws(tmp_path: Path) -> None:
     assert {3.0, 7.0, 9.0, 5.0} <= set(np.unique(mosaic).tolist())
 
 
+def _every_geometry_type(path: Path) -> None:
+    """One feature of each type, overlapping so that burn order shows, some across blocks."""
+    x0, _, _, y1 = city_grid(CITY, "2km").bounds
+    cx, cy = x0 + 10_000, y1 - 10_000  # a block corner
+    ring = [(cx - 900, cy - 900), (cx + 900, cy - 900), (cx + 900, cy + 900), (cx - 900, cy + 900)]
+    hole = [(cx - 300, cy - 300), (cx + 300, cy - 300), (cx + 300, cy + 300), (cx - 300, cy + 300)]
+    utm = [
+        Polygon(ring, [hole]),
+        MultiPolygon(
+            [box(cx - 2_000, cy - 200, cx - 1_500, cy + 200), box(cx + 50, cy, cx + 600, cy + 250)]
+        ),
+        Point(cx + 1_234, cy - 777),
+        MultiPoint([(cx - 1_111, cy + 1_333), (cx + 2_222, cy + 444)]),
+        LineString([(cx - 3_000, cy - 3_000), (cx + 3_000, cy + 2_000)]),
+        MultiLineString(
+            [
+                [(cx - 2_500, cy + 1_500), (cx + 2_500, cy + 1_700)],
+                [(cx, cy - 2_900), (cx + 100, cy + 2_900)],
+            ]
+        ),
+        GeometryCollection(
+            [box(cx + 1_000, cy + 1_000, cx + 1_600, cy + 1_400), Point(cx - 2_600, cy - 2_600)]
+        ),
+        shapely.force_3d(box(cx - 1_800, cy - 1_800, cx - 1_000, cy - 1_200), z=42.0),
+    ]
+    frame = gpd.GeoDataFrame(
+        {"value": np.arange(1.0, len(utm) + 1)}, geometry=[_wgs84(g) for g in utm], crs=4326
+    )
+    frame.to_file(path, layer="features")
+
+
+def test_every_geometry_type_burns_as_rasterio_burns_it(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.gpkg"
+    _every_geometry_type(path)
+    grid = pixel_grid(CITY, 50)
+    layer = open_vector_layer(path, SPEC, EPSG, WGS84, None)
+    mosaic = np.zeros((grid.height, grid.width), np.float32)
+    for r0, r1, c0, c1 in blocks(grid):
+        values, _ = rasterize_block(
+            layer, grid, r0, r1, c0, c1, background=0.0, dtype=np.dtype("float32")
+        )
+        mosaic[r0:r1, c0:c1] = values[0]
+    whole = gpd.read_file(path, layer="features").to_crs(epsg=EPSG)
+    expected = rasterize(
+        zip(whole.geometry, whole["value"], strict=True),
+        out_shape=(grid.height, grid.width),
+        transform=grid.transform,
+        dtype="float32",
+    )
+    np.testing.assert_array_equal(mosaic, expected)
+    assert set(np.unique(mosaic).tolist()) == set(range(9))  # every feature shows
+
+
 def test_opening_checks_crs_columns_and_damage(tmp_path: Path) -> None:
     path = tmp_path / "features.gpkg"
     _features(path)
@@ -118,6 +180,26 @@ def test_point_batches_count_what_one_batch_counts(
     assert one == 1 and many == 16
     np.testing.assert_array_equal(batched, whole)
     assert 0 < whole.sum() < 5_000  # the margin's points fall outside the grid
+
+
+def test_points_are_projected_as_geopandas_projects_them(tmp_path: Path) -> None:
+    path = tmp_path / "points.parquet"
+    _points(path, 2_000)
+    frame = gpd.read_parquet(path)
+    frame.loc[[3, 17], "geometry"] = None  # missing: left out
+    frame.loc[[5], "geometry"] = Point()  # empty: kept, at NaN
+    frame.to_parquet(path)
+    (x, y), *more = list(iter_points(path, EPSG, WGS84))
+    assert not more
+    expected = frame[~shapely.is_missing(frame.geometry.to_numpy())].to_crs(epsg=EPSG)
+    np.testing.assert_array_equal(x, expected.geometry.x.to_numpy())
+    np.testing.assert_array_equal(y, expected.geometry.y.to_numpy())
+    assert len(x) == 1_998 and np.isnan(x[4]) and np.isfinite(np.delete(x, 4)).all()
+
+    frame.loc[[9], "geometry"] = LineString([(4.9, 52.3), (4.91, 52.31)])
+    frame.to_parquet(path)
+    with pytest.raises(SourceReadError, match="corrupt or truncated"):
+        list(iter_points(path, EPSG, WGS84))
 
 
 def test_point_files_with_the_wrong_crs_or_damage_fail_clearly(tmp_path: Path) -> None:
