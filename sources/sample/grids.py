@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
-from pyproj import CRS, Transformer
+from pyproj import CRS
 from rasterio.crs import CRS as RioCRS
 
 from sources.sample.world import (
@@ -23,6 +23,7 @@ from sources.sample.world import (
     product_window,
     row_blocks,
     snapped_grid,
+    transformer,
 )
 
 GLOBAL_ORIGIN = (-180.0, 90.0)
@@ -81,7 +82,7 @@ def point_source_cells(
     world: SyntheticCity, year: int, grid: NativeGrid
 ) -> Iterator[tuple[int, int, float]]:
     """(row, col, tonne C per year) of the large emitters whose cell lies on the grid."""
-    to_grid = Transformer.from_crs(world.crs, grid.crs, always_xy=True)
+    to_grid = transformer(world.crs, grid.crs)
     t = grid.transform
     for x, y, amount in world.point_source_emissions(year):
         gx, gy = to_grid.transform(x, y)

@@ -41,6 +41,7 @@ from sources.sample.world import (
     GeneratedItem,
     SyntheticCity,
     product_window,
+    transformer,
     utm_window,
     year_span,
 )
@@ -1216,9 +1217,8 @@ def _draw_heights(
 # --------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=16)
 def _to_wgs84(epsg: int) -> Transformer:
-    return Transformer.from_crs(f"EPSG:{epsg}", "EPSG:4326", always_xy=True)
+    return transformer(f"EPSG:{epsg}", "EPSG:4326")
 
 
 def window_bounds_wgs84(world: SyntheticCity) -> Bounds:
