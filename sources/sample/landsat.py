@@ -13,7 +13,6 @@ from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime, time, timedelta
 
 import numpy as np
-from scipy import ndimage
 
 from sources.sample.world import (
     FIRST_YEAR,
@@ -23,6 +22,7 @@ from sources.sample.world import (
     RasterLayer,
     SyntheticCity,
     WorldPoints,
+    linear_zoom,
     pixel_grain,
     row_blocks,
     smooth_noise,
@@ -249,7 +249,7 @@ def sky_effects(
         + 0.40 * smooth_noise(rng, coarse, spacing, 1200)
         + 0.15 * smooth_noise(rng, coarse, spacing, 300)
     )
-    density = ndimage.zoom(density, 3, order=1)[:h, :w]
+    density = linear_zoom(density, 3, (h, w))
     fraction = world.cloud_fraction(year)
     sample = density[extent_window][::4, ::4]
     threshold = float(np.quantile(sample, 1 - fraction)) if fraction > 0 else np.inf
@@ -267,7 +267,7 @@ def sky_effects(
 
     cirrus = np.zeros((h, w), dtype=bool)
     if sensor.has_cirrus_band and rng.random() < 0.3:
-        thin = ndimage.zoom(smooth_noise(rng, coarse, spacing, 8000), 3, order=1)[:h, :w]
+        thin = linear_zoom(smooth_noise(rng, coarse, spacing, 8000), 3, (h, w))
         cirrus = thin > np.quantile(thin[::8, ::8], 1 - rng.uniform(0.05, 0.25))
     return Sky(alpha, cloud, dilated, shadow_alpha, shadow, cirrus)
 

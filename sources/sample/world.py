@@ -548,13 +548,87 @@ def smooth_noise(
         rng.standard_normal(coarse_shape).astype(np.float32), 1.0, mode="wrap"
     )
     if factor > 1:
-        fine = ndimage.zoom(coarse, factor, order=3, mode="nearest", grid_mode=False)
+        fine = spline_zoom(coarse, factor, shape)
     else:
-        fine = coarse
-    fine = fine[: shape[0], : shape[1]].astype(np.float32)
+        fine = coarse[: shape[0], : shape[1]].astype(np.float32)
     fine -= fine.mean()
     std = float(fine.std())
     return fine / (std if std > 0 else 1.0)
+
+
+SPLINE_PAD = 12
+"""Edge samples ``ndimage.zoom`` adds around a 'nearest'-mode input before the prefilter."""
+
+
+def _zoom_coordinates(n_in: int, factor: float, count: int) -> np.ndarray:
+    """Input coordinates of the first ``count`` outputs of ``ndimage.zoom`` along one axis.
+
+    With ``grid_mode=False`` the first and last samples of input and output coincide.
+    """
+    n_out = round(n_in * factor)
+    step = (n_in - 1) / (n_out - 1) if n_out > 1 else 1.0
+    return np.arange(count) * step
+
+
+def _cubic_taps(n_in: int, factor: float, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """First of four coefficient indices (in the padded array) and the cubic B-spline weights."""
+    x = _zoom_coordinates(n_in, factor, count)
+    base = np.floor(x)
+    y = x - base
+    z = 1.0 - y
+    w0 = z * z * z / 6.0
+    w1 = (y * y * (y - 2.0) * 3.0 + 4.0) / 6.0
+    w2 = (z * z * (z - 2.0) * 3.0 + 4.0) / 6.0
+    w3 = 1.0 - w0 - w1 - w2
+    return base.astype(np.intp) - 1 + SPLINE_PAD, np.stack([w0, w1, w2, w3])
+
+
+def _linear_taps(n_in: int, factor: float, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lower sample index and the weight of the upper one, for linear interpolation."""
+    x = _zoom_coordinates(n_in, factor, count)
+    base = np.minimum(np.floor(x).astype(np.intp), n_in - 2)
+    lower = 1.0 - (x - base)
+    return base, 1.0 - lower
+
+
+def _blend_rows(values: np.ndarray, starts: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Rows ``sum_k weights[k] * values[starts + k]`` (float64): one interpolation axis."""
+    out = weights[0][:, None] * values[starts]
+    for k in range(1, len(weights)):
+        out += weights[k][:, None] * values[starts + k]
+    return out
+
+
+def spline_zoom(values: np.ndarray, factor: float, shape: tuple[int, int]) -> np.ndarray:
+    """The top-left ``shape`` of ``ndimage.zoom(values, factor, order=3, mode="nearest")``.
+
+    A cubic spline is a tensor product, so after the same prefilter it is evaluated one axis at
+    a time (rows of coefficients first, then columns, each as a gather of whole rows) and only
+    for the rows and columns kept. Same coordinates and weights as ndimage, equal to its values
+    up to the last bit of rounding, at a fraction of the cost. Returns float32.
+    """
+    padded = np.pad(values, SPLINE_PAD, mode="edge")
+    coefficients = ndimage.spline_filter(padded, 3, output=np.float64, mode="nearest")
+    row_starts, row_weights = _cubic_taps(values.shape[0], factor, shape[0])
+    col_starts, col_weights = _cubic_taps(values.shape[1], factor, shape[1])
+    rows = _blend_rows(coefficients, row_starts, row_weights)
+    columns = _blend_rows(np.ascontiguousarray(rows.T), col_starts, col_weights)
+    return np.ascontiguousarray(columns.T, dtype=np.float32)
+
+
+def linear_zoom(values: np.ndarray, factor: float, shape: tuple[int, int]) -> np.ndarray:
+    """The top-left ``shape`` of ``ndimage.zoom(values, factor, order=1)``, evaluated separably.
+
+    Bilinear weights are a product of one weight per axis, so rows are blended first and then
+    columns, in float64 like ndimage; a fraction of the cost of the generic 2-D kernel. float32.
+    """
+    row_starts, row_upper = _linear_taps(values.shape[0], factor, shape[0])
+    col_starts, col_upper = _linear_taps(values.shape[1], factor, shape[1])
+    row_weights = np.stack([1.0 - row_upper, row_upper])
+    col_weights = np.stack([1.0 - col_upper, col_upper])
+    rows = _blend_rows(values.astype(np.float64), row_starts, row_weights)
+    columns = _blend_rows(np.ascontiguousarray(rows.T), col_starts, col_weights)
+    return np.ascontiguousarray(columns.T, dtype=np.float32)
 
 
 def block_mean(values: np.ndarray, factor: int) -> np.ndarray:
