@@ -229,7 +229,7 @@ class GlcFcs30d:
         assert year is not None
         grid = geographic_grid(world, PIXEL_DEGREES)
         # Pixel-scale variation that stays put across years, so only trends change classes.
-        speckle = pixel_grain(world, "glc-speckle", (grid.height, grid.width))
+        speckle = pixel_grain(world, "glc-speckle", (grid.height, grid.width), reuse=True)
         classes = np.empty((grid.height, grid.width), dtype=np.uint8)
         for start, stop in row_blocks(grid.height):
             pts = world.grid_points(grid.row_window(start, stop))

@@ -195,7 +195,7 @@ def surface_colour(
 
 def grain_field(world: SyntheticCity, shape: tuple[int, int]) -> np.ndarray:
     """Pixel-scale texture, the same every year (roofs and fields do not flicker)."""
-    return pixel_grain(world, "landsat-grain", shape)
+    return pixel_grain(world, "landsat-grain", shape, reuse=True)
 
 
 def _hillshade(elevation: np.ndarray, north: bool) -> np.ndarray:

@@ -639,11 +639,38 @@ def block_mean(values: np.ndarray, factor: int) -> np.ndarray:
 
 
 def pixel_grain(
-    world: SyntheticCity, label: str, shape: tuple[int, int], gain: float | np.float32 = 3.0
+    world: SyntheticCity,
+    label: str,
+    shape: tuple[int, int],
+    gain: float | np.float32 = 3.0,
+    *,
+    reuse: bool = False,
 ) -> np.ndarray:
-    """Pixel-scale float32 texture (3 × 3 means of white noise) that is the same every year."""
+    """Pixel-scale float32 texture (3 × 3 means of white noise) that is the same every year.
+
+    With ``reuse`` the (read-only) result is kept for the next call with the same arguments:
+    annual products draw the same grain every year (Landsat's three products each year), and
+    drawing it costs ~0.1 s on a large city's 30 m grid. Only the last two are kept.
+    """
+    if reuse:
+        return _reused_grain(world, label, tuple(shape), float(gain))
+    return _draw_grain(world, label, shape, gain)
+
+
+def _draw_grain(
+    world: SyntheticCity, label: str, shape: tuple[int, int], gain: float | np.float32
+) -> np.ndarray:
     noise = world.rng(label).standard_normal(shape, dtype=np.float32)
     return ndimage.uniform_filter(noise, 3, output=np.float32) * np.float32(gain)
+
+
+@lru_cache(maxsize=2)
+def _reused_grain(
+    world: SyntheticCity, label: str, shape: tuple[int, int], gain: float
+) -> np.ndarray:
+    grain = _draw_grain(world, label, shape, gain)
+    grain.setflags(write=False)
+    return grain
 
 
 def first_rule_class(
