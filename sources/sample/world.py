@@ -584,11 +584,11 @@ def _cubic_taps(n_in: int, factor: float, count: int) -> tuple[np.ndarray, np.nd
 
 
 def _linear_taps(n_in: int, factor: float, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Lower sample index and the weight of the upper one, for linear interpolation."""
+    """Lower sample index and the (lower, upper) weights, for linear interpolation."""
     x = _zoom_coordinates(n_in, factor, count)
     base = np.minimum(np.floor(x).astype(np.intp), n_in - 2)
     lower = 1.0 - (x - base)
-    return base, 1.0 - lower
+    return base, np.stack([lower, 1.0 - lower])
 
 
 def _blend_rows(values: np.ndarray, starts: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -616,19 +616,59 @@ def spline_zoom(values: np.ndarray, factor: float, shape: tuple[int, int]) -> np
     return np.ascontiguousarray(columns.T, dtype=np.float32)
 
 
-def linear_zoom(values: np.ndarray, factor: float, shape: tuple[int, int]) -> np.ndarray:
-    """The top-left ``shape`` of ``ndimage.zoom(values, factor, order=1)``, evaluated separably.
+class LinearZoom:
+    """``ndimage.zoom(values, factor, order=1)`` cropped to ``shape``, evaluated where asked.
 
-    Bilinear weights are a product of one weight per axis, so rows are blended first and then
-    columns, in float64 like ndimage; a fraction of the cost of the generic 2-D kernel. float32.
+    Bilinear weights are a product of one weight per axis, so the zoom is evaluated separably:
+    rows blended first, then columns, in float64 as ndimage does, with its coordinates and
+    weights. ``grid`` gives the values on chosen rows × columns and ``at`` at scattered pixels
+    with the same arithmetic, so a caller can evaluate only the pixels that matter and still get
+    the values the whole zoom would have. Both return float32.
     """
-    row_starts, row_upper = _linear_taps(values.shape[0], factor, shape[0])
-    col_starts, col_upper = _linear_taps(values.shape[1], factor, shape[1])
-    row_weights = np.stack([1.0 - row_upper, row_upper])
-    col_weights = np.stack([1.0 - col_upper, col_upper])
-    rows = _blend_rows(values.astype(np.float64), row_starts, row_weights)
-    columns = _blend_rows(np.ascontiguousarray(rows.T), col_starts, col_weights)
-    return np.ascontiguousarray(columns.T, dtype=np.float32)
+
+    def __init__(self, values: np.ndarray, factor: float, shape: tuple[int, int]) -> None:
+        self.shape = shape
+        self.coarse = np.asarray(values, dtype=np.float64)
+        self.row_starts, self.row_weights = _linear_taps(values.shape[0], factor, shape[0])
+        self.col_starts, self.col_weights = _linear_taps(values.shape[1], factor, shape[1])
+
+    def grid(
+        self, rows: np.ndarray | slice = slice(None), cols: np.ndarray | slice = slice(None)
+    ) -> np.ndarray:
+        """Values on the rows × columns given (indices or slices of the zoomed grid)."""
+        blended = _blend_rows(self.coarse, self.row_starts[rows], self.row_weights[:, rows])
+        columns = _blend_rows(
+            np.ascontiguousarray(blended.T), self.col_starts[cols], self.col_weights[:, cols]
+        )
+        return np.ascontiguousarray(columns.T, dtype=np.float32)
+
+    def at(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Values at the pixels (rows[i], cols[i]), exactly as ``grid`` computes them."""
+        top, left = self.row_starts[rows], self.col_starts[cols]
+        row_lower, row_upper = self.row_weights[:, rows]
+        col_lower, col_upper = self.col_weights[:, cols]
+        coarse = self.coarse
+        west = row_lower * coarse[top, left]
+        west += row_upper * coarse[top + 1, left]
+        east = row_lower * coarse[top, left + 1]
+        east += row_upper * coarse[top + 1, left + 1]
+        out = col_lower * west
+        out += col_upper * east
+        return out.astype(np.float32)
+
+    def cell_max(self) -> np.ndarray:
+        """For each window of 2 × 2 coarse samples, the largest: no pixel between them exceeds it.
+
+        Indexed like ``row_starts`` × ``col_starts``, so ``cell_max()[row_starts[r],
+        col_starts[c]]`` bounds the value at pixel (r, c) from above.
+        """
+        c = self.coarse
+        return np.maximum(np.maximum(c[:-1, :-1], c[1:, :-1]), np.maximum(c[:-1, 1:], c[1:, 1:]))
+
+
+def linear_zoom(values: np.ndarray, factor: float, shape: tuple[int, int]) -> np.ndarray:
+    """The top-left ``shape`` of ``ndimage.zoom(values, factor, order=1)`` (float32)."""
+    return LinearZoom(values, factor, shape).grid()
 
 
 def block_mean(values: np.ndarray, factor: int) -> np.ndarray:
@@ -1126,12 +1166,17 @@ class WorldPoints:
         """Interpolate the needed lattice rows along x, then blend pairs of them along y."""
         rows = channel[self._rows]
         ix = self._ix
-        along_x = rows[:, ix] * self._wx_rest.reshape(1, -1) + rows[:, ix + 1] * self._wx.reshape(
-            1, -1
-        )
-        top = along_x[self._iy]
-        bottom = along_x[self._iy + 1]
-        return top * self._wy_rest.reshape(-1, 1) + bottom * self._wy.reshape(-1, 1)
+        along_x = rows[:, ix]
+        along_x *= self._wx_rest.reshape(1, -1)
+        right = rows[:, ix + 1]
+        right *= self._wx.reshape(1, -1)
+        along_x += right
+        out = along_x[self._iy]
+        out *= self._wy_rest.reshape(-1, 1)
+        below = along_x[self._iy + 1]
+        below *= self._wy.reshape(-1, 1)
+        out += below
+        return out
 
     def _gathered_field(self, channel: np.ndarray) -> np.ndarray:
         """Gather the four lattice corners of every point and blend them."""
