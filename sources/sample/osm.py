@@ -1262,6 +1262,23 @@ def footprints_wgs84(world: SyntheticCity, corners: np.ndarray) -> np.ndarray:
     return shapely.polygons(np.concatenate([ring, ring[:, :1]], axis=1))
 
 
+def stock_footprints_wgs84(world: SyntheticCity) -> np.ndarray:
+    """WGS84 footprint polygons of the city's whole building stock, in stock order.
+
+    Every OSM building snapshot and the GloBFP release select from the same stock, so its
+    polygons are projected and built once (~0.15 s for 60 000 buildings) instead of per item;
+    shapely geometries are immutable, so items can share them.
+    """
+    return _stock_footprints(city_fabric(world), world)
+
+
+@lru_cache(maxsize=2)
+def _stock_footprints(fabric: CityFabric, world: SyntheticCity) -> np.ndarray:
+    footprints = footprints_wgs84(world, fabric.buildings.corners)
+    footprints.setflags(write=False)
+    return footprints
+
+
 def building_frame(world: SyntheticCity, year: int) -> gpd.GeoDataFrame:
     """OSM buildings as of 1 January of ``year``; unlabelled ones are just ``building=yes``."""
     stock = city_fabric(world).buildings
@@ -1275,9 +1292,7 @@ def building_frame(world: SyntheticCity, year: int) -> gpd.GeoDataFrame:
     for key in TAG_COLUMNS:
         columns[key] = pd.Series(np.where(labelled, stock.tags[key][present], None), dtype="str")
     columns["snapshot_date"] = f"{year}-{SNAPSHOT_DAY}"
-    return gpd.GeoDataFrame(
-        columns, geometry=footprints_wgs84(world, stock.corners[present]), crs=WGS84
-    )
+    return gpd.GeoDataFrame(columns, geometry=stock_footprints_wgs84(world)[present], crs=WGS84)
 
 
 # --------------------------------------------------------------------------------------------
