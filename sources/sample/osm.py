@@ -940,12 +940,15 @@ class _FabricBuilder:
         polygons = shapely.polygons(np.stack([x[candidates], y[candidates]], axis=2))
         hits = tree.query(polygons, predicate="dwithin", distance=12.0)
         keep[candidates[np.unique(hits[0])]] = False
+        # Footprint areas of the candidates: the buildings kept below are a subset of them.
+        area = np.zeros(len(keep))
+        area[candidates] = shapely.area(polygons)
 
-        x, y, cx, cy, street_year = (v[keep] for v in (x, y, cx, cy, street_year))
+        x, y, cx, cy, street_year, area = (v[keep] for v in (x, y, cx, cy, street_year, area))
         threshold = rng.uniform(0.06, 0.32, len(cx)).astype(np.float32)
         built = np.maximum(_first_built(world, cx, cy, threshold), street_year)
         ok = built <= LAST_YEAR
-        x, y, cx, cy, built = (v[ok] for v in (x, y, cx, cy, built))
+        x, y, cx, cy, built, area = (v[ok] for v in (x, y, cx, cy, built, area))
         n = len(cx)
         site = world.points(cx, cy)
         urban = world.urban_intensity(site, LAST_YEAR)
@@ -955,7 +958,6 @@ class _FabricBuilder:
         function = _draw_functions(rng, urban, site.field("nonres"), core)
         building, tags = _draw_tags(rng, city, function, urban)
         height = _draw_heights(rng, function, urban, site.field("tower"))
-        footprint = shapely.area(shapely.polygons(np.stack([x, y], axis=2)))
 
         r_ref = 15000.0 * self.scale
         map_draw = np.clip(0.7 * rng.random(n) + 0.3 * np.clip(r / r_ref, 0, 1), 0, 0.999)
@@ -969,7 +971,7 @@ class _FabricBuilder:
         osm_id[rank] = 90_000_000 + 13 * np.arange(n, dtype=np.int64)
         return BuildingStock(
             corners=np.stack([x, y], axis=2),
-            footprint_m2=footprint.astype(np.float32),
+            footprint_m2=area.astype(np.float32),
             height_m=height,
             function=function,
             building=building,
