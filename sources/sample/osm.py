@@ -1276,6 +1276,7 @@ def stock_footprints_wgs84(world: SyntheticCity) -> np.ndarray:
 
 @lru_cache(maxsize=2)
 def _stock_footprints(fabric: CityFabric, world: SyntheticCity) -> np.ndarray:
+    """Keyed by the fabric too, so a rebuilt fabric never meets polygons of an older one."""
     footprints = footprints_wgs84(world, fabric.buildings.corners)
     footprints.setflags(write=False)
     return footprints

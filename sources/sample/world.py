@@ -666,11 +666,6 @@ class LinearZoom:
         return np.maximum(np.maximum(c[:-1, :-1], c[1:, :-1]), np.maximum(c[:-1, 1:], c[1:, 1:]))
 
 
-def linear_zoom(values: np.ndarray, factor: float, shape: tuple[int, int]) -> np.ndarray:
-    """The top-left ``shape`` of ``ndimage.zoom(values, factor, order=1)`` (float32)."""
-    return LinearZoom(values, factor, shape).grid()
-
-
 def block_mean(values: np.ndarray, factor: int) -> np.ndarray:
     """Means over factor × factor blocks: the cell value of a supersampled grid."""
     h, w = values.shape[0] // factor, values.shape[1] // factor
@@ -700,6 +695,7 @@ def pixel_grain(
 def _draw_grain(
     world: SyntheticCity, label: str, shape: tuple[int, int], gain: float | np.float32
 ) -> np.ndarray:
+    """The grain itself: seeded by the world and label only, so every year draws the same."""
     noise = world.rng(label).standard_normal(shape, dtype=np.float32)
     return ndimage.uniform_filter(noise, 3, output=np.float32) * np.float32(gain)
 
@@ -708,6 +704,7 @@ def _draw_grain(
 def _reused_grain(
     world: SyntheticCity, label: str, shape: tuple[int, int], gain: float
 ) -> np.ndarray:
+    """A kept grain, read-only because every later caller shares it."""
     grain = _draw_grain(world, label, shape, gain)
     grain.setflags(write=False)
     return grain
@@ -1144,9 +1141,9 @@ class WorldPoints:
         if self._separable:
             # Row vector of columns, column vector of rows (relative to the first lattice row).
             self._ix = ix.reshape(-1)
-            self._row0 = int(iy.min())
-            self._iy = iy.reshape(-1) - self._row0
-            self._rows = slice(self._row0, int(iy.max()) + 2)
+            first_row = int(iy.min())
+            self._iy = iy.reshape(-1) - first_row
+            self._rows = slice(first_row, int(iy.max()) + 2)
         else:
             # Flat lattice index of each point's lower-left corner, and weights, point by point.
             flat = np.broadcast_to(iy * nx + ix, self.shape)
