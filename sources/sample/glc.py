@@ -22,6 +22,7 @@ from sources.sample.world import (
     SyntheticCity,
     WorldPoints,
     annual_item,
+    bin_index,
     first_rule_class,
     pixel_grain,
     row_blocks,
@@ -159,7 +160,7 @@ CLIMATE_CLASSES: dict[Climate, ClimateClasses] = {
 
 def _pick(choice: np.ndarray, options: tuple[int, ...]) -> np.ndarray:
     """Class ids from a 0..n-1 choice index."""
-    return np.asarray(options, dtype=np.uint8)[np.clip(choice, 0, len(options) - 1)]
+    return np.asarray(options, dtype=np.uint8)[np.minimum(choice, len(options) - 1)]
 
 
 def land_cover(
@@ -170,7 +171,7 @@ def land_cover(
     urban = world.urban_intensity(pts, year)
     green = world.green_fraction(pts, year, urban)
     texture = pts.field("texture")
-    variant = np.digitize(texture, [0.4, 1.0]).astype(np.int8)
+    variant = bin_index(texture, (0.4, 1.0))
     forest = pts.field("forest") + 0.08 * speckle
     crop = pts.field("crop") + 0.15 * speckle
     elevation = pts.elevation
@@ -195,7 +196,7 @@ def land_cover(
         (forest > 0.78, _pick(variant, classes.closed_forest)),
         (forest > 0.62, _pick(variant, classes.open_forest)),
         (pts.field("park") > 0.5, GRASSLAND),
-        ((crop > 0.0) & (urban < 0.1), _pick(np.digitize(crop, [0.8, 1.4]), classes.cropland)),
+        ((crop > 0.0) & (urban < 0.1), _pick(bin_index(crop, (0.8, 1.4)), classes.cropland)),
         (texture < -0.9, classes.shrubland),
         (texture < -0.5, classes.sparse[1]),
     ]
@@ -229,7 +230,7 @@ class GlcFcs30d:
         assert year is not None
         grid = geographic_grid(world, PIXEL_DEGREES)
         # Pixel-scale variation that stays put across years, so only trends change classes.
-        speckle = pixel_grain(world, "glc-speckle", (grid.height, grid.width))
+        speckle = pixel_grain(world, "glc-speckle", (grid.height, grid.width), reuse=True)
         classes = np.empty((grid.height, grid.width), dtype=np.uint8)
         for start, stop in row_blocks(grid.height):
             pts = world.grid_points(grid.row_window(start, stop))

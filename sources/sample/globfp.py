@@ -14,7 +14,7 @@ import numpy as np
 
 from citycube.errors import SourceUnavailableError
 from sources.sample.layers import WGS84, GeoPackageLayer
-from sources.sample.osm import city_fabric, footprints_wgs84, window_bounds_wgs84
+from sources.sample.osm import city_fabric, stock_footprints_wgs84, window_bounds_wgs84
 from sources.sample.world import GeneratedItem, SyntheticCity, year_span
 
 REFERENCE_YEAR = 2020
@@ -47,7 +47,7 @@ class GlobfpHeight:
                 "id": np.arange(1, len(standing) + 1, dtype=np.int64),
                 "height": stock.height_m[standing].astype(np.float64).round(1),
             },
-            geometry=footprints_wgs84(world, stock.corners[standing]),
+            geometry=stock_footprints_wgs84(world)[standing],
             crs=WGS84,
         )
         layer = GeoPackageLayer(

@@ -22,6 +22,7 @@ from sources.sample.world import (
     SyntheticCity,
     WorldPoints,
     annual_item,
+    bin_index,
     block_mean,
     first_rule_class,
 )
@@ -80,7 +81,7 @@ def land_use(world: SyntheticCity, pts: WorldPoints, year: int) -> np.ndarray:
     green = world.green_fraction(pts, year, urban)
     texture = pts.field("texture")
     forest_types = np.asarray(_FORESTS[world.traits.climate], dtype=np.uint8)
-    variant = np.digitize(texture, [0.4, 1.0])
+    variant = bin_index(texture, (0.4, 1.0))
     elevation = pts.elevation
     rules: list[tuple[np.ndarray, np.ndarray | int]] = [
         (pts.sea, OCEAN),

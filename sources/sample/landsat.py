@@ -9,16 +9,16 @@ make the optical modality miss tiles the way real scenes do.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
 import numpy as np
-from scipy import ndimage
 
 from sources.sample.world import (
     FIRST_YEAR,
     LAST_YEAR,
     GeneratedItem,
+    LinearZoom,
     NativeGrid,
     RasterLayer,
     SyntheticCity,
@@ -195,7 +195,7 @@ def surface_colour(
 
 def grain_field(world: SyntheticCity, shape: tuple[int, int]) -> np.ndarray:
     """Pixel-scale texture, the same every year (roofs and fields do not flicker)."""
-    return pixel_grain(world, "landsat-grain", shape)
+    return pixel_grain(world, "landsat-grain", shape, reuse=True)
 
 
 def _hillshade(elevation: np.ndarray, north: bool) -> np.ndarray:
@@ -211,8 +211,8 @@ def _hillshade(elevation: np.ndarray, north: bool) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Sky:
-    """Atmospheric effects of one scene on its grid."""
+class SkyRows:
+    """Atmospheric effects of one scene on a block of its rows."""
 
     cloud_alpha: np.ndarray
     """Cloud opacity in [0, 1]."""
@@ -227,9 +227,91 @@ class Sky:
     cirrus: np.ndarray
     """Thin high cloud (QA bit 2; OLI only)."""
 
-    def rows(self, start: int, stop: int) -> Sky:
+
+HAZE = 0.06
+"""Cloud-density band below the opaque threshold that is thin (dilated) cloud."""
+_SKIP_MARGIN = 1e-3
+"""How far below a threshold a whole 90 m cell must stay to be skipped (float32 rounding)."""
+
+
+class Sky:
+    """Clouds, their shadows and cirrus of one scene, brought to the 30 m grid block by block.
+
+    The cloud density and cirrus fields live on a 90 m grid (a few MB for any city) and are
+    zoomed only where a block needs them: a pixel whose surrounding 90 m samples all lie below
+    the thin-cloud threshold is clear without being evaluated, so a mostly clear scene costs
+    little more than its 90 m fields. Every value is the one zooming the whole scene gives.
+    """
+
+    def __init__(
+        self,
+        density: LinearZoom,
+        threshold: float,
+        shadow_shift: tuple[int, int],
+        cirrus: LinearZoom | None,
+        cirrus_threshold: np.float64 | float,
+    ) -> None:
+        self.shape = density.shape
+        self._density = density
+        self._threshold = threshold
+        self._shadow_shift = shadow_shift
+        self._cloudy_cells = density.cell_max() > threshold - HAZE - _SKIP_MARGIN
+        self._cirrus = cirrus
+        self._cirrus_threshold = cirrus_threshold
+        if cirrus is not None:
+            self._cirrus_cells = cirrus.cell_max() > cirrus_threshold - _SKIP_MARGIN
+
+    def _candidates(
+        self, zoom: LinearZoom, cells: np.ndarray, start: int, stop: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, cols) of the pixels in rows [start, stop) whose 90 m cell may pass a threshold."""
+        near = cells[zoom.row_starts[start:stop]][:, zoom.col_starts]
+        rows, cols = np.nonzero(near)
+        return rows, cols
+
+    def _cloud(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(alpha, opaque, dilated) on rows [start, stop)."""
+        shape = (stop - start, self.shape[1])
+        alpha = np.zeros(shape, dtype=np.float32)
+        cloud = np.zeros(shape, dtype=bool)
+        dilated = np.zeros(shape, dtype=bool)
+        rows, cols = self._candidates(self._density, self._cloudy_cells, start, stop)
+        if rows.size:
+            threshold = self._threshold
+            density = self._density.at(rows + start, cols)
+            opaque = density > threshold
+            cloud[rows, cols] = opaque
+            dilated[rows, cols] = (density > threshold - HAZE) & ~opaque
+            alpha[rows, cols] = smoothstep((density - threshold + HAZE) / (2.5 * HAZE))
+        return alpha, cloud, dilated
+
+    def _shadow_alpha(self, start: int, stop: int) -> np.ndarray:
+        """Cloud opacity moved by the shadow offset (0 where none moves in), rows [start, stop)."""
+        h, w = self.shape
+        shift_rows, shift_cols = self._shadow_shift
+        out = np.zeros((stop - start, w), dtype=np.float32)
+        if abs(shift_rows) >= h or abs(shift_cols) >= w:
+            return out
+        src_start, src_stop = max(start - shift_rows, 0), min(stop - shift_rows, h)
+        if src_start >= src_stop:
+            return out
+        alpha = self._cloud(src_start, src_stop)[0]
+        dst_rows = slice(src_start + shift_rows - start, src_stop + shift_rows - start)
+        src_cols = slice(max(-shift_cols, 0), w - max(shift_cols, 0))
+        dst_cols = slice(max(shift_cols, 0), w - max(-shift_cols, 0))
+        out[dst_rows, dst_cols] = alpha[:, src_cols]
+        return out
+
+    def rows(self, start: int, stop: int) -> SkyRows:
         """The effects on rows [start, stop)."""
-        return Sky(*(getattr(self, f.name)[start:stop] for f in fields(self)))
+        alpha, cloud, dilated = self._cloud(start, stop)
+        shadow_alpha = self._shadow_alpha(start, stop)
+        cirrus = np.zeros((stop - start, self.shape[1]), dtype=bool)
+        if self._cirrus is not None:
+            rows, cols = self._candidates(self._cirrus, self._cirrus_cells, start, stop)
+            if rows.size:
+                cirrus[rows, cols] = self._cirrus.at(rows + start, cols) > self._cirrus_threshold
+        return SkyRows(alpha, cloud, dilated, shadow_alpha, (shadow_alpha > 0.35) & ~cloud, cirrus)
 
 
 def sky_effects(
@@ -249,44 +331,27 @@ def sky_effects(
         + 0.40 * smooth_noise(rng, coarse, spacing, 1200)
         + 0.15 * smooth_noise(rng, coarse, spacing, 300)
     )
-    density = ndimage.zoom(density, 3, order=1)[:h, :w]
+    zoomed = LinearZoom(density, 3, (h, w))
     fraction = world.cloud_fraction(year)
-    sample = density[extent_window][::4, ::4]
+    rows, cols = extent_window
+    sample = zoomed.grid(np.arange(h)[rows][::4], np.arange(w)[cols][::4])
     threshold = float(np.quantile(sample, 1 - fraction)) if fraction > 0 else np.inf
-    haze = 0.06
-    cloud = density > threshold
-    dilated = (density > threshold - haze) & ~cloud
-    alpha = smoothstep((density - threshold + haze) / (2.5 * haze)).astype(np.float32)
 
     # Shadows fall away from the sun: north-west in the north, south-west in the south.
     distance_px = float(rng.uniform(30, 80))
     bearing = math.radians(-45 if world.latitude >= 0 else -135)
     east, north = distance_px * math.sin(bearing), distance_px * math.cos(bearing)
-    shadow_alpha = _shift(alpha, rows=-round(north), cols=round(east))
-    shadow = (shadow_alpha > 0.35) & ~cloud
 
-    cirrus = np.zeros((h, w), dtype=bool)
+    cirrus: LinearZoom | None = None
+    cirrus_threshold: np.float64 | float = np.inf
     if sensor.has_cirrus_band and rng.random() < 0.3:
-        thin = ndimage.zoom(smooth_noise(rng, coarse, spacing, 8000), 3, order=1)[:h, :w]
-        cirrus = thin > np.quantile(thin[::8, ::8], 1 - rng.uniform(0.05, 0.25))
-    return Sky(alpha, cloud, dilated, shadow_alpha, shadow, cirrus)
+        cirrus = LinearZoom(smooth_noise(rng, coarse, spacing, 8000), 3, (h, w))
+        sample = cirrus.grid(slice(0, h, 8), slice(0, w, 8))
+        cirrus_threshold = np.quantile(sample, 1 - rng.uniform(0.05, 0.25))
+    return Sky(zoomed, threshold, (-round(north), round(east)), cirrus, cirrus_threshold)
 
 
-def _shift(values: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """Values moved by (rows, cols) pixels, zero where nothing moved in."""
-    out = np.zeros_like(values)
-    h, w = values.shape
-    if abs(rows) >= h or abs(cols) >= w:
-        return out
-    src_r = slice(max(-rows, 0), h - max(rows, 0))
-    dst_r = slice(max(rows, 0), h - max(-rows, 0))
-    src_c = slice(max(-cols, 0), w - max(cols, 0))
-    dst_c = slice(max(cols, 0), w - max(-cols, 0))
-    out[dst_r, dst_c] = values[src_r, src_c]
-    return out
-
-
-def compose_scene(rgb: np.ndarray, sky: Sky, fill: np.ndarray) -> np.ndarray:
+def compose_scene(rgb: np.ndarray, sky: SkyRows, fill: np.ndarray) -> np.ndarray:
     """Shadows darken, clouds whiten (with soft edges); fill pixels become nodata 0."""
     shadow = sky.shadow_alpha * (1 - sky.cloud_alpha)
     veil = np.clip(sky.cloud_alpha + np.where(sky.cirrus, np.float32(0.15), np.float32(0)), 0, 1)
@@ -324,7 +389,7 @@ def fill_mask(world: SyntheticCity, year: int, sensor: Sensor, pts: WorldPoints)
 
 def qa_pixel(
     sensor: Sensor,
-    sky: Sky,
+    sky: SkyRows,
     fill: np.ndarray,
     water: np.ndarray,
     snow: np.ndarray,
@@ -404,7 +469,7 @@ class LandsatC2L2:
         grain = grain_field(world, (grid.height, grid.width))
         pixels = np.empty((3, grid.height, grid.width), dtype=np.uint8)
         qa = np.empty((grid.height, grid.width), dtype=np.uint16)
-        fill = np.empty((grid.height, grid.width), dtype=bool)
+        observed = cloudy = 0
         for start, stop in row_blocks(grid.height):
             # One halo row each side so relief shading has no seams between blocks.
             lo, hi = max(start - 1, 0), min(stop + 1, grid.height)
@@ -416,10 +481,10 @@ class LandsatC2L2:
             pixels[:, start:stop] = compose_scene(rgb, block_sky, block_fill)
             snow = (pts.elevation > world.snowline_m)[core]
             qa[start:stop] = qa_pixel(sensor, block_sky, block_fill, pts.water[core], snow)
-            fill[start:stop] = block_fill
+            observed += int((~block_fill).sum())
+            cloudy += int((block_sky.cloud & ~block_fill).sum())
         del grain
-        observed = ~fill
-        cloud_cover = 100.0 * float((sky.cloud & observed).sum()) / max(int(observed.sum()), 1)
+        cloud_cover = 100.0 * float(cloudy) / max(observed, 1)
         path, row = wrs2_path_row(world.latitude, world.longitude)
         layers = (
             RasterLayer(

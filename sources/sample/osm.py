@@ -41,6 +41,7 @@ from sources.sample.world import (
     GeneratedItem,
     SyntheticCity,
     product_window,
+    transformer,
     utm_window,
     year_span,
 )
@@ -939,12 +940,15 @@ class _FabricBuilder:
         polygons = shapely.polygons(np.stack([x[candidates], y[candidates]], axis=2))
         hits = tree.query(polygons, predicate="dwithin", distance=12.0)
         keep[candidates[np.unique(hits[0])]] = False
+        # Footprint areas of the candidates: the buildings kept below are a subset of them.
+        area = np.zeros(len(keep))
+        area[candidates] = shapely.area(polygons)
 
-        x, y, cx, cy, street_year = (v[keep] for v in (x, y, cx, cy, street_year))
+        x, y, cx, cy, street_year, area = (v[keep] for v in (x, y, cx, cy, street_year, area))
         threshold = rng.uniform(0.06, 0.32, len(cx)).astype(np.float32)
         built = np.maximum(_first_built(world, cx, cy, threshold), street_year)
         ok = built <= LAST_YEAR
-        x, y, cx, cy, built = (v[ok] for v in (x, y, cx, cy, built))
+        x, y, cx, cy, built, area = (v[ok] for v in (x, y, cx, cy, built, area))
         n = len(cx)
         site = world.points(cx, cy)
         urban = world.urban_intensity(site, LAST_YEAR)
@@ -954,7 +958,6 @@ class _FabricBuilder:
         function = _draw_functions(rng, urban, site.field("nonres"), core)
         building, tags = _draw_tags(rng, city, function, urban)
         height = _draw_heights(rng, function, urban, site.field("tower"))
-        footprint = shapely.area(shapely.polygons(np.stack([x, y], axis=2)))
 
         r_ref = 15000.0 * self.scale
         map_draw = np.clip(0.7 * rng.random(n) + 0.3 * np.clip(r / r_ref, 0, 1), 0, 0.999)
@@ -968,7 +971,7 @@ class _FabricBuilder:
         osm_id[rank] = 90_000_000 + 13 * np.arange(n, dtype=np.int64)
         return BuildingStock(
             corners=np.stack([x, y], axis=2),
-            footprint_m2=footprint.astype(np.float32),
+            footprint_m2=area.astype(np.float32),
             height_m=height,
             function=function,
             building=building,
@@ -1216,9 +1219,8 @@ def _draw_heights(
 # --------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=16)
 def _to_wgs84(epsg: int) -> Transformer:
-    return Transformer.from_crs(f"EPSG:{epsg}", "EPSG:4326", always_xy=True)
+    return transformer(f"EPSG:{epsg}", "EPSG:4326")
 
 
 def window_bounds_wgs84(world: SyntheticCity) -> Bounds:
@@ -1262,6 +1264,24 @@ def footprints_wgs84(world: SyntheticCity, corners: np.ndarray) -> np.ndarray:
     return shapely.polygons(np.concatenate([ring, ring[:, :1]], axis=1))
 
 
+def stock_footprints_wgs84(world: SyntheticCity) -> np.ndarray:
+    """WGS84 footprint polygons of the city's whole building stock, in stock order.
+
+    Every OSM building snapshot and the GloBFP release select from the same stock, so its
+    polygons are projected and built once (~0.15 s for 60 000 buildings) instead of per item;
+    shapely geometries are immutable, so items can share them.
+    """
+    return _stock_footprints(city_fabric(world), world)
+
+
+@lru_cache(maxsize=2)
+def _stock_footprints(fabric: CityFabric, world: SyntheticCity) -> np.ndarray:
+    """Keyed by the fabric too, so a rebuilt fabric never meets polygons of an older one."""
+    footprints = footprints_wgs84(world, fabric.buildings.corners)
+    footprints.setflags(write=False)
+    return footprints
+
+
 def building_frame(world: SyntheticCity, year: int) -> gpd.GeoDataFrame:
     """OSM buildings as of 1 January of ``year``; unlabelled ones are just ``building=yes``."""
     stock = city_fabric(world).buildings
@@ -1275,9 +1295,7 @@ def building_frame(world: SyntheticCity, year: int) -> gpd.GeoDataFrame:
     for key in TAG_COLUMNS:
         columns[key] = pd.Series(np.where(labelled, stock.tags[key][present], None), dtype="str")
     columns["snapshot_date"] = f"{year}-{SNAPSHOT_DAY}"
-    return gpd.GeoDataFrame(
-        columns, geometry=footprints_wgs84(world, stock.corners[present]), crs=WGS84
-    )
+    return gpd.GeoDataFrame(columns, geometry=stock_footprints_wgs84(world)[present], crs=WGS84)
 
 
 # --------------------------------------------------------------------------------------------

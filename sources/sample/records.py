@@ -21,7 +21,6 @@ import geopandas as gpd
 import numpy as np
 import pandas as pd
 import shapely
-from pyproj import Transformer
 
 from citycube.cities import get_city, load_cities
 from citycube.errors import SourceUnavailableError
@@ -34,6 +33,7 @@ from sources.sample.world import (
     GeneratedItem,
     SyntheticCity,
     stable_hash,
+    transformer,
     year_span,
 )
 
@@ -114,7 +114,7 @@ def reporting_area(world: SyntheticCity) -> shapely.Polygon:
 def electricity_records(world: SyntheticCity, year: int) -> tuple[pd.DataFrame, shapely.Polygon]:
     """(records, reporting area in WGS84) for one city and year."""
     area_utm = reporting_area(world)
-    to_wgs84 = Transformer.from_crs(world.crs, "EPSG:4326", always_xy=True)
+    to_wgs84 = transformer(world.crs, "EPSG:4326")
     area_wgs84 = shapely.transform(
         shapely.segmentize(area_utm, 100.0), lambda xy: np.stack(to_wgs84.transform(*xy.T), 1)
     )
