@@ -33,7 +33,8 @@ test: install
 ## Serve the Dagster UI and daemon offline (http://127.0.0.1:3000); runs use WORKERS dask workers.
 dev: install
 	$(BIN)/python -m pipelines.cli dagster-home
-	CITYCUBE_WORKERS=$(WORKERS) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	CITYCUBE_WORKERS=$(WORKERS) DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=true \
+		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 lint: install
 	$(BIN)/ruff check .

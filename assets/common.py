@@ -4,7 +4,8 @@ hands one task per partition to the compute resource and reports each partition.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -52,35 +53,61 @@ def _metadata(values: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How one asset of a multi-asset step turns a partition into a task and its metadata."""
+
+    arguments: Callable[[str, int | None], tuple[Any, ...]]
+    """Task arguments for (city, period)."""
+    metadata: Callable[[Any], Mapping[str, Any]] = dict
+    """Materialisation metadata from the task's result."""
+
+
 def run_partitions(
     context: dg.AssetExecutionContext,
     compute: ComputeResource,
     partitions: PartitionsDef,
     function: Callable[..., Any],
-    arguments: Callable[[str, int | None], tuple[Any, ...]],
-    metadata: Callable[[Any], Mapping[str, Any]],
+    plans: Mapping[dg.AssetKey, Plan],
 ) -> list[Outcome]:
-    """Run ``function(*arguments(city, period))`` for every partition of this step.
+    """Run ``function`` for every selected asset and partition of this step, all at once.
 
-    Each successful partition gets its own materialisation metadata. If any partition fails,
-    the step fails after the others have finished (their files stay written and are reused by
-    a re-run); the error names the failed partitions. Only transient fetch errors are retried.
+    One step materialises many assets (a multi-asset per partitioning), so every task of the
+    step goes to the compute resource together and the workers never wait on a step boundary
+    between products. Each successful asset partition gets its own materialisation metadata.
+    If any fails, the step fails after the others have finished (their files stay written and
+    are reused by a re-run); the error names the failed ones. Only transient fetch errors are
+    retried.
     """
+    owners: dict[str, tuple[dg.AssetKey, str]] = {}
     tasks = []
-    for key in context.partition_keys:
-        city, period = split_key(partitions, key)
-        tasks.append((key, arguments(city, period)))
-    outcomes = compute.run(context.log, context.asset_key.to_user_string(), function, tasks)
+    for asset_key in sorted(context.selected_asset_keys, key=lambda k: k.to_user_string()):
+        plan = plans[asset_key]
+        for partition_key in context.partition_keys:
+            city, period = split_key(partitions, partition_key)
+            name = f"{asset_key.to_user_string()} {partition_key}"
+            owners[name] = (asset_key, partition_key)
+            tasks.append((name, plan.arguments(city, period)))
+    outcomes = compute.run(context.log, context.op_def.name, function, tasks)
     for outcome in outcomes:
         if outcome.ok:
+            asset_key, partition_key = owners[outcome.key]
+            values = plans[asset_key].metadata(outcome.result)
             context.add_asset_metadata(
-                _metadata({**metadata(outcome.result), "seconds": round(outcome.seconds, 3)}),
-                partition_key=outcome.key,
+                _metadata({**values, "seconds": round(outcome.seconds, 3)}),
+                asset_key=asset_key,
+                partition_key=partition_key,
             )
     failed = [o for o in outcomes if not o.ok]
     if failed:
-        _raise_for(context.asset_key.to_user_string(), failed, len(outcomes))
+        _raise_for(context.op_def.name, failed, len(outcomes))
     return outcomes
+
+
+def materialized(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
+    """One result per selected asset of a multi-asset step (its metadata is per partition)."""
+    for asset_key in sorted(context.selected_asset_keys, key=lambda k: k.to_user_string()):
+        yield dg.MaterializeResult(asset_key=asset_key)
 
 
 def _raise_for(label: str, failed: list[Outcome], total: int) -> None:
@@ -90,7 +117,7 @@ def _raise_for(label: str, failed: list[Outcome], total: int) -> None:
         if len(failed) > MAX_LISTED_FAILURES
         else ""
     )
-    message = f"{label}: {len(failed)} of {total} partitions failed — {listed}{more}"
+    message = f"{label}: {len(failed)} of {total} asset partitions failed — {listed}{more}"
     transient = all(isinstance(o.error, SourceFetchError) and o.error.transient for o in failed)
     if transient:
         raise SourceFetchError(message)

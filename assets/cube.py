@@ -7,14 +7,19 @@ does not run ``cube/database``, which is what moves the checked file over ``cube
 writes ``release.json``; the previous database stays published and the reports are not redone.
 """
 
+from typing import TYPE_CHECKING
+
 import dagster as dg
-import duckdb
 
 from assets.common import modality_asset_key
-from citycube import checks
 from citycube.catalogue import Catalogue
 from citycube.cube import build_duckdb, publish_database, release_metadata, write_tiles
 from pipelines.resources import CubeResource
+
+if TYPE_CHECKING:  # imported where the checks run
+    import duckdb
+
+    from citycube import checks
 
 TILES_KEY = dg.AssetKey(["cube", "tiles"])
 STAGED_DATABASE_KEY = dg.AssetKey(["cube", "staged_database"])
@@ -30,7 +35,7 @@ DATABASE_CHECKS = [
 
 
 def _check_result(
-    name: str, severity: dg.AssetCheckSeverity, outcome: checks.CheckOutcome
+    name: str, severity: dg.AssetCheckSeverity, outcome: "checks.CheckOutcome"
 ) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         check_name=name,
@@ -49,6 +54,10 @@ def _check_result(
 )
 def tiles_table(cube: CubeResource) -> dg.MaterializeResult:
     """GeoParquet table of every 2 km and 5 km tile of the 16 cities (WGS84 geometry)."""
+    import duckdb
+
+    from citycube import checks
+
     path = write_tiles(cube.release())
     with duckdb.connect() as con:
         con.read_parquet(str(path)).create_view("tiles")
@@ -66,7 +75,7 @@ def tiles_table(cube: CubeResource) -> dg.MaterializeResult:
     )
 
 
-def _preview(con: duckdb.DuckDBPyConnection) -> str:
+def _preview(con: "duckdb.DuckDBPyConnection") -> str:
     rows = con.execute(
         """
         SELECT city, modality,
@@ -108,6 +117,10 @@ def build_cube_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
     )
     def staged_database(cube: CubeResource) -> dg.MaterializeResult:
         """A new DuckDB catalogue over the release's Parquet, built aside and checked."""
+        import duckdb
+
+        from citycube import checks
+
         release = cube.release()
         if not release.tiles_file.exists():
             write_tiles(release)

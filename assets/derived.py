@@ -1,18 +1,49 @@
-"""Derived assets: one modality's tile results (and chips) per city and source period."""
+"""Derived assets: each modality's tile results (with chips and a quick-look for images) per
+city and source period, computed once by one writer and read by every year it serves.
+
+One multi-asset per partitioning (static, epoch, annual), so a backfill's step hands every
+modality's partitions to the workers at once; each modality stays its own asset with its own
+code version, made from its spec digest and the engine version.
+"""
+
+from collections.abc import Iterator
 
 import dagster as dg
 
-from assets.common import SINGLE_RUN, derived_asset_key, run_partitions, source_asset_key
-from assets.sources import product_temporal
+from assets.common import (
+    SINGLE_RUN,
+    Plan,
+    derived_asset_key,
+    materialized,
+    run_partitions,
+    source_asset_key,
+)
+from assets.sources import _partitioning_name, product_temporal
 from citycube.catalogue import Catalogue, ModalitySpec
-from citycube.process import derive, modality_code_version
-from pipelines.partitions import mapping_between, period_partitions
+from citycube.versions import modality_code_version
+from pipelines.partitions import PartitionsDef, mapping_between, period_partitions
 from pipelines.resources import ComputeResource, CubeResource
+from pipelines.tasks import derive_with_quicklook
+
+THUMBNAIL_PX = 200
+"""Longest side of a quick-look thumbnail embedded in the Dagster UI."""
 
 
-def build_derived_asset(modality: ModalitySpec, catalogue: Catalogue) -> dg.AssetsDefinition:
-    """Computed once per source period by one writer; every calendar year it serves reuses it."""
-    partitions = period_partitions(modality.temporal)
+def _preview(metadata: dict) -> dict:
+    """A thumbnail of the period's quick-look (only when one partition is materialised: a
+    backfill's hundreds of previews would bloat the event log)."""
+    if "quicklook" not in metadata:
+        return {}
+    from PIL import Image
+
+    from citycube.render import png_data_uri
+
+    with Image.open(metadata["quicklook"]) as image:
+        uri = png_data_uri(image, THUMBNAIL_PX)
+    return {"preview": dg.MetadataValue.md(f"![quick-look]({uri})")}
+
+
+def _spec(modality: ModalitySpec, catalogue: Catalogue, partitions: PartitionsDef) -> dg.AssetSpec:
     deps = [
         dg.AssetDep(
             source_asset_key(product),
@@ -22,37 +53,63 @@ def build_derived_asset(modality: ModalitySpec, catalogue: Catalogue) -> dg.Asse
         )
         for product in [*modality.products(), *modality.auxiliary_products]
     ]
-
-    @dg.asset(
-        key=derived_asset_key(modality.code),
-        partitions_def=partitions,
+    return dg.AssetSpec(
+        derived_asset_key(modality.code),
         deps=deps,
-        backfill_policy=SINGLE_RUN,
-        code_version=modality_code_version(modality, catalogue),
         group_name="derived",
-        kinds={"python", "parquet"} | ({"zarr"} if modality.is_image else set()),
+        kinds={"python", "parquet"} | ({"zarr", "png"} if modality.is_image else set()),
+        code_version=modality_code_version(modality, catalogue),
         description=(
             f"{modality.name} ({modality.display_code}): per-tile {modality.aggregation.value} "
-            f"results{' and chips' if modality.is_image else ''} per city and "
+            f"results{' with chips and a quick-look' if modality.is_image else ''} per city and "
             f"{modality.temporal.value} source period."
         ),
     )
+
+
+def build_derived_asset(
+    name: str, modalities: list[ModalitySpec], partitions: PartitionsDef, catalogue: Catalogue
+) -> dg.AssetsDefinition:
+    """The modalities of one partitioning, as one multi-asset."""
+
+    @dg.multi_asset(
+        name=name,
+        specs=[_spec(m, catalogue, partitions) for m in modalities],
+        partitions_def=partitions,
+        backfill_policy=SINGLE_RUN,
+        can_subset=True,
+    )
     def _derived(
         context: dg.AssetExecutionContext, cube: CubeResource, compute: ComputeResource
-    ) -> None:
-        sources, release = cube.sources(), cube.release()
+    ) -> Iterator[dg.MaterializeResult]:
+        sources, release = cube.sources_for_tasks(), cube.release()
+        one = len(context.partition_keys) == 1
+
+        def plan(modality: ModalitySpec) -> Plan:
+            return Plan(
+                lambda city, period: (modality, catalogue, city, period, sources, release),
+                lambda metadata: {**metadata, **(_preview(metadata) if one else {})},
+            )
+
         run_partitions(
             context,
             compute,
             partitions,
-            derive,
-            lambda city, period: (modality, catalogue, city, period, sources, release),
-            lambda summary: summary.as_metadata(),
+            derive_with_quicklook,
+            {derived_asset_key(m.code): plan(m) for m in modalities},
         )
+        yield from materialized(context)
 
     return _derived
 
 
 def build_derived_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
-    """A derived asset for every enabled modality."""
-    return [build_derived_asset(m, catalogue) for m in catalogue.enabled()]
+    """One multi-asset per partitioning, over every enabled modality."""
+    groups: dict[str, tuple[PartitionsDef, list[ModalitySpec]]] = {}
+    for modality in catalogue.enabled():
+        partitions = period_partitions(modality.temporal)
+        groups.setdefault(_partitioning_name(partitions), (partitions, []))[1].append(modality)
+    return [
+        build_derived_asset(f"derived_{name}", modalities, partitions, catalogue)
+        for name, (partitions, modalities) in sorted(groups.items())
+    ]

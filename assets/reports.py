@@ -1,69 +1,20 @@
-"""Report assets: fixed-rendering quick-looks per city-year and the availability report."""
+"""Report assets: the availability report of the published release (quick-looks are made
+with each source period's chips, by the derived assets)."""
 
 import dagster as dg
-import pandas as pd
-from PIL import Image
 
-from assets.common import SINGLE_RUN, modality_asset_key, run_partitions
 from assets.cube import DATABASE_KEY
 from citycube.catalogue import Catalogue
-from citycube.render import png_data_uri
-from citycube.report import write_report
-from pipelines.partitions import city_year_partitions
-from pipelines.resources import ComputeResource, CubeResource
-from pipelines.tasks import render_quicklooks
+from pipelines.resources import CubeResource
 
-QUICKLOOKS_KEY = dg.AssetKey(["cube", "quicklooks"])
 AVAILABILITY_REPORT_KEY = dg.AssetKey(["cube", "availability_report"])
-
-THUMBNAIL_PX = 200
-"""Longest side of the quick-look thumbnails embedded in the Dagster UI."""
 
 HEATMAP_PREVIEW_PX = 800
 """Longest side of the heatmap preview embedded in the Dagster UI (the file is full size)."""
 
 
-def _previews(written: dict[str, str]) -> str:
-    parts = []
-    for code, path in written.items():
-        with Image.open(path) as image:
-            parts.append(f"**{code}**\n\n![{code}]({png_data_uri(image, THUMBNAIL_PX)})")
-    return "\n\n".join(parts) or "no image chips this year"
-
-
 def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
-    """Quick-looks per city-year and the availability report of the published release."""
-    image_codes = [m.code for m in catalogue.enabled() if m.is_image]
-
-    @dg.asset(
-        key=QUICKLOOKS_KEY,
-        partitions_def=city_year_partitions,
-        deps=[modality_asset_key(code) for code in image_codes],
-        backfill_policy=SINGLE_RUN,
-        group_name="reports",
-        kinds={"python", "png"},
-    )
-    def quicklooks(
-        context: dg.AssetExecutionContext, cube: CubeResource, compute: ComputeResource
-    ) -> None:
-        """City-wide PNG quick-looks of each image modality, in fixed (never stretched) colours."""
-        release = cube.release()
-        many = len(context.partition_keys) > 1
-        run_partitions(
-            context,
-            compute,
-            city_year_partitions,
-            render_quicklooks,
-            lambda city, year: (catalogue, image_codes, city, year, release),
-            lambda result: {
-                "paths": result["written"],
-                "skipped": result["skipped"],
-                "count": len(result["written"]),
-                # thumbnails only when one city-year is materialised (a backfill's hundreds of
-                # previews would bloat the event log)
-                "preview": None if many else dg.MetadataValue.md(_previews(result["written"])),
-            },
-        )
+    """The availability report of the published release."""
 
     @dg.asset(
         key=AVAILABILITY_REPORT_KEY,
@@ -73,6 +24,12 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
     )
     def availability_report(cube: CubeResource) -> dg.MaterializeResult:
         """Availability by modality and by city (CSV + markdown) and a city × year heatmap."""
+        import pandas as pd
+        from PIL import Image
+
+        from citycube.render import png_data_uri
+        from citycube.report import write_report
+
         release = cube.release()
         paths = write_report(release, catalogue)
         modality_md = paths["modality_md"].read_text(encoding="utf-8")
@@ -92,4 +49,4 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
             }
         )
 
-    return [quicklooks, availability_report]
+    return [availability_report]

@@ -1,14 +1,27 @@
-"""Source assets: each product fetched once per city and source period into the data root."""
+"""Source assets: each product fetched once per city and source period into the data root.
+
+One multi-asset per partitioning (static products by city, 5-year products by city × epoch,
+the rest by city × year), so a backfill's step hands every product's partitions to the workers
+at once; each product stays its own asset, with its own lineage, metadata and code version.
+"""
 
 import hashlib
+from collections.abc import Iterator
 
 import dagster as dg
 
-from assets.common import SINGLE_RUN, SOURCE_RETRY, run_partitions, source_asset_key
+from assets.common import (
+    SINGLE_RUN,
+    SOURCE_RETRY,
+    Plan,
+    materialized,
+    run_partitions,
+    source_asset_key,
+)
 from citycube.catalogue import Catalogue, Temporal
 from citycube.cities import load_cities
 from citycube.products import load_products
-from pipelines.partitions import period_partitions
+from pipelines.partitions import PartitionsDef, period_partitions
 from pipelines.resources import ComputeResource, CubeResource
 from pipelines.tasks import fetch_source
 
@@ -53,49 +66,85 @@ def _code_version(product: str) -> str:
     return f"{SOURCE_PROTOCOL_VERSION}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-def build_source_asset(product: str, catalogue: Catalogue) -> dg.AssetsDefinition:
-    """One asset per product, partitioned by the product's source period."""
-    temporal = product_temporal(product, catalogue)
-    partitions = period_partitions(temporal)
-    readers = cities_reading(product, catalogue)
+def _spec(product: str, temporal: Temporal) -> dg.AssetSpec:
+    return dg.AssetSpec(
+        source_asset_key(product),
+        group_name="sources",
+        kinds={"python"},
+        code_version=_code_version(product),
+        description=(
+            f"`{product}` for each city and {temporal.value} source period, fetched into the "
+            "data root through the adapter the source set picks."
+        ),
+    )
 
-    @dg.asset(
-        key=source_asset_key(product),
+
+def build_sources_asset(
+    name: str, products: list[str], partitions: PartitionsDef, catalogue: Catalogue
+) -> dg.AssetsDefinition:
+    """The source products of one partitioning, as one multi-asset."""
+    temporals = {p: product_temporal(p, catalogue) for p in products}
+    readers = {p: cities_reading(p, catalogue) for p in products}
+
+    @dg.multi_asset(
+        name=name,
+        specs=[_spec(p, temporals[p]) for p in products],
         partitions_def=partitions,
         backfill_policy=SINGLE_RUN,
         retry_policy=SOURCE_RETRY,
-        code_version=_code_version(product),
-        group_name="sources",
-        kinds={"python"},
-        description=(
-            f"Fetch `{product}` for each city and {temporal.value} source period into the "
-            "data root (through the adapter the source set picks)."
-        ),
+        can_subset=True,
     )
-    def _source(
+    def _sources(
         context: dg.AssetExecutionContext, cube: CubeResource, compute: ComputeResource
-    ) -> None:
-        sources, release = cube.sources(), cube.release()
+    ) -> Iterator[dg.MaterializeResult]:
+        sources, release = cube.sources_for_tasks(), cube.release()
+
+        def plan(product: str) -> Plan:
+            return Plan(
+                lambda city, period: (
+                    sources,
+                    product,
+                    temporals[product],
+                    city,
+                    period,
+                    city in readers[product],
+                    release,
+                )
+            )
+
         run_partitions(
             context,
             compute,
             partitions,
             fetch_source,
-            lambda city, period: (
-                sources,
-                product,
-                temporal,
-                city,
-                period,
-                city in readers,
-                release,
-            ),
-            lambda result: result,
+            {source_asset_key(p): plan(p) for p in products},
         )
+        yield from materialized(context)
 
-    return _source
+    return _sources
 
 
 def build_source_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
-    """A source asset for every product the enabled modalities read."""
-    return [build_source_asset(p, catalogue) for p in enabled_products(catalogue)]
+    """One multi-asset per partitioning, over every product the enabled modalities read."""
+    groups: dict[str, list[str]] = {}
+    for product in enabled_products(catalogue):
+        groups.setdefault(product_temporal(product, catalogue).value, []).append(product)
+    by_partitions: dict[str, tuple[PartitionsDef, list[str]]] = {}
+    for temporal, products in groups.items():
+        partitions = period_partitions(Temporal(temporal))
+        name = _partitioning_name(partitions)
+        by_partitions.setdefault(name, (partitions, []))[1].extend(products)
+    return [
+        build_sources_asset(f"sources_{name}", products, partitions, catalogue)
+        for name, (partitions, products) in sorted(by_partitions.items())
+    ]
+
+
+def _partitioning_name(partitions: PartitionsDef) -> str:
+    from pipelines.partitions import city_epoch_partitions, city_partitions
+
+    if partitions == city_partitions:
+        return "static"
+    if partitions == city_epoch_partitions:
+        return "epoch"
+    return "annual"

@@ -49,11 +49,12 @@ def citycube_build(
 
 
 def partitions_materialized(output: str) -> int:
-    """Asset partitions a build reported done, from its progress lines."""
-    finals: dict[str, int] = {}
-    for step, done in re.findall(r"\]\s+(\S+): (\d+)/\d+ partitions", output):
-        finals[step] = max(finals.get(step, 0), int(done))
-    return sum(finals.values())
+    """Asset partitions a build reported done: each step's last progress line (done = all)."""
+    return sum(
+        int(done)
+        for done, total in re.findall(r"\]\s+\S+: (\d+)/(\d+) partitions", output)
+        if done == total
+    )
 
 
 def _map(client: Any, function: Callable[..., Any], tasks: Iterable[tuple[Any, ...]]) -> None:
@@ -67,16 +68,16 @@ def direct_build(
 ) -> float:
     """The same partition work as a build, straight on dask with no Dagster; seconds.
 
-    Sources must already be fetched (this is the processing baseline). Derived results per
-    source period, observations and quick-looks per city-year, then tiles, database, checks and
+    Sources must already be fetched (this is the processing baseline). Derived results and
+    quick-looks per source period, observations per city-year, then tiles, database, checks and
     the report, in the order the build's runs do them.
     """
     import duckdb
 
     from citycube import checks
-    from citycube.process import derive, write_observations
+    from citycube.process import write_observations
     from citycube.report import write_report
-    from pipelines.tasks import render_quicklooks
+    from pipelines.tasks import derive_with_quicklook
     from sources import load_source_set
 
     catalogue = load_catalogue()
@@ -86,12 +87,9 @@ def direct_build(
     for modality in catalogue.enabled():
         periods = {period_of(modality.temporal, y) for y in years}  # {None} when static
         tasks = [(modality, catalogue, c, p, sources, release) for c in cities for p in periods]
-        _map(client, derive, tasks)
+        _map(client, derive_with_quicklook, tasks)
     for modality in catalogue.enabled():
         _map(client, write_observations, [(modality, c, y, release) for c in cities for y in years])
-    codes = [m.code for m in catalogue.enabled() if m.is_image]
-    looks = [(catalogue, codes, c, y, release) for c in cities for y in years]
-    _map(client, render_quicklooks, looks)
     write_tiles(release)
     meta = release_metadata(release, source_set=sources.name, synthetic=sources.synthetic)
     path = build_duckdb(release, catalogue, meta)

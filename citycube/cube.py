@@ -17,21 +17,19 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
-import geopandas as gpd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import shapely
-from pyproj import Transformer
-from shapely.geometry import box
 
 from citycube.catalogue import Catalogue, catalogue_digest
 from citycube.cities import SCALES, load_cities
 from citycube.errors import CubeWriteError
-from citycube.grids import city_grid
 from citycube.scratch import owned_name, remove_dead_leftovers
+
+if TYPE_CHECKING:  # imported where used: the release layout alone should load light
+    import duckdb
+    import geopandas as gpd
 
 OBSERVATION_SCHEMA = pa.schema(
     [
@@ -131,6 +129,10 @@ class Release:
         """Zarr store of one modality, city and source year (or 'static')."""
         return self.root / "chips" / modality / city / f"{label}.zarr"
 
+    def quicklook_file(self, modality: str, city: str, label: str) -> Path:
+        """Fixed-colour PNG mosaic of one chip store (source year, epoch start or 'static')."""
+        return self.root / "quicklooks" / modality / city / f"{label}.png"
+
     def derived_file(self, modality: str, city: str, label: str) -> Path:
         """Per-tile results for one source year, reused by every calendar year it serves."""
         return self.root / "derived" / modality / city / f"{label}.parquet"
@@ -176,6 +178,13 @@ def tiles_frame(cities: Iterable[str] | None = None) -> gpd.GeoDataFrame:
     geometry is WGS84 (densified edges) and the UTM bounds travel as plain columns with the
     city's EPSG code.
     """
+    import geopandas as gpd
+    import shapely
+    from pyproj import Transformer
+    from shapely.geometry import box
+
+    from citycube.grids import city_grid
+
     rows: list[dict[str, Any]] = []
     geoms = []
     for key in cities or load_cities():
@@ -281,6 +290,8 @@ def build_duckdb(
     Views use absolute paths, so ``duckdb <release>/cube.duckdb`` works from any directory;
     after moving a release, rebuild it with ``citycube views``.
     """
+    import duckdb
+
     path = path or release.duckdb_file
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = owned_name(path)

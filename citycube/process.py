@@ -16,7 +16,6 @@ served each product, never from the name of a backend.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -76,14 +75,12 @@ from citycube.vectors import (
     rasterize_block,
     tile_index,
 )
+from citycube.versions import ENGINE_VERSION, modality_digest
 
 ProgressFn = Callable[[str], None]
 
 RESULT_COLUMNS = ["tile_id", "scale", "field", "value", "valid_fraction", "reason"]
 PROVENANCE_COLUMNS = ["product", "source_year", "source_id", "source_version", "synthetic"]
-ENGINE_VERSION = "2026.12.1"
-"""Version of the processing engine. Part of every derived result's signature and of the
-modality assets' code versions: bump it when a change to the engine changes results."""
 
 
 def _meets(valid_fraction: float, threshold: float) -> bool:
@@ -484,33 +481,6 @@ def _compute(
     else:
         frame = _numeric_results(modality, city, item, fields, release)
     return _apply_conversions(frame, fields, city, item.source_year, aux)
-
-
-def modality_digest(modality: ModalitySpec, catalogue: Catalogue) -> str:
-    """Digest of everything that defines a modality's results.
-
-    Its spec (fields, validity rules and thresholds, aggregation, chip, rendering), the legends
-    it refers to and the specs of the products it reads. Editing any of them changes the digest,
-    and with it the modality assets' code version and every derived result's signature.
-    """
-    products = load_products()
-    legends = {modality.validity.legend, modality.render.legend} - {None}
-    used = [*modality.products(), *modality.auxiliary_products]
-    parts = {
-        "modality": modality.model_dump(mode="json"),
-        "legends": {
-            name: {str(k): v.model_dump(mode="json") for k, v in catalogue.legends[name].items()}
-            for name in sorted(n for n in legends if n is not None)
-        },
-        "products": {p: products[p].model_dump(mode="json") for p in used if p in products},
-    }
-    text = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def modality_code_version(modality: ModalitySpec, catalogue: Catalogue) -> str:
-    """Code version of a modality's derived and observation assets: engine + spec digest."""
-    return f"{ENGINE_VERSION}-{modality_digest(modality, catalogue)}"
 
 
 @dataclass(frozen=True)

@@ -372,7 +372,20 @@ def render_mosaic(
     year: int,
     max_size: int = 1024,
 ) -> np.ndarray:
-    """The whole city chip store as one RGBA quick-look with faint 2 km tile-grid lines.
+    """The quick-look of the chip store that serves a city-year (see ``render_store``)."""
+    city = get_city(city).key
+    modality = _image_modality(catalogue, modality_code)
+    index = _chip_index(release, modality, city, year)
+    stores = set(pq.read_table(index, columns=["store"]).column("store").to_pylist())
+    if len(stores) != 1:
+        raise ChipsNotFoundError(f"{index} names {len(stores)} chip stores; expected one")
+    return render_store(release.root / stores.pop(), catalogue, modality.code, city, max_size)
+
+
+def render_store(
+    store: Path, catalogue: Catalogue, modality_code: str, city: str, max_size: int = 1024
+) -> np.ndarray:
+    """A whole city chip store as one RGBA quick-look with faint 2 km tile-grid lines.
 
     The store is decimated by an integer stride (every n-th pixel, so categorical ids are
     never mixed) until both sides are ≤ ``max_size``, and read by row bands of whole store
@@ -383,15 +396,11 @@ def render_mosaic(
     city = get_city(city).key
     modality = _image_modality(catalogue, modality_code)
     assert modality.chip is not None
-    index = _chip_index(release, modality, city, year)
-    stores = set(pq.read_table(index, columns=["store"]).column("store").to_pylist())
-    if len(stores) != 1:
-        raise ChipsNotFoundError(f"{index} names {len(stores)} chip stores; expected one")
     grid = pixel_grid(city, modality.chip.resolution_m)
     stride = max(1, math.ceil(max(grid.height, grid.width) / max_size))
     out_h, out_w = math.ceil(grid.height / stride), math.ceil(grid.width / stride)
     rgba = np.zeros((out_h, out_w, 4), dtype=np.uint8)
-    with open_chips(release.root / stores.pop()) as chips:
+    with open_chips(store) as chips:
         if (chips.sizes["y"], chips.sizes["x"]) != grid.shape:
             raise ChipsNotFoundError(
                 f"the {modality.code} store for {city} has shape "

@@ -41,12 +41,18 @@ TICK_S = 1.0
 """Seconds between backfill iterations when the build drives the backfill itself."""
 DAEMON_FRESH_S = 60.0
 """A daemon heartbeat younger than this means a daemon serves the instance."""
-MAX_CONCURRENT_RUNS = 4
+MAX_CONCURRENT_RUNS = 8
 """Runs the queued run coordinator lets execute at once; the work itself is bounded by the
 dask workers, so this only bounds how many runs wait on them."""
 FORCED_STOP_GRACE_S = 20.0
 """After a forced stop, seconds to wait for runs to report their end before marking them."""
 EXIT_STOPPED = 130
+WORKER_PRELOAD = "pipelines.worker_preload"
+"""Module every dask worker imports as it starts, so its first task does not pay for it."""
+DAGSTER_SETTINGS = {"DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true"}
+"""Environment for every Dagster process of a build (and of `make dev`): a run of a single-run
+backfill plans one event per asset with its partition range, not one per partition — for the
+whole calendar that is some 20,000 fewer SQLite writes before the runs even start."""
 
 DAGSTER_YAML = f"""\
 # Written by `citycube dagster-home`; edit freely, it is not overwritten.
@@ -196,12 +202,14 @@ def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[str]:
     from dask.distributed import LocalCluster
 
     cluster = LocalCluster(
-        n_workers=request.workers,
+        n_workers=0,
         threads_per_worker=1,
         processes=True,
         dashboard_address=None,
         silence_logs=logging.ERROR,
+        preload=[WORKER_PRELOAD],
     )
+    cluster.scale(request.workers)  # workers start (and import) while the build sets up
     try:
         print(
             f"dask: LocalCluster with {request.workers} workers at {cluster.scheduler_address}",
@@ -296,6 +304,10 @@ class ProgressPrinter:
         self.start = time.time()
         self.cursors: dict[str, str | None] = {}
         self.names: dict[str, str] = {}
+        self.done: set[str] = set()
+        """Runs that ended and whose every event has been read."""
+        self.current: list[Any] = []
+        """The backfill's runs as last read, oldest first."""
         self.report = BuildReport()
 
     def line(self, text: str, at: float | None = None) -> None:
@@ -304,19 +316,32 @@ class ProgressPrinter:
         print(f"[{elapsed:6.1f}s] {text}", file=self.out, flush=True)
 
     def runs(self) -> list[Any]:
-        """The backfill's runs, oldest first."""
+        """The backfill's runs, oldest first (read again)."""
         import dagster as dg
 
         tags = {BACKFILL_TAG: self.backfill_id}
-        return list(reversed(self.instance.get_runs(filters=dg.RunsFilter(tags=tags))))
+        self.current = list(reversed(self.instance.get_runs(filters=dg.RunsFilter(tags=tags))))
+        return self.current
 
     def poll(self) -> None:
-        """Print every new event worth a line."""
+        """Read the runs once and print every new event worth a line."""
         for run in self.runs():
+            if run.run_id in self.done:
+                continue
             if run.run_id not in self.names:
                 self.names[run.run_id] = f"run {len(self.names) + 1} ({run.run_id[:8]})"
                 self.cursors[run.run_id] = None
             self._events(run)
+            if run.is_finished:  # its last events were written before its status changed
+                self.done.add(run.run_id)
+
+    def in_flight(self) -> bool:
+        """True while a run read by the last ``poll`` is queued, starting or running."""
+        return any(not run.is_finished for run in self.current)
+
+    def queued(self) -> bool:
+        """True when a run read by the last ``poll`` waits in the run queue."""
+        return any(run.status.value == "QUEUED" for run in self.current)
 
     def _events(self, run: Any) -> None:
         from dagster import DagsterEventType
@@ -407,14 +432,18 @@ def drive_backfill(
     target = WorkspaceFileTarget(paths=[str(WORKSPACE_FILE)])
     with WorkspaceProcessContext(instance, target) as workspace:
         while True:
-            if own:
+            # Ticked only between waves of runs: every run that becomes possible when a wave
+            # ends is then requested in one iteration, instead of a small run each time one of
+            # the wave's runs happens to finish (each run is a process that loads the code).
+            if own and (stop.graceful or not printer.in_flight()):
                 for error in execute_backfill_iteration(workspace, quiet):
                     if error is not None:
                         printer.line(f"backfill error: {error.message.strip()}")
-                if queued:
-                    for error in queue.run_iteration(workspace):
-                        if error is not None and hasattr(error, "message"):
-                            printer.line(f"run queue error: {error.message.strip()}")
+                printer.runs()
+            if own and queued and printer.queued():
+                for error in queue.run_iteration(workspace):
+                    if error is not None and hasattr(error, "message"):
+                        printer.line(f"run queue error: {error.message.strip()}")
             printer.poll()
             backfill = instance.get_backfill(backfill_id)
             if backfill.status in BULK_ACTION_TERMINAL_STATUSES:
@@ -458,6 +487,7 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     stop = StopFlags()
     stop.install()
     _stop_with_parent()
+    os.environ.update(DAGSTER_SETTINGS)
     started = time.monotonic()
     build_id = f"{os.getpid()}-{time.time_ns()}"
     instance = dg.DagsterInstance.get()

@@ -7,7 +7,6 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from pydantic import PrivateAttr
 from citycube.catalogue import Catalogue, load_catalogue
 from citycube.cube import Release
 from citycube.sources import SourceSet
+from sources import SourceSetSpecFile, resolve_sources
 
 DEFAULT_RELEASE = "sample-0.1.0"
 SOURCE_SET_ENV = "CITYCUBE_SOURCE_SET"
@@ -27,13 +27,6 @@ WORKERS_ENV = "CITYCUBE_WORKERS"
 """Worker processes of the local dask cluster a run starts when no scheduler is given."""
 PROGRESS_EVERY_S = 10.0
 """Seconds between progress lines of a long step."""
-
-
-@cache
-def _source_set(path: str) -> SourceSet:
-    from sources import load_source_set
-
-    return load_source_set(path or None)
 
 
 class CubeResource(dg.ConfigurableResource):
@@ -51,7 +44,11 @@ class CubeResource(dg.ConfigurableResource):
 
     def sources(self) -> SourceSet:
         """One adapter per product, as the source-set spec says."""
-        return _source_set(self.source_set or os.environ.get(SOURCE_SET_ENV, ""))
+        return resolve_sources(self.sources_for_tasks())
+
+    def sources_for_tasks(self) -> SourceSet | SourceSetSpecFile:
+        """What steps hand to their tasks: the spec file, which each worker builds once."""
+        return SourceSetSpecFile(self.source_set or os.environ.get(SOURCE_SET_ENV, ""))
 
     def catalogue(self) -> Catalogue:
         """The validated modality catalogue."""
@@ -120,6 +117,7 @@ class ComputeResource(dg.ConfigurableResource):
                     processes=True,
                     dashboard_address=None,
                     silence_logs=logging.ERROR,
+                    preload=["pipelines.worker_preload"],
                 )
                 self._client = Client(self._cluster)
         return self._client

@@ -1,27 +1,30 @@
 """One partition's work, as plain functions that dask workers can import and run.
 
 Each asset step hands one of these per partition to the compute resource. They take plain,
-picklable values (specs, the source set, the release) and call the pure core; nothing here
-imports Dagster, so a worker process stays light.
+picklable values (specs, the source set, the release), call the pure core and return plain
+metadata. Nothing here imports Dagster, and the raster and vector stack is imported inside the
+functions, where the work runs: a run's own process only names them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from citycube.catalogue import Catalogue, Temporal
-from citycube.cube import Release
-from citycube.errors import ChipsNotFoundError, SourceUnavailableError
-from citycube.render import render_mosaic, write_png
-from citycube.sources import SourceSet
+from citycube.catalogue import Catalogue, ModalitySpec, Temporal
+from citycube.errors import SourceUnavailableError
 from citycube.temporal import resolve
+from sources import SourceSetSpecFile, resolve_sources
+
+if TYPE_CHECKING:
+    from citycube.cube import Release
+    from citycube.sources import SourceSet
 
 QUICKLOOK_MAX_PX = 1024
 """Longest side of a quick-look PNG."""
 
 
 def fetch_source(
-    sources: SourceSet,
+    sources: SourceSet | SourceSetSpecFile,
     product: str,
     temporal: Temporal,
     city: str,
@@ -34,7 +37,7 @@ def fetch_source(
     A period the product does not publish, or a product no modality reads for this city, is
     recorded as such (with a reason) rather than fetched.
     """
-    adapter = sources.product(product)
+    adapter = resolve_sources(sources).product(product)
     base: dict[str, Any] = {
         "source_id": adapter.info.source_id,
         "synthetic": adapter.info.synthetic,
@@ -62,18 +65,36 @@ def fetch_source(
     }
 
 
-def render_quicklooks(
-    catalogue: Catalogue, codes: list[str], city: str, year: int, release: Release
-) -> dict[str, dict[str, str]]:
-    """Write the quick-look PNG of every image modality with chips for a city-year."""
-    written: dict[str, str] = {}
-    skipped: dict[str, str] = {}
-    for code in codes:
-        try:
-            rgba = render_mosaic(release, catalogue, code, city, year, max_size=QUICKLOOK_MAX_PX)
-        except ChipsNotFoundError as exc:
-            skipped[code] = exc.message
-            continue
-        path = write_png(release.root / "quicklooks" / code / city / f"{year}.png", rgba)
-        written[code] = str(path)
-    return {"written": written, "skipped": skipped}
+def derive_with_quicklook(
+    modality: ModalitySpec,
+    catalogue: Catalogue,
+    city: str,
+    period: int | None,
+    sources: SourceSet | SourceSetSpecFile,
+    release: Release,
+) -> dict[str, Any]:
+    """Derive (or keep) one source period's results and render its chips' quick-look once.
+
+    A quick-look belongs to a chip store, so it is made per source period too: a static DEM
+    gets one, not one per calendar year.
+    """
+    from citycube.process import derive
+    from citycube.render import render_store, write_png
+
+    summary = derive(modality, catalogue, city, period, resolve_sources(sources), release)
+    metadata = summary.as_metadata()
+    png = release.quicklook_file(modality.code, city, summary.label)
+    if not summary.chips:
+        png.unlink(missing_ok=True)
+        return metadata
+    if not (summary.reused and png.exists()):
+        store = release.chip_store(modality.code, city, summary.label)
+        write_png(png, render_store(store, catalogue, modality.code, city, QUICKLOOK_MAX_PX))
+    return {**metadata, "quicklook": str(png)}
+
+
+def observe(modality: ModalitySpec, city: str, year: int, release: Release) -> dict[str, Any]:
+    """Write one modality's observations for a city-year from its derived results."""
+    from citycube.process import write_observations
+
+    return write_observations(modality, city, year, release).as_metadata()

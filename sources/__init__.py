@@ -8,6 +8,8 @@ returns its adapters for the family's options.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -59,4 +61,37 @@ def load_source_set(path: str | Path | None = None) -> SourceSet:
     return build_source_set(load_source_set_spec(path))
 
 
-__all__ = ["FAMILIES", "build_source_set", "load_source_set"]
+@cache
+def _cached_source_set(path: str) -> SourceSet:
+    return load_source_set(path or None)
+
+
+@dataclass(frozen=True)
+class SourceSetSpecFile:
+    """A source set named by its spec file, built where it is used.
+
+    Steps hand this to their tasks instead of the set itself, so a run's own process never
+    imports the adapters (the sample generators pull in the whole raster stack); each worker
+    builds the set once.
+    """
+
+    path: str
+    """Spec file; empty: the packaged default."""
+
+    def load(self) -> SourceSet:
+        """The source set (built once per process)."""
+        return _cached_source_set(self.path)
+
+
+def resolve_sources(sources: SourceSet | SourceSetSpecFile) -> SourceSet:
+    """A task's source set, whether it was handed over built or by its spec file."""
+    return sources.load() if isinstance(sources, SourceSetSpecFile) else sources
+
+
+__all__ = [
+    "FAMILIES",
+    "SourceSetSpecFile",
+    "build_source_set",
+    "load_source_set",
+    "resolve_sources",
+]

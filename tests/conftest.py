@@ -129,3 +129,33 @@ def file_server(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def materialize_keys(
+    definitions: object,
+    keys: list[str],
+    partition: str | None = None,
+    *,
+    resources: dict[str, object],
+    instance: object | None = None,
+    tags: dict[str, str] | None = None,
+    raise_on_error: bool = True,
+) -> object:
+    """Materialise some assets of a Definitions (by 'group/name' keys) for one partition."""
+    import dagster as dg
+
+    graph = definitions.resolve_asset_graph()  # type: ignore[attr-defined]
+    asset_keys = [dg.AssetKey(k.split("/")) for k in keys]
+    partition_key: str | None = partition
+    partitions = graph.get(asset_keys[0]).partitions_def
+    if partition is not None and isinstance(partitions, dg.MultiPartitionsDefinition):
+        partition_key = partitions.get_partition_key_from_str(partition)
+    return dg.materialize(
+        list(definitions.assets),  # type: ignore[attr-defined]
+        selection=dg.AssetSelection.assets(*asset_keys),
+        partition_key=partition_key,
+        resources=resources,
+        instance=instance or dg.DagsterInstance.ephemeral(),
+        tags=tags,
+        raise_on_error=raise_on_error,
+    )

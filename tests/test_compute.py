@@ -12,6 +12,7 @@ import pytest
 
 from citycube.errors import SourceReadError
 from pipelines.resources import ComputeResource, CubeResource
+from tests.conftest import materialize_keys
 
 LOG = logging.getLogger("test")
 
@@ -57,10 +58,10 @@ def test_a_partition_range_builds_through_a_two_worker_local_cluster(tmp_path: P
         }
     )
     keys = ["sources/odiac", "derived/co2"]
-    result = dg.materialize(
-        [a for a in defs.assets if a.key.to_user_string() in keys],  # type: ignore[union-attr]
-        resources=defs.resources,
-        instance=dg.DagsterInstance.ephemeral(),
+    result = materialize_keys(
+        defs,
+        keys,
+        resources=dict(defs.resources),  # type: ignore[arg-type]
         tags={
             "dagster/asset_partition_range_start": "Boston|2019",
             "dagster/asset_partition_range_end": "Boston|2020",

@@ -37,7 +37,7 @@ from citycube.render import (
     render_tile,
     write_png,
 )
-from tests.conftest import LocalFilesBackend, write_tif
+from tests.conftest import LocalFilesBackend, materialize_keys, write_tif
 
 CAT = load_catalogue()
 CITY = "Amsterdam"  # 2 km grid 10×14; the 25 m pixel grid is 800×1200
@@ -314,24 +314,26 @@ def test_cli_render_writes_the_tile_and_legend(
     assert main([*base, "--tile", TILE]) == 2
 
 
-def test_quicklooks_asset_writes_one_png_per_image_modality(release: Release) -> None:
-    from assets.reports import QUICKLOOKS_KEY, build_report_assets
-    from pipelines.partitions import city_year_key
+def test_each_source_periods_chips_get_one_quicklook(tmp_path: Path) -> None:
+    """The derived assets render a quick-look per chip store: one for the static DEM, one for
+    each year of OPT; the UI gets a thumbnail when one partition is materialised."""
+    from pipelines.definitions import build_definitions
     from pipelines.resources import ComputeResource, CubeResource
 
-    (quicklooks,) = [a for a in build_report_assets(CAT) if a.key == QUICKLOOKS_KEY]
-    cube = CubeResource(data_root=str(release.data_root), release_version=release.version)
-    result = dg.materialize(
-        [quicklooks],
-        partition_key=city_year_key(CITY, 2020),
-        resources={"cube": cube, "compute": ComputeResource(workers=1)},
-        instance=dg.DagsterInstance.ephemeral(),
-    )
-    assert result.success
-    meta = result.get_asset_materialization_events()[0].materialization.metadata
-    written = meta["paths"].value
-    assert set(written) == {"OPT", "LC", "DEM"}
-    for code in written:
-        path = release.root / "quicklooks" / code / CITY / "2020.png"
+    cube = CubeResource(data_root=str(tmp_path / "data"), release_version="t")
+    resources = {"cube": cube, "compute": ComputeResource(workers=1)}
+    definitions = build_definitions(CAT)
+    instance = dg.DagsterInstance.ephemeral()
+    for key, partition in (("derived/dem", CITY), ("derived/opt", f"{CITY}|2020")):
+        result = materialize_keys(
+            definitions, [key], partition, resources=resources, instance=instance
+        )
+        meta = result.get_asset_materialization_events()[0].materialization.metadata  # type: ignore[attr-defined]
+        assert meta["preview"].value.startswith("![quick-look](data:image/png;base64,")
+    release = cube.release()
+    for code, label in (("DEM", "static"), ("OPT", "2020")):
+        path = release.quicklook_file(code, CITY, label)
         assert path.exists() and max(Image.open(path).size) <= 1024
-    assert meta["preview"].value.count("data:image/png;base64,") == 3
+    assert sorted(p.name for p in (release.root / "quicklooks" / "DEM" / CITY).iterdir()) == [
+        "static.png"
+    ]

@@ -7,7 +7,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from assets.sources import build_source_asset
+from assets.common import source_asset_key
+from assets.sources import build_source_assets
 from citycube.catalogue import load_catalogue
 from citycube.errors import SourceFetchError, SourceReadError
 from citycube.sources import SourceItem, SourceSet
@@ -47,12 +48,14 @@ def _materialize(tmp_path: Path, error: Exception, failures: int) -> dg.ExecuteI
     )
 
     class FlakyCube(CubeResource):
-        def sources(self) -> SourceSet:
+        def sources_for_tasks(self) -> SourceSet:
             return SourceSet([flaky], name="flaky")
 
     cube = FlakyCube(data_root=str(tmp_path / "data"), release_version="t")
+    (annual,) = [a for a in build_source_assets(CAT) if source_asset_key("odiac") in a.keys]
     return dg.materialize(
-        [build_source_asset("odiac", CAT)],
+        [annual],
+        selection=[source_asset_key("odiac")],
         partition_key=city_year_key(CITY, 2020),
         resources={"cube": cube, "compute": ComputeResource(workers=1)},
         instance=dg.DagsterInstance.ephemeral(),

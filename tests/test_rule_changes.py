@@ -15,8 +15,9 @@ from affine import Affine
 from citycube.catalogue import Catalogue, ModalitySpec, load_catalogue
 from citycube.cube import Release
 from citycube.grids import city_grid
-from citycube.process import derive, modality_code_version, write_observations
-from tests.conftest import LocalFilesBackend
+from citycube.process import derive, write_observations
+from citycube.versions import modality_code_version
+from tests.conftest import LocalFilesBackend, materialize_keys
 
 CITY = "Amsterdam"
 CAT = load_catalogue()
@@ -103,19 +104,16 @@ def test_dagster_marks_exactly_the_edited_modality_and_its_readers_stale(tmp_pat
     }
     built = build_definitions(CAT, resources=resources)
     edited = build_definitions(_catalogue_with(_with_threshold(CAT.get("POP"), 0.4)))
-    by_key = {a.key.to_user_string(): a for a in built.assets}  # type: ignore[union-attr]
     instance = dg.DagsterInstance.ephemeral()
     stages = [
         ["sources/ghs_pop", "sources/ghs_built_v", "derived/pop", "derived/bv"],  # city × epoch
         ["modalities/pop", "modalities/bv"],  # city × year
     ]
     for keys in stages:
-        selected = [by_key[k] for k in keys]
-        partitions = selected[0].partitions_def
-        assert partitions is not None
-        key = partitions.get_partition_key_from_str("Amsterdam|2020")
-        result = dg.materialize(selected, resources=resources, instance=instance, partition_key=key)
-        assert result.success
+        result = materialize_keys(
+            built, keys, "Amsterdam|2020", resources=resources, instance=instance
+        )
+        assert result.success  # type: ignore[attr-defined]
 
     def statuses(definitions: dg.Definitions) -> dict[str, StaleStatus]:
         resolver = get_stale_status_resolver(instance, list(definitions.assets))  # type: ignore[arg-type]
