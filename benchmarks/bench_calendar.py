@@ -8,7 +8,10 @@ of the calendar once, in 2 processes — the lower bound of any processing of th
 
 from __future__ import annotations
 
+import contextlib
+import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks import BenchConfig, BenchResult, log
@@ -17,20 +20,38 @@ from benchmarks.builds import citycube_build, decode_files, partitions_materiali
 WORKERS = 2
 PREVIOUS_CALENDAR_S = 3811.0
 """The whole calendar's build time before the backfill and dask execution (63 min 31 s)."""
+KEEP_ENV = "CITYCUBE_BENCH_CALENDAR_DIR"
+"""Where to build the calendar and keep it (data root, DAGSTER_HOME with the build logs) for
+inspection afterwards; unset: a temporary directory, removed at the end."""
+
+
+@contextlib.contextmanager
+def _work_dir() -> Iterator[Path]:
+    kept = os.environ.get(KEEP_ENV, "")
+    if kept:
+        path = Path(kept).resolve()
+        if path.exists() and any(path.iterdir()):
+            raise RuntimeError(f"{KEEP_ENV}={path} is not empty; the calendar starts from nothing")
+        path.mkdir(parents=True, exist_ok=True)
+        log(f"    building in {path} (kept)")
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="citycube-bench-calendar-") as tmp:
+        yield Path(tmp)
 
 
 def run(config: BenchConfig) -> BenchResult:
     """Generate, then build, the whole calendar once (it takes tens of minutes)."""
-    with tempfile.TemporaryDirectory(prefix="citycube-bench-calendar-") as tmp:
-        data = Path(tmp) / "data"
+    with _work_dir() as tmp:
+        data = tmp / "data"
         log("    generating every source of the calendar (citycube build --assets sources)")
-        generate_s, _ = citycube_build(
-            data, Path(tmp) / "home", "calendar", "all", "all", WORKERS, assets="sources"
+        generate_s, generated = citycube_build(
+            data, tmp / "home", "calendar", "all", "all", WORKERS, assets="sources"
         )
+        (tmp / "generate.out").write_text(generated, encoding="utf-8")
         log(f"    generation: {generate_s:.0f} s; building the calendar")
-        build_s, output = citycube_build(
-            data, Path(tmp) / "home", "calendar", "all", "all", WORKERS
-        )
+        build_s, output = citycube_build(data, tmp / "home", "calendar", "all", "all", WORKERS)
+        (tmp / "build.out").write_text(output, encoding="utf-8")
         partitions = partitions_materialized(output)
         files = source_files(data)
         log(f"    build: {build_s:.0f} s; decoding {len(files)} source files once")

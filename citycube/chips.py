@@ -853,12 +853,18 @@ def _uncovered(
 
 
 def open_chips(path: Path) -> xr.Dataset:
-    """Open a chip store lazily (dask-backed) with its CRS and transform decoded."""
+    """Open a chip store lazily with its CRS and transform decoded.
+
+    Not dask-backed: a selection reads just the chunks it touches when its values are asked
+    for. Inside a dask worker a dask-backed read would be sent back to the cluster as tasks of
+    its own, competing with the partition work that asked for it.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no chip store at {path}; materialise its chips asset first")
     return xr.open_zarr(
         path,
+        chunks=None,
         zarr_format=3,
         consolidated=True,
         decode_coords="all",

@@ -608,16 +608,16 @@ def _signature(
     return "|".join(parts)
 
 
-def _per_tile(results: pd.DataFrame) -> pd.DataFrame:
-    return (
-        results.assign(ok=results["reason"].isna())
-        .groupby("tile_id")
-        .agg(ok=("ok", "any"), reason=("reason", "first"))
-    )
+def _tile_counts(results: pd.DataFrame) -> tuple[int, int]:
+    """(tiles, tiles with at least one available field) of a results frame."""
+    tile_ids = results["tile_id"]
+    return int(tile_ids.nunique()), int(tile_ids[results["reason"].isna()].nunique())
 
 
 def _reason_counts(results: pd.DataFrame) -> dict[str, int]:
-    reasons = results.drop_duplicates(["tile_id", "reason"])["reason"].dropna().value_counts()
+    """Tiles per reason (a tile counts once per reason, however many fields it has)."""
+    missing = results.loc[results["reason"].notna(), ["tile_id", "reason"]]
+    reasons = missing.drop_duplicates()["reason"].value_counts()
     return {str(k): int(v) for k, v in reasons.items()}
 
 
@@ -700,14 +700,14 @@ def _derived_summary(
     reused: bool,
     chips: bool,
 ) -> DerivedSummary:
-    per_tile = _per_tile(results)
+    tiles, available_tiles = _tile_counts(results)
     return DerivedSummary(
         modality=modality.code,
         city=city,
         period=period,
         rows=len(results),
-        tiles=len(per_tile),
-        available_tiles=int(per_tile["ok"].sum()),
+        tiles=tiles,
+        available_tiles=available_tiles,
         reused=reused,
         chips=chips,
         reason_counts=_reason_counts(results),
@@ -857,15 +857,15 @@ def write_observations(
     else:
         index_file.unlink(missing_ok=True)
     path = write_parquet_atomic(table, release.observations_file(city, year, modality.code), meta)
-    per_tile = _per_tile(derived)
+    tiles, available_tiles = _tile_counts(derived)
     first_year = table["source_year"][0].as_py() if table.num_rows else None
     return PartitionSummary(
         modality=modality.code,
         city=city,
         year=year,
         rows=table.num_rows,
-        tiles=len(per_tile),
-        available_tiles=int(per_tile["ok"].sum()),
+        tiles=tiles,
+        available_tiles=available_tiles,
         basis=BASIS[modality.temporal],
         source_year=first_year,
         reason_counts=_reason_counts(derived),

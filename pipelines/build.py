@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,25 +48,31 @@ dask workers, so this only bounds how many runs wait on them."""
 FORCED_STOP_GRACE_S = 20.0
 """After a forced stop, seconds to wait for runs to report their end before marking them."""
 EXIT_STOPPED = 130
-WORKER_PRELOAD = "pipelines.worker_preload"
-"""Module every dask worker imports as it starts, so its first task does not pay for it."""
 DAGSTER_SETTINGS = {"DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true"}
 """Environment for every Dagster process of a build (and of `make dev`): a run of a single-run
 backfill plans one event per asset with its partition range, not one per partition — for the
 whole calendar that is some 20,000 fewer SQLite writes before the runs even start."""
 
-DAGSTER_YAML = f"""\
+DAGSTER_YAML = """\
 # Written by `citycube dagster-home`; edit freely, it is not overwritten.
 telemetry:
   enabled: false
+# One SQLite event log for all runs instead of one file per run plus an index: a build writes
+# tens of thousands of materialisations, and `citycube build` keeps this one file open (see
+# pipelines/build.py, sqlite_kept_open) so that each write costs a commit, not a checkpoint.
+event_log_storage:
+  module: dagster.core.storage.event_log
+  class: ConsolidatedSqliteEventLogStorage
+  config:
+    base_dir: {history}
 run_coordinator:
   module: dagster.core.run_coordinator
   class: QueuedRunCoordinator
   config:
-    max_concurrent_runs: {MAX_CONCURRENT_RUNS}
+    max_concurrent_runs: {max_runs}
     dequeue_interval_seconds: 1
     dequeue_use_threads: true
-    dequeue_num_workers: {MAX_CONCURRENT_RUNS}
+    dequeue_num_workers: {max_runs}
 """
 
 
@@ -83,10 +90,39 @@ def ensure_dagster_home(home: Path) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
-        config.write_text(DAGSTER_YAML, encoding="utf-8")
+        text = DAGSTER_YAML.format(
+            history=json.dumps(str(home / "history")), max_runs=MAX_CONCURRENT_RUNS
+        )
+        config.write_text(text, encoding="utf-8")
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))):  # creates the storage
         pass
     return home
+
+
+@contextlib.contextmanager
+def sqlite_kept_open(home: Path) -> Iterator[int]:
+    """Hold one idle connection to each SQLite database of the instance while a build runs.
+
+    Dagster's SQLite storages open and close a connection for every read and write. When the
+    connection closing is a database's last one, SQLite folds the write-ahead log back into the
+    database and deletes it, a few fsyncs each time; with the runs writing thousands of
+    materialisations at once that made each event cost 25–30 ms. While another connection stays
+    open no close is the last, the log is folded back every 1000 pages as usual, and an event
+    costs about 6 ms (`benchmarks/README.md`, orchestration). Yields how many are held.
+    """
+    import sqlite3
+
+    connections = []
+    try:
+        for path in sorted((home / "history").rglob("*.db")):
+            with contextlib.suppress(sqlite3.Error):
+                connection = sqlite3.connect(path, timeout=30, check_same_thread=False)
+                connection.execute("SELECT count(*) FROM sqlite_master").fetchall()
+                connections.append(connection)
+        yield len(connections)
+    finally:
+        for connection in connections:
+            connection.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,17 +235,9 @@ def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[str]:
     if request.workers <= 1:
         yield ""
         return
-    from dask.distributed import LocalCluster
+    from pipelines.resources import start_local_cluster
 
-    cluster = LocalCluster(
-        n_workers=0,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        silence_logs=logging.ERROR,
-        preload=[WORKER_PRELOAD],
-    )
-    cluster.scale(request.workers)  # workers start (and import) while the build sets up
+    cluster = start_local_cluster(request.workers)  # workers start while the build sets up
     try:
         print(
             f"dask: LocalCluster with {request.workers} workers at {cluster.scheduler_address}",
@@ -464,11 +492,23 @@ def drive_backfill(
 
 
 def _terminate_runs(instance: Any, printer: ProgressPrinter) -> None:
+    """Ask Dagster to terminate every unfinished run, each request in a thread of its own.
+
+    A termination request goes to the code server over gRPC; a server busy starting a run can
+    hold it for up to its gRPC timeout, and a forced stop must still end after its grace period
+    (runs that have not ended by then are recorded as canceled).
+    """
     for run in printer.runs():
         if not run.is_finished:
             printer.line(f"terminating {printer.names.get(run.run_id, run.run_id)}")
-            with contextlib.suppress(Exception):
-                instance.run_launcher.terminate(run.run_id)
+            threading.Thread(
+                target=_terminate_quietly, args=(instance, run.run_id), daemon=True
+            ).start()
+
+
+def _terminate_quietly(instance: Any, run_id: str) -> None:
+    with contextlib.suppress(Exception):
+        instance.run_launcher.terminate(run_id)
 
 
 def _mark_unfinished_canceled(instance: Any, printer: ProgressPrinter) -> None:
@@ -497,8 +537,9 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     served = daemon_serves(instance)
     if served:  # its runs start from its own code server, which this process cannot configure
         request = replace(request, workers=1)
+    home = Path(os.environ["DAGSTER_HOME"]).resolve()
     try:
-        with dask_cluster(request, out) as scheduler:
+        with sqlite_kept_open(home), dask_cluster(request, out) as scheduler:
             # The code server and the runs it launches inherit these.
             os.environ[SCHEDULER_ENV] = scheduler
             os.environ[WORKERS_ENV] = str(request.workers)

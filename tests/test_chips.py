@@ -223,7 +223,8 @@ def test_store_round_trip_keeps_georeferencing_values_and_mask(tmp_path: Path) -
     assert chips.attrs["synthetic"] is True and chips.attrs["modality"] == "OPT"
 
     opened = open_chips(tmp_path / "opt.zarr")
-    assert opened["data"].chunks is not None  # lazy, dask-backed
+    # Lazy but not dask-backed: inside a dask worker a dask read would go back to the cluster.
+    assert opened["data"].chunks is None and not opened["data"]._in_memory
     assert opened["data"].dtype == np.uint8
     assert list(opened["band"].values) == ["b0", "b1", "b2"]
     np.testing.assert_array_equal(opened["valid"].values, valid)

@@ -96,3 +96,31 @@ def test_processes_opening_a_prepared_dagster_home_at_once_never_break_it(tmp_pa
             worker.join(timeout=120)
         assert [results.get(timeout=5) for _ in workers] == ["ok"] * 3
         assert "QueuedRunCoordinator" in (home / "dagster.yaml").read_text(encoding="utf-8")
+
+
+def test_a_build_keeps_the_instance_databases_open_and_events_in_one_log(tmp_path: Path) -> None:
+    """One SQLite event log for every run, held open by the build so that the runs' writes do
+    not each fold the write-ahead log back into the database."""
+    import sqlite3
+
+    import dagster as dg
+    from dagster._core.instance.ref import InstanceRef
+
+    from pipelines.build import ensure_dagster_home, sqlite_kept_open
+
+    home = ensure_dagster_home(tmp_path / "home")
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+        assert type(instance.event_log_storage).__name__ == "ConsolidatedSqliteEventLogStorage"
+    event_log = home / "history" / "event_log.db"
+    with sqlite_kept_open(home) as held:
+        assert held == 2  # the event log and the run storage
+        writer = sqlite3.connect(event_log)
+        writer.execute("CREATE TABLE probe (x)")
+        writer.commit()
+        writer.close()  # not the last connection: the log stays, nothing is folded back
+        assert (home / "history" / "event_log.db-wal").exists()
+    writer = sqlite3.connect(event_log)
+    writer.execute("INSERT INTO probe VALUES (1)")
+    writer.commit()
+    writer.close()  # the last one: SQLite folds the log back and removes it
+    assert not (home / "history" / "event_log.db-wal").exists()

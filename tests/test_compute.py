@@ -23,6 +23,15 @@ def _pid_and_square(value: int) -> tuple[int, int]:
     return os.getpid(), value * value
 
 
+def _nested_dask(_: int) -> tuple[str, int, str | None]:
+    """What a task that computes a dask collection inside a worker runs it on."""
+    import dask
+    import dask.array as da
+
+    total = int(da.ones(10, chunks=5).sum().compute())
+    return dask.base.get_scheduler().__name__, total, os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
 def test_tasks_run_inline_with_one_worker() -> None:
     outcomes = ComputeResource(workers=1).run(
         LOG, "t", _pid_and_square, [("a", (2,)), ("b", (-1,))]
@@ -42,6 +51,11 @@ def test_tasks_run_on_a_two_worker_local_cluster() -> None:
         assert outcomes["11"].result[1] == 121
         error = outcomes["-1"].error
         assert isinstance(error, SourceReadError) and error.message == "negative input -1"
+        # Collections computed inside a task stay in it (not sent back to the cluster, where
+        # the worker would start another task meanwhile), and the workers keep glibc's
+        # adaptive allocator (dask's default MALLOC_TRIM_THRESHOLD_ is dropped).
+        nested = compute.run(LOG, "t", _nested_dask, [("n", (0,))] * 2)
+        assert [o.result for o in nested] == [("get_sync", 10, None)] * 2
     finally:
         compute.teardown_after_execution(dg.build_init_resource_context())
 
