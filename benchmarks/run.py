@@ -98,7 +98,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ),
         epilog=f"benchmarks:\n{listing}\n\n"
         "examples:\n"
-        "  python -m benchmarks.run                      # everything (~3-4 min on 2 cores)\n"
+        "  python -m benchmarks.run                      # everything (~50 min on 2 cores)\n"
         "  python -m benchmarks.run --quick              # smaller scope (~1.5 min)\n"
         "  python -m benchmarks.run --only aggregation --only memory\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
