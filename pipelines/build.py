@@ -531,13 +531,13 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     started = time.monotonic()
     build_id = f"{os.getpid()}-{time.time_ns()}"
     instance = dg.DagsterInstance.get()
-    log_file = Path(os.environ["DAGSTER_HOME"]) / "logs" / f"build-{build_id}.log"
+    home = Path(os.environ["DAGSTER_HOME"]).resolve()
+    log_file = home / "logs" / f"build-{build_id}.log"
     out = _keep_terminal_for_progress(out, log_file)
     print(f"full log of the runs and workers: {log_file}", file=out, flush=True)
     served = daemon_serves(instance)
     if served:  # its runs start from its own code server, which this process cannot configure
         request = replace(request, workers=1)
-    home = Path(os.environ["DAGSTER_HOME"]).resolve()
     try:
         with sqlite_kept_open(home), dask_cluster(request, out) as scheduler:
             # The code server and the runs it launches inherit these.

@@ -29,14 +29,14 @@ PROGRESS_EVERY_S = 10.0
 """Seconds between progress lines of a long step."""
 WORKER_PRELOAD = "pipelines.worker_preload"
 """Module every dask worker imports as it starts, so its first task does not pay for it."""
-WORKER_ENVIRON = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-"""Environment of local worker processes: dask's default without ``MALLOC_TRIM_THRESHOLD_``.
+DASK_MALLOC_VARIABLE = "MALLOC_TRIM_THRESHOLD_"
+"""Left out of the environment dask gives local worker processes (the rest is kept).
 
-dask sets that variable to 64 KiB for every worker it spawns. Setting it also freezes glibc's
-mmap threshold at 128 KiB, so every larger buffer is mapped, faulted in page by page and
-unmapped again: generating one city-year's sources then spent as long in the kernel as in
-Python (3.1 million page faults for three city-years, against 71 thousand without it).
-Processing bounds its own memory (``citycube.memory``) and needs neither."""
+dask sets it to 64 KiB for every worker it spawns. Setting it also freezes glibc's mmap
+threshold at 128 KiB, so every larger buffer is mapped, faulted in page by page and unmapped
+again: generating one city-year's sources then spent as long in the kernel as in Python (3.1
+million page faults for three city-years, against 71 thousand without it). Processing bounds
+its own memory (``citycube.memory``) and needs neither."""
 
 
 def start_local_cluster(workers: int) -> Any:
@@ -46,7 +46,9 @@ def start_local_cluster(workers: int) -> Any:
     from dask.distributed import LocalCluster
 
     # Set for the process, not a block: the nannies read it when ``scale`` creates them.
-    dask.config.set({"distributed.nanny.pre-spawn-environ": WORKER_ENVIRON})
+    key = "distributed.nanny.pre-spawn-environ"
+    environ = {k: v for k, v in dask.config.get(key).items() if k != DASK_MALLOC_VARIABLE}
+    dask.config.set({key: environ})
     cluster = LocalCluster(
         n_workers=0,
         threads_per_worker=1,
