@@ -43,6 +43,7 @@ from affine import Affine
 from rasterio.crs import CRS as RioCRS
 from rasterio.warp import Resampling, reproject, transform_bounds
 from rasterio.windows import Window
+from scipy.sparse import csr_array, sparray
 from xarray.backends.zarr import FillValueCoder, encode_zarr_attr_value
 from zarr.codecs import BytesCodec, ZstdCodec
 from zarr.codecs.bytes import Endian
@@ -262,6 +263,9 @@ def _average_with_support(
     """
     float_type = _float_type(values.dtype)
     n_bands = len(values)
+    axes = _axis_aligned_weights(geometry, valid.shape, height, width)
+    if axes is not None:
+        return _separable_average(values, valid, axes, float_type)
     together = float_type is np.float32 and not valid.all()
     stacked = np.empty((n_bands + (1 if together else 0), *valid.shape), dtype=float_type)
     stacked[:n_bands] = values
@@ -282,6 +286,72 @@ def _average_with_support(
         return out, _supported(valid, height, width, geometry)
     supported = out[n_bands] >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE  # NaN: no support
     return out[:n_bands], supported
+
+
+def _axis_aligned_weights(
+    geometry: dict[str, Any], shape: tuple[int, int], height: int, width: int
+) -> tuple[sparray, sparray] | None:
+    """Row and column area weights when source and block share a CRS and both are north-up.
+
+    Then each destination pixel's support is a rectangle of source cells, and the area
+    weight of a cell is the product of its row overlap and its column overlap: the warp is
+    two sparse products, a fraction of GDAL's generic warp (which transforms coordinates
+    pixel by pixel) for the same area-weighted average (``tests/test_chips.py``).
+    """
+    src, dst = geometry["src_transform"], geometry["dst_transform"]
+    if not (src.b == src.d == dst.b == dst.d == 0 and src.a > 0 > src.e and dst.a > 0 > dst.e):
+        return None
+    src_crs, dst_crs = geometry["src_crs"], geometry["dst_crs"]
+    if src_crs is not dst_crs and src_crs != dst_crs:
+        return None
+    rows = _overlap_weights(-src.f, -src.e, shape[0], -dst.f, -dst.e, height)
+    cols = _overlap_weights(src.c, src.a, shape[1], dst.c, dst.a, width)
+    return rows, cols
+
+
+def _overlap_weights(
+    src_start: float, src_step: float, n_src: int, dst_start: float, dst_step: float, n_dst: int
+) -> sparray:
+    """[dst, src] share of each destination interval covered by each source interval."""
+    dst_low = dst_start + dst_step * np.arange(n_dst)
+    first = np.floor((dst_low - src_start) / src_step).astype(np.int64)
+    span = math.ceil(dst_step / src_step) + 1
+    src_index = first[:, None] + np.arange(span)
+    src_low = src_start + src_step * src_index
+    overlap = np.minimum(dst_low[:, None] + dst_step, src_low + src_step) - np.maximum(
+        dst_low[:, None], src_low
+    )
+    keep = (overlap > dst_step * 1e-9) & (src_index >= 0) & (src_index < n_src)
+    dst_index = np.broadcast_to(np.arange(n_dst)[:, None], src_index.shape)
+    return csr_array(
+        (overlap[keep] / dst_step, (dst_index[keep], src_index[keep])), shape=(n_dst, n_src)
+    )
+
+
+def _separable_average(
+    values: np.ndarray,
+    valid: np.ndarray,
+    axes: tuple[sparray, sparray],
+    float_type: type[np.floating],
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_average_with_support` for axis-aligned weights; a band's non-finite cells drop
+    out of that band alone, as they do in GDAL with ``UNIFIED_SRC_NODATA=NO``."""
+    rows, cols = axes
+
+    def warp(cells: np.ndarray) -> np.ndarray:
+        return (cols @ (rows @ cells).T).T
+
+    covered = warp(np.ones(valid.shape))
+    shared = warp(valid.astype(np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        supported = shared / covered >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE
+        out = np.empty((len(values), *covered.shape), dtype=float_type)
+        for band, cells in enumerate(values):
+            usable = valid & np.isfinite(cells)
+            weight = shared if np.array_equal(usable, valid) else warp(usable.astype(np.float64))
+            total = warp(np.where(usable, cells, 0).astype(np.float64))
+            out[band] = np.where(weight > 0, total / weight, np.nan)
+    return out, supported
 
 
 def _supported(valid: np.ndarray, height: int, width: int, geometry: dict[str, Any]) -> np.ndarray:

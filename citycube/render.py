@@ -204,6 +204,11 @@ def _categorical(ids: np.ndarray, catalogue: Catalogue, legend_name: str) -> np.
 # Files and legends
 
 
+PNG_COMPRESS_LEVEL = 1
+"""zlib level of written PNGs: a 520 px RGB quick-look encodes in ~17 ms instead of ~110 ms at
+Pillow's default 6, for files ~15 % larger."""
+
+
 def write_png(path: Path, rgba: np.ndarray) -> Path:
     """Write an (h, w, 4) uint8 array as PNG under a temporary name, then move it into place."""
     rgba = np.asarray(rgba)
@@ -216,7 +221,7 @@ def _save_atomic(image: Image.Image, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        image.save(tmp, format="PNG", optimize=False)
+        image.save(tmp, format="PNG", optimize=False, compress_level=PNG_COMPRESS_LEVEL)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -248,10 +248,12 @@ class _Progress:
     def __init__(self, log: Any, label: str, total: int) -> None:
         self.log, self.label, self.total = log, label, total
         self.done = self.failed = 0
+        self.task_seconds = 0.0
         self.start = self.last = time.monotonic()
 
     def add(self, outcome: Outcome) -> Outcome:
         self.done += 1
+        self.task_seconds += outcome.seconds
         now = time.monotonic()
         if not outcome.ok:
             self.failed += 1
@@ -261,6 +263,6 @@ class _Progress:
             failed = f", {self.failed} failed" if self.failed else ""
             self.log.info(
                 f"{self.label}: {self.done}/{self.total} partitions{failed} "
-                f"({now - self.start:.1f}s)"
+                f"({now - self.start:.1f}s, {self.task_seconds:.1f}s of task time)"
             )
         return outcome

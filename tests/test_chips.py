@@ -24,6 +24,7 @@ from rasterio.windows import Window
 
 import citycube.chips
 import citycube.process
+import citycube.rasters
 from citycube.catalogue import load_catalogue
 from citycube.chips import (
     ChipStoreWriter,
@@ -583,6 +584,91 @@ def test_partly_valid_blocks_warp_as_values_and_fraction_apart(
     assert 0.2 < valid.mean() < 0.95
     np.testing.assert_array_equal(valid, expected_valid)
     np.testing.assert_array_equal(out, expected)
+
+
+def _gdal_average_with_support(
+    values: np.ndarray, valid: np.ndarray, geometry: dict, shape: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The reference: GDAL's own warp of the values (bands judged apart) and of the fraction."""
+    floats = values.astype(np.float64)
+    floats[:, ~valid] = np.nan
+    out = np.full((len(values), *shape), np.nan)
+    reproject(
+        floats,
+        out,
+        src_nodata=np.nan,
+        dst_nodata=np.nan,
+        resampling=Resampling.average,
+        UNIFIED_SRC_NODATA="NO",
+        **geometry,
+    )
+    fraction = np.zeros(shape, np.float64)
+    reproject(valid.astype(np.float64), fraction, resampling=Resampling.average, **geometry)
+    return out, fraction >= 0.5 - 1e-6
+
+
+@pytest.mark.parametrize(
+    ("src_res", "dst_res", "offset"),
+    [(30.0, 25.0, 415.0), (10.0, 25.0, 3.0), (25.0, 25.0, 7.5), (250.0, 25.0, 60.0), (20, 100, 0)],
+)
+def test_same_crs_north_up_warps_are_gdals_area_weighted_average(
+    src_res: float, dst_res: float, offset: float
+) -> None:
+    """The separable warp used when source and block share a CRS gives GDAL's pixels."""
+    rng = np.random.default_rng(int(src_res * 7 + dst_res))
+    n_src = int(60 * 25 / src_res) + 8
+    values = rng.uniform(-50, 300, (3, n_src, n_src))
+    valid = rng.random((n_src, n_src)) > 0.3
+    valid[: n_src // 3, : n_src // 3] = False  # a whole region without support
+    values[1, rng.random((n_src, n_src)) < 0.1] = np.nan  # one band's own gaps
+    crs = rasterio.crs.CRS.from_epsg(EPSG)
+    geometry = {
+        "src_transform": utm_transform(src_res, X_MIN - offset, Y_MAX + offset),
+        "src_crs": crs,
+        "dst_transform": utm_transform(dst_res),
+        "dst_crs": crs,
+    }
+    height = width = int(55 * 25 / dst_res)
+
+    out, supported = citycube.chips._average_with_support(values, valid, height, width, geometry)
+    expected, expected_supported = _gdal_average_with_support(
+        values, valid, geometry, (height, width)
+    )
+
+    assert citycube.chips._axis_aligned_weights(geometry, valid.shape, height, width) is not None
+    assert 0.1 < supported.mean() < 0.95
+    np.testing.assert_array_equal(supported, expected_supported)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
+    np.testing.assert_allclose(out, expected, rtol=1e-7, atol=1e-6, equal_nan=True)
+
+
+def test_mollweide_warps_through_its_proj_string_with_identical_pixels() -> None:
+    """GDAL looks a WKT without an EPSG code up again on every warp; the PROJ string it is
+    handed instead describes the same CRS and gives the same pixels."""
+    mollweide = CRS.from_user_input("ESRI:54009")
+    gdal_form = citycube.rasters.rio_crs(mollweide)
+    assert gdal_form.to_wkt() != rasterio.crs.CRS.from_wkt(mollweide.to_wkt()).to_wkt()
+    x0, y0 = Transformer.from_crs(EPSG, mollweide, always_xy=True).transform(X_MIN, Y_MAX)
+    rng = np.random.default_rng(5)
+    values = rng.uniform(0, 1, (1, 90, 140)).astype(np.float32)
+    values[0, 10:40, 20:90] = np.nan
+    outs = []
+    for src_crs in (gdal_form, rasterio.crs.CRS.from_wkt(mollweide.to_wkt())):
+        out = np.full((1, 60, 60), np.nan, np.float32)
+        reproject(
+            values,
+            out,
+            src_transform=Affine(100, 0, x0 - 2000, 0, -100, y0 + 2000),
+            src_crs=src_crs,
+            dst_transform=utm_transform(100),
+            dst_crs=f"EPSG:{EPSG}",
+            src_nodata=np.nan,
+            dst_nodata=np.nan,
+            resampling=Resampling.average,
+        )
+        outs.append(out)
+    assert 0.2 < np.isfinite(outs[0]).mean() < 1
+    np.testing.assert_array_equal(outs[0], outs[1])
 
 
 def test_gdal_nodata_pct_threshold_is_not_the_50_percent_rule() -> None:
