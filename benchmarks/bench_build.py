@@ -83,7 +83,7 @@ def run(config: BenchConfig) -> BenchResult:
                 f"{process.median_s:.2f}",
                 f"{total_s:.2f}",
                 f"{read.median_s:.4f}",
-                f"{process.median_s / read.median_s:.0f}×",
+                f"{process.median_s / read.median_s:.1f}×",
             ]
         ],
         notes=[

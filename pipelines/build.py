@@ -463,7 +463,8 @@ def drive_backfill(
             # Ticked only between waves of runs: every run that becomes possible when a wave
             # ends is then requested in one iteration, instead of a small run each time one of
             # the wave's runs happens to finish (each run is a process that loads the code).
-            if own and (stop.graceful or not printer.in_flight()):
+            ticked = own and (stop.graceful or not printer.in_flight())
+            if ticked:
                 for error in execute_backfill_iteration(workspace, quiet):
                     if error is not None:
                         printer.line(f"backfill error: {error.message.strip()}")
@@ -473,6 +474,12 @@ def drive_backfill(
                     if error is not None and hasattr(error, "message"):
                         printer.line(f"run queue error: {error.message.strip()}")
             printer.poll()
+            if own and not ticked:  # only an iteration changes the backfill: no need to read it
+                time.sleep(TICK_S)
+                continue
+            # Read only after an iteration: the backfill's record holds every partition subset
+            # of the build, and decoding it every second cost the whole calendar's build
+            # minutes of CPU on a machine whose two cores the workers need.
             backfill = instance.get_backfill(backfill_id)
             if backfill.status in BULK_ACTION_TERMINAL_STATUSES:
                 printer.report.status = backfill.status.value
