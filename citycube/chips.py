@@ -154,12 +154,16 @@ def block_memory() -> Iterator[Callable[[], None]]:
 
     Inside, GDAL's block cache is capped at ``SOURCE_CACHE_BYTES`` (restored on exit) and the
     process's allocator is set up by :func:`~citycube.memory.bound_process_memory`. The yielded
-    call hands memory freed by the finished block back to the operating system, so native
-    buffers (warp, codec) of earlier blocks cannot pile up as a fragmented heap.
+    call hands memory freed by finished blocks back to the operating system once it amounts to
+    more than a margin, so native buffers (warp, codec) of earlier blocks cannot pile up as a
+    fragmented heap; at the end of the sweep whatever it freed is handed back.
     """
     bound_process_memory()
-    with rasterio.Env(GDAL_CACHEMAX=SOURCE_CACHE_BYTES):
-        yield release_freed
+    try:
+        with rasterio.Env(GDAL_CACHEMAX=SOURCE_CACHE_BYTES):
+            yield release_freed
+    finally:
+        release_freed(force=True)
 
 
 def _whole(value: float, what: str) -> int:

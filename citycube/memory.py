@@ -26,7 +26,13 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-__all__ = ["MMAP_THRESHOLD_BYTES", "bound_process_memory", "release_freed"]
+__all__ = [
+    "MMAP_THRESHOLD_BYTES",
+    "TRIM_GROWTH_BYTES",
+    "bound_process_memory",
+    "release_freed",
+    "resident_bytes",
+]
 
 MMAP_THRESHOLD_BYTES = 128 * 1024
 """Buffers at least this big are mapped on their own and unmapped when freed (glibc's default)."""
@@ -70,8 +76,42 @@ def bound_process_memory() -> None:
         pa.set_memory_pool(pa.system_memory_pool())
 
 
-def release_freed() -> None:
-    """Return heap freed by the last block to the operating system (glibc ``malloc_trim``)."""
+TRIM_GROWTH_BYTES = 32 * 1024 * 1024
+"""Resident growth since the last trim above which :func:`release_freed` trims again."""
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_resident_after_trim: int | None = None
+
+
+def resident_bytes() -> int | None:
+    """The process's resident set size now, or None where ``/proc`` does not say."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def release_freed(*, force: bool = False) -> None:
+    """Return freed heap to the operating system (glibc ``malloc_trim``).
+
+    Between blocks, only once the process has grown by ``TRIM_GROWTH_BYTES`` since the last
+    trim: trimming after every block handed back pages that the next block faulted in again at
+    once (about 450,000 page faults and 1 s of system time in a Christchurch city-year, a sixth
+    of its processing), while memory that does pile up is still returned within that margin.
+    ``force`` trims regardless, as at the end of a partition's sweep.
+    """
+    global _resident_after_trim
     trim = _libc_call("malloc_trim")
-    if trim is not None:
-        trim(0)
+    if trim is None:
+        return
+    resident = resident_bytes()
+    if (
+        not force
+        and resident is not None
+        and _resident_after_trim is not None
+        and resident - _resident_after_trim < TRIM_GROWTH_BYTES
+    ):
+        return
+    trim(0)
+    _resident_after_trim = resident_bytes()

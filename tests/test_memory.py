@@ -57,3 +57,35 @@ def test_block_sweep_turns_off_transparent_huge_pages() -> None:
 def test_an_explicit_arrow_pool_choice_is_kept() -> None:
     seen = _probe(ARROW_DEFAULT_MEMORY_POOL="jemalloc")
     assert seen["before"] == seen["after"] == "jemalloc"
+
+
+TRIM_PROBE = """
+import json
+from citycube.memory import TRIM_GROWTH_BYTES, bound_process_memory, release_freed, resident_bytes
+
+bound_process_memory()
+release_freed(force=True)
+start = resident_bytes()
+small = [bytearray(4096) for _ in range(3 * TRIM_GROWTH_BYTES // 4096)]  # heap, not mmap
+release_freed()  # grown past the margin: trims (nothing is free yet) and notes the level
+small = None
+release_freed()  # no growth since that trim: the freed heap stays for the next block
+kept = resident_bytes()
+release_freed(force=True)  # the end of a sweep: handed back
+print(json.dumps({"start": start, "kept": kept, "end": resident_bytes(),
+                  "margin": TRIM_GROWTH_BYTES}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc_trim and /proc")
+def test_freed_heap_is_kept_between_blocks_and_handed_back_at_the_end() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", TRIM_PROBE],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["kept"] - seen["start"] > 2 * seen["margin"]
+    assert seen["end"] - seen["start"] < seen["margin"] // 2
