@@ -345,7 +345,7 @@ def _separable_average(
     def warp(cells: np.ndarray) -> np.ndarray:
         return (cols @ (rows @ cells).T).T
 
-    covered = warp(np.ones(valid.shape))
+    covered = np.outer(rows.sum(axis=1), cols.sum(axis=1))  # the support's area share
     shared = warp(valid.astype(np.float64))
     with np.errstate(invalid="ignore", divide="ignore"):
         supported = shared / covered >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE

@@ -253,7 +253,8 @@ class _Progress:
 
     def add(self, outcome: Outcome) -> Outcome:
         self.done += 1
-        self.task_seconds += outcome.seconds
+        if outcome.ok:  # a failure's seconds count from the step's start, not the task's
+            self.task_seconds += outcome.seconds
         now = time.monotonic()
         if not outcome.ok:
             self.failed += 1
