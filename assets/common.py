@@ -69,6 +69,8 @@ def run_partitions(
     partitions: PartitionsDef,
     function: Callable[..., Any],
     plans: Mapping[dg.AssetKey, Plan],
+    *,
+    first: bool = False,
 ) -> list[Outcome]:
     """Run ``function`` for every selected asset and partition of this step, all at once.
 
@@ -77,7 +79,8 @@ def run_partitions(
     between products. Each successful asset partition gets its own materialisation metadata.
     If any fails, the step fails after the others have finished (their files stay written and
     are reused by a re-run); the error names the failed ones. Only transient fetch errors are
-    retried.
+    retried. ``first`` tasks go ahead of every other step's on a shared cluster; otherwise
+    steps of earlier runs go first.
     """
     owners: dict[str, tuple[dg.AssetKey, str]] = {}
     tasks = []
@@ -88,7 +91,9 @@ def run_partitions(
             name = f"{asset_key.to_user_string()} {partition_key}"
             owners[name] = (asset_key, partition_key)
             tasks.append((name, plan.arguments(city, period)))
-    outcomes = compute.run(context.log, context.op_def.name, function, tasks)
+    record = context.instance.get_run_record_by_id(context.run_id)
+    started = record.start_time if record is not None else None
+    outcomes = compute.run(context.log, context.op_def.name, function, tasks, started, first)
     for outcome in outcomes:
         if outcome.ok:
             asset_key, partition_key = owners[outcome.key]

@@ -118,6 +118,9 @@ def build_sources_asset(
             partitions,
             fetch_source,
             {source_asset_key(p): plan(p) for p in products},
+            # A run's processing waits for its fetches: fetched while the workers are busy
+            # with other runs' processing, they keep the run queue moving.
+            first=True,
         )
         yield from materialized(context)
 

@@ -9,6 +9,8 @@ pixel of a raster, every feature of a vector file, every row of a table).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import tempfile
 import warnings
@@ -20,6 +22,7 @@ import geopandas as gpd
 import pandas as pd
 import pyarrow.parquet as pq
 import pyogrio
+import pyogrio.errors
 import rasterio
 from rasterio.errors import NotGeoreferencedWarning, RasterioIOError
 
@@ -27,6 +30,7 @@ from benchmarks import BenchConfig, BenchResult, log, time_repeats
 from citycube.catalogue import Catalogue, ModalitySpec, load_catalogue
 from citycube.cities import SCALES
 from citycube.cube import Release
+from citycube.errors import SourceUnavailableError
 from citycube.grids import city_grid
 from citycube.process import PartitionSummary, process_partition
 from citycube.sources import SourceItem
@@ -45,12 +49,19 @@ BASELINE = (
 def fetch_items(
     modality: ModalitySpec, backend: SampleBackend, release: Release, city: str, year: int
 ) -> list[SourceItem]:
-    """The source items the partition will use, generated now so they are not timed later."""
+    """The source items the partition will use, generated now so they are not timed later.
+
+    Auxiliary products (static series such as CPI and PPP) included: a build fetches them as
+    source assets of their own, not inside the modality's processing.
+    """
     items = []
     for product in modality.products():
         resolution = resolve(modality.temporal, year, backend.source_years(product, city))
         if resolution.available:
             items.append(backend.fetch(product, city, resolution.source_year, release.sources_dir))
+    for product in modality.auxiliary_products:
+        with contextlib.suppress(SourceUnavailableError):
+            items.append(backend.fetch(product, city, None, release.sources_dir))
     return items
 
 
@@ -89,7 +100,12 @@ def _read_file(path: str | Path) -> int:
         pass
     path = Path(path)
     if path.suffix.lower() in VECTOR_SUFFIXES:
-        return _read_vector(path)
+        try:
+            return _read_vector(path)
+        except pyogrio.errors.DataSourceError:
+            if path.suffix.lower() != ".json":
+                raise
+            return len(json.loads(path.read_bytes()))  # a plain JSON document (e.g. a series)
     if path.suffix.lower() == ".csv":
         return int(pd.read_csv(path).size)
     return len(path.read_bytes())

@@ -40,8 +40,8 @@ import rioxarray  # noqa: F401  (registers the ``.rio`` accessor)
 import xarray as xr
 import zarr
 from affine import Affine
-from rasterio.crs import CRS as RioCRS
-from rasterio.warp import Resampling, reproject, transform_bounds
+from pyproj import CRS
+from rasterio.warp import Resampling, reproject
 from rasterio.windows import Window
 from scipy.sparse import csr_array, sparray
 from xarray.backends.zarr import FillValueCoder, encode_zarr_attr_value
@@ -53,7 +53,7 @@ from citycube.cities import PARENT_SIZE_M
 from citycube.errors import CubeWriteError
 from citycube.grids import PixelGrid, Tile
 from citycube.memory import bound_process_memory, release_freed
-from citycube.rasters import MaskedSource, rio_crs
+from citycube.rasters import MaskedSource, rio_crs, transformer
 from citycube.scratch import owned_name, remove_dead_leftovers
 
 __all__ = [
@@ -213,7 +213,7 @@ def warp_block(
     dst_crs = rio_crs(pixel_grid.crs)
     n_bands = len(source.band_names)
 
-    window = _source_window(source, dst_transform, width, height, dst_crs)
+    window = _source_window(source, dst_transform, width, height, pixel_grid.crs)
     clipped = _clip_window(window, source.grid.width, source.grid.height)
     if clipped is None:
         return _empty_output(n_bands, height, width, categorical)
@@ -402,15 +402,15 @@ def warp_rows(
 
 
 def _source_window(
-    source: MaskedSource, dst_transform: Affine, width: int, height: int, dst_crs: RioCRS
+    source: MaskedSource, dst_transform: Affine, width: int, height: int, dst_crs: CRS | str
 ) -> Window:
     """The (unclipped) whole-pixel source window covering the destination block plus a margin."""
     left, top = dst_transform @ (0, 0)
     right, bottom = dst_transform @ (width, height)
-    src_crs = rio_crs(source.grid.crs)
-    if src_crs != dst_crs:
-        left, bottom, right, top = transform_bounds(
-            dst_crs, src_crs, left, bottom, right, top, densify_pts=21
+    if rio_crs(source.grid.crs) != rio_crs(dst_crs):
+        # pyproj's cached transformer: rasterio's transform_bounds builds one per call
+        left, bottom, right, top = transformer(dst_crs, source.grid.crs).transform_bounds(
+            left, bottom, right, top, densify_pts=21
         )
     inverse = ~source.grid.transform
     cols, rows = zip(*(inverse @ xy for xy in ((left, top), (right, bottom))), strict=True)
@@ -1008,50 +1008,175 @@ def tile_pixel_summaries(
 
     Called per block with the warped arrays, so tile availability is known without reading
     the store back. Tiles not wholly inside the block are skipped (they belong to another).
+    The tiles of a block usually form a lattice of equal windows; their counts, sums and class
+    counts are then taken for all of them at once, else tile by tile.
     """
     n_bands, height, width = values.shape
     if categorical and n_bands != 1:
         raise ValueError(f"categorical chips have one band of ids, got {n_bands}")
-    summaries = []
+    inside: list[tuple[Tile, tuple[int, int, int, int]]] = []
     for tile in tiles:
         row_off, col_off, h, w = pixel_grid.window(tile)
-        if not (
+        if (
             row_start <= row_off
             and row_off + h <= row_start + height
             and col_start <= col_off
             and col_off + w <= col_start + width
         ):
-            continue
-        rows = slice(row_off - row_start, row_off - row_start + h)
-        cols = slice(col_off - col_start, col_off - col_start + w)
-        tile_valid = valid[rows, cols].astype(bool, copy=False)
-        tile_values = values[:, rows, cols]
-        n_valid = int(tile_valid.sum())
-        if categorical:
-            ids, counts = _class_counts(tile_values[0][tile_valid])
-            mode = int(ids[np.argmax(counts)]) if ids.size else None
-            summaries.append(
+            inside.append((tile, (row_off - row_start, col_off - col_start, h, w)))
+    lattice = _lattice(inside)
+    if lattice is not None:
+        return _lattice_summaries(values, valid, inside, lattice, categorical)
+    return [_tile_summary(values, valid, tile, window, categorical) for tile, window in inside]
+
+
+@dataclass(frozen=True)
+class _Lattice:
+    """Tiles filling rows × cols equal windows of h × w pixels from (row0, col0) of a block."""
+
+    row0: int
+    col0: int
+    rows: int
+    cols: int
+    h: int
+    w: int
+
+
+def _lattice(inside: Sequence[tuple[Tile, tuple[int, int, int, int]]]) -> _Lattice | None:
+    """The lattice the tiles' windows fill exactly (each cell once), or None."""
+    if len(inside) < 2:
+        return None
+    windows = np.array([window for _, window in inside])
+    h, w = int(windows[0, 2]), int(windows[0, 3])
+    if not ((windows[:, 2] == h).all() and (windows[:, 3] == w).all()):
+        return None
+    row0, col0 = int(windows[:, 0].min()), int(windows[:, 1].min())
+    r, rr = np.divmod(windows[:, 0] - row0, h)
+    c, cr = np.divmod(windows[:, 1] - col0, w)
+    rows, cols = int(r.max()) + 1, int(c.max()) + 1
+    if rr.any() or cr.any() or rows * cols != len(inside):
+        return None
+    if len(np.unique(r * cols + c)) != len(inside):
+        return None
+    return _Lattice(row0, col0, rows, cols, h, w)
+
+
+def _lattice_summaries(
+    values: np.ndarray,
+    valid: np.ndarray,
+    inside: Sequence[tuple[Tile, tuple[int, int, int, int]]],
+    lattice: _Lattice,
+    categorical: bool,
+) -> list[TilePixelSummary]:
+    """Every lattice tile's summary from one pass over the block (the per-tile figures)."""
+    lt = lattice
+    rows = slice(lt.row0, lt.row0 + lt.rows * lt.h)
+    cols = slice(lt.col0, lt.col0 + lt.cols * lt.w)
+    cell_valid = valid[rows, cols].astype(bool, copy=False).reshape(lt.rows, lt.h, lt.cols, lt.w)
+    counts = cell_valid.sum(axis=(1, 3)).ravel().tolist()
+    cells = [
+        (window[0] - lt.row0) // lt.h * lt.cols + (window[1] - lt.col0) // lt.w
+        for _, window in inside
+    ]
+    total = lt.h * lt.w
+    if categorical:
+        class_counts = _lattice_class_counts(values[0, rows, cols], cell_valid, lt)
+        if class_counts is None:  # ids that are not small non-negative integers
+            return [_tile_summary(values, valid, t, window, True) for t, window in inside]
+        out = []
+        for (tile, _), cell in zip(inside, cells, strict=True):
+            ids = np.flatnonzero(class_counts[cell])
+            ids_counts = class_counts[cell][ids]
+            out.append(
                 TilePixelSummary(
                     tile_id=tile.tile_id,
-                    valid_pixels=n_valid,
-                    total_pixels=h * w,
+                    valid_pixels=counts[cell],
+                    total_pixels=total,
                     band_means=(),
-                    mode_class=mode,
-                    class_counts=tuple(zip(ids.tolist(), counts.tolist(), strict=True)),
+                    mode_class=int(ids[np.argmax(ids_counts)]) if ids.size else None,
+                    class_counts=tuple(zip(ids.tolist(), ids_counts.tolist(), strict=True)),
                 )
             )
-        else:
-            means = tuple(_valid_mean(band, tile_valid, n_valid) for band in tile_values)
-            summaries.append(
-                TilePixelSummary(
-                    tile_id=tile.tile_id,
-                    valid_pixels=n_valid,
-                    total_pixels=h * w,
-                    band_means=means,
-                    mode_class=None,
-                )
-            )
-    return summaries
+        return out
+    means = [_lattice_means(band[rows, cols], cell_valid, counts, lt) for band in values]
+    return [
+        TilePixelSummary(
+            tile_id=tile.tile_id,
+            valid_pixels=counts[cell],
+            total_pixels=total,
+            band_means=tuple(band_means[cell] for band_means in means),
+            mode_class=None,
+        )
+        for (tile, _), cell in zip(inside, cells, strict=True)
+    ]
+
+
+def _lattice_means(
+    band: np.ndarray, cell_valid: np.ndarray, counts: list[int], lattice: _Lattice
+) -> list[float]:
+    """Mean of the valid pixels of each lattice cell (NaN when none), as ``_valid_mean`` gives.
+
+    Small integers: exact int64 sums of all cells at once, divided by the counts. Floats: per
+    cell over the same pixels in the same order as a tile-by-tile mean, so bit for bit equal.
+    """
+    cells = band.reshape(lattice.rows, lattice.h, lattice.cols, lattice.w)
+    if np.issubdtype(band.dtype, np.integer) and band.dtype.itemsize <= 4:
+        sums = cells.sum(axis=(1, 3), where=cell_valid, dtype=np.int64).ravel().tolist()
+        return [total / n if n else math.nan for total, n in zip(sums, counts, strict=True)]
+    return [
+        _valid_mean(cells[r, :, c, :], cell_valid[r, :, c, :], counts[r * lattice.cols + c])
+        for r in range(lattice.rows)
+        for c in range(lattice.cols)
+    ]
+
+
+def _lattice_class_counts(
+    ids: np.ndarray, cell_valid: np.ndarray, lattice: _Lattice
+) -> np.ndarray | None:
+    """(cells, ids) counts of valid ids per lattice cell, or None for ids a bincount cannot
+    index (negative, large or not integers)."""
+    picked = ids.reshape(cell_valid.shape)[cell_valid]
+    if not np.issubdtype(ids.dtype, np.integer):
+        return None
+    high = int(picked.max()) + 1 if picked.size else 1
+    if picked.size and (int(picked.min()) < 0 or high > _COUNTED_IDS):
+        return None
+    n_cells = lattice.rows * lattice.cols
+    cell_of = np.arange(n_cells).reshape(lattice.rows, 1, lattice.cols, 1)
+    cell_index = np.broadcast_to(cell_of, cell_valid.shape)[cell_valid]
+    flat = cell_index * high + picked.astype(np.intp, copy=False)
+    return np.bincount(flat, minlength=n_cells * high).reshape(n_cells, high)
+
+
+def _tile_summary(
+    values: np.ndarray,
+    valid: np.ndarray,
+    tile: Tile,
+    window: tuple[int, int, int, int],
+    categorical: bool,
+) -> TilePixelSummary:
+    """One tile's summary from its window (row, col, h, w) within the block."""
+    row, col, h, w = window
+    tile_valid = valid[row : row + h, col : col + w].astype(bool, copy=False)
+    tile_values = values[:, row : row + h, col : col + w]
+    n_valid = int(tile_valid.sum())
+    if categorical:
+        ids, counts = _class_counts(tile_values[0][tile_valid])
+        return TilePixelSummary(
+            tile_id=tile.tile_id,
+            valid_pixels=n_valid,
+            total_pixels=h * w,
+            band_means=(),
+            mode_class=int(ids[np.argmax(counts)]) if ids.size else None,
+            class_counts=tuple(zip(ids.tolist(), counts.tolist(), strict=True)),
+        )
+    return TilePixelSummary(
+        tile_id=tile.tile_id,
+        valid_pixels=n_valid,
+        total_pixels=h * w,
+        band_means=tuple(_valid_mean(band, tile_valid, n_valid) for band in tile_values),
+        mode_class=None,
+    )
 
 
 def _valid_mean(band: np.ndarray, valid: np.ndarray, n_valid: int) -> float:

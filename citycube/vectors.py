@@ -26,7 +26,6 @@ from rasterio._features import _rasterize
 from rasterio.enums import MergeAlg
 from rasterio.env import ensure_env
 from rasterio.transform import Affine
-from rasterio.warp import transform_bounds
 
 from citycube.catalogue import RasterizeSpec
 from citycube.classify import CLASSIFIER_COLUMNS, get_classifier
@@ -139,8 +138,8 @@ def _source_features_in(
     layer: VectorLayer, bounds: tuple[float, float, float, float]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Like :func:`features_in`, but the geometries stay in the source CRS (not yet projected)."""
-    left, bottom, right, top = transform_bounds(
-        layer.city_crs, layer.source_crs, *bounds, densify_pts=21
+    left, bottom, right, top = _transformer(layer.city_crs, layer.source_crs).transform_bounds(
+        *bounds, densify_pts=21
     )
     if layer.source_crs.is_geographic:
         m = FEATURE_MARGIN_DEG
@@ -397,7 +396,13 @@ def _geoparquet_geometry(parquet: pq.ParquetFile, path: Path) -> tuple[str, CRS]
         return column, CRS.from_user_input("OGC:CRS84")
     if spec["crs"] is None:
         raise SourceReadError(f"{path} has no CRS; vector sources must declare theirs")
-    return column, CRS.from_user_input(spec["crs"])
+    return column, _crs_from_projjson(json.dumps(spec["crs"], sort_keys=True))
+
+
+@lru_cache(maxsize=16)
+def _crs_from_projjson(text: str) -> CRS:
+    """Parsed once per definition: a PROJJSON parse costs tens of milliseconds."""
+    return CRS.from_json(text)
 
 
 def _xy(geometry: np.ndarray, crs: object, city_epsg: int) -> tuple[np.ndarray, np.ndarray]:

@@ -2,11 +2,16 @@
 
 The build is a Dagster asset backfill like one launched from the UI: every asset partition the
 cities and years need, across the city, city × epoch and city × year partitionings plus the
-cube. Dagster's backfill logic turns it into runs (one per partitioning, as the single-run
+cube. Dagster's backfill logic turns it into runs (one per partition range, as the single-run
 backfill policy asks), its queued run coordinator launches them and each run's steps fan their
 partitions out to one dask cluster. When a Dagster daemon already serves this
 ``DAGSTER_HOME`` (``make dev``), it executes the backfill; otherwise the build process ticks the
-same backfill and run-queue iterations the daemon runs, every second instead of every 30.
+same backfill and run-queue iterations the daemon runs: the run queue every second, the
+backfill whenever a city-year run has ended (or nothing is in flight).
+
+Order, so that the two cores never wait on Dagster: static and epoch runs leave the queue first
+(run priority tag), fetch steps go ahead of all processing on the workers, and other steps run
+in the order their runs started, so a run finishes, and frees its slot, as early as it can.
 
 The command is two processes. The one in the terminal only relays stop requests: a first
 Ctrl-C/SIGTERM cancels the backfill (Dagster terminates its runs; finished partitions stay), a
@@ -39,7 +44,13 @@ BUILD_TAG = "citycube/build"
 RELEASE_TAG = "citycube/release"
 BACKFILL_TAG = "dagster/backfill"
 TICK_S = 1.0
-"""Seconds between backfill iterations when the build drives the backfill itself."""
+"""Seconds between run-queue iterations when the build drives the backfill itself."""
+BACKFILL_TICK_S = 5.0
+"""Least seconds between two backfill iterations while runs are in flight (each reads the
+state of every partition of the build)."""
+FIRST_PRIORITY = "1"
+"""Run priority (Dagster's ``dagster/priority`` tag) of runs whose assets are not per city ×
+year: static and epoch products, which the city-years' later runs read."""
 DAEMON_FRESH_S = 60.0
 """A daemon heartbeat younger than this means a daemon serves the instance."""
 MAX_CONCURRENT_RUNS = 8
@@ -336,6 +347,8 @@ class ProgressPrinter:
         """Runs that ended and whose every event has been read."""
         self.current: list[Any] = []
         """The backfill's runs as last read, oldest first."""
+        self.ended: list[Any] = []
+        """Runs that ended since the caller last emptied this list."""
         self.report = BuildReport()
 
     def line(self, text: str, at: float | None = None) -> None:
@@ -362,6 +375,7 @@ class ProgressPrinter:
             self._events(run)
             if run.is_finished:  # its last events were written before its status changed
                 self.done.add(run.run_id)
+                self.ended.append(run)
 
     def in_flight(self) -> bool:
         """True while a run read by the last ``poll`` is queued, starting or running."""
@@ -456,19 +470,32 @@ def drive_backfill(
         )
     queue = QueuedRunCoordinatorDaemon(interval_seconds=1)
     queued = isinstance(instance.run_coordinator, QueuedRunCoordinator)
+    per_city_year = _per_city_year_assets()
     canceling = forced_at = None
+    last_tick = 0.0
     target = WorkspaceFileTarget(paths=[str(WORKSPACE_FILE)])
     with WorkspaceProcessContext(instance, target) as workspace:
         while True:
-            # Ticked only between waves of runs: every run that becomes possible when a wave
-            # ends is then requested in one iteration, instead of a small run each time one of
-            # the wave's runs happens to finish (each run is a process that loads the code).
-            ticked = own and (stop.graceful or not printer.in_flight())
+            # Iterated when a city-year run has ended: the runs its city now needs (the
+            # city-years' products that read static and epoch ones) start while other cities
+            # still compute. Not on every run's end: a static or epoch run ending would only
+            # split what the city-year runs' ends request anyway into more runs, each a process
+            # that loads the code.
+            ended = any(_has_assets(run, per_city_year) for run in printer.ended)
+            ticked = own and (
+                stop.graceful
+                or not printer.in_flight()
+                or (ended and time.monotonic() - last_tick >= BACKFILL_TICK_S)
+            )
+            if ticked or not own:
+                printer.ended.clear()
             if ticked:
+                last_tick = time.monotonic()
                 for error in execute_backfill_iteration(workspace, quiet):
                     if error is not None:
                         printer.line(f"backfill error: {error.message.strip()}")
                 printer.runs()
+            _prioritise(instance, printer.current, per_city_year)
             if own and queued and printer.queued():
                 for error in queue.run_iteration(workspace):
                     if error is not None and hasattr(error, "message"):
@@ -496,6 +523,38 @@ def drive_backfill(
                 printer.report.status = BulkActionStatus.CANCELED.value
                 return printer.report
             time.sleep(TICK_S)
+
+
+def _per_city_year_assets() -> set[Any]:
+    """Keys of the assets partitioned by city × year."""
+    from pipelines.definitions import defs
+    from pipelines.partitions import city_year_partitions
+
+    graph = defs.resolve_asset_graph()
+    return {
+        key
+        for key in graph.materializable_asset_keys
+        if graph.get(key).partitions_def == city_year_partitions
+    }
+
+
+def _has_assets(run: Any, keys: set[Any]) -> bool:
+    return any(key in keys for key in run.asset_selection or ())
+
+
+def _prioritise(instance: Any, runs: Sequence[Any], per_city_year: set[Any]) -> None:
+    """Queued runs of static and epoch products go first (Dagster's run priority tag).
+
+    The city-year runs of a build read them: a city-year's products that need a static or
+    epoch one (its observations, a conversion series) wait for it in a later run, and started
+    early those runs overlap the city-years' work instead of trailing it.
+    """
+    from dagster._core.storage.tags import PRIORITY_TAG
+
+    for run in runs:
+        waiting = run.status.value == "QUEUED" and PRIORITY_TAG not in run.tags
+        if waiting and not _has_assets(run, per_city_year):
+            instance.add_run_tags(run.run_id, {PRIORITY_TAG: FIRST_PRIORITY})
 
 
 def _terminate_runs(instance: Any, printer: ProgressPrinter) -> None:

@@ -27,6 +27,8 @@ WORKERS_ENV = "CITYCUBE_WORKERS"
 """Worker processes of the local dask cluster a run starts when no scheduler is given."""
 PROGRESS_EVERY_S = 10.0
 """Seconds between progress lines of a long step."""
+FIRST_PRIORITY_BOOST = 10**13
+"""Added to the dask priority of tasks that go first (more than any run's start in ms)."""
 WORKER_PRELOAD = "pipelines.worker_preload"
 """Module every dask worker imports as it starts, so its first task does not pay for it."""
 DASK_MALLOC_VARIABLE = "MALLOC_TRIM_THRESHOLD_"
@@ -162,10 +164,14 @@ class ComputeResource(dg.ConfigurableResource):
         label: str,
         function: Callable[..., Any],
         tasks: Sequence[tuple[str, tuple[Any, ...]]],
+        started: float | None = None,
+        first: bool = False,
     ) -> list[Outcome]:
         """Run ``function(*args)`` for every (partition key, args) task; one outcome each.
 
         A failing task does not stop the others. Progress goes to ``log`` every few seconds.
+        On a shared cluster tasks run in the order of ``started`` (a Unix time, default now),
+        earliest first, except that ``first`` tasks go ahead of all others.
         """
         scheduler, workers = self.settings()
         progress = _Progress(log, label, len(tasks))
@@ -173,23 +179,26 @@ class ComputeResource(dg.ConfigurableResource):
             return []
         if not scheduler and (workers <= 1 or len(tasks) <= 1):
             return [progress.add(_run_inline(key, function, args)) for key, args in tasks]
-        return self._run_on_dask(function, tasks, progress)
+        return self._run_on_dask(function, tasks, progress, started, first)
 
     def _run_on_dask(
         self,
         function: Callable[..., Any],
         tasks: Sequence[tuple[str, tuple[Any, ...]]],
         progress: _Progress,
+        started: float | None = None,
+        first: bool = False,
     ) -> list[Outcome]:
         from dask.distributed import as_completed
 
         client = self._dask_client()
-        started = time.monotonic()
-        # First submitted, first run: several runs share the workers, and a run whose tasks
-        # all finish early frees its slot in the run queue for the next one while the others'
+        # First started, first run: several runs share the workers, and a run whose tasks all
+        # finish early frees its slot in the run queue for the next one while the others'
         # tasks keep the workers busy. Interleaved, every run would end at about the same time
-        # and the workers would wait while the next runs start.
-        priority = -time.time_ns() // 1_000_000
+        # and the workers would wait while the next runs start. Steps pass their run's start,
+        # so a run's later steps go ahead of the steps of runs that started after it.
+        priority = task_priority(started, first)
+        began = time.monotonic()
         futures = {
             client.submit(
                 _timed,
@@ -209,13 +218,20 @@ class ComputeResource(dg.ConfigurableResource):
                     result, seconds = future.result()
                     outcome = Outcome(key, result=result, seconds=seconds)
                 except Exception as exc:
-                    outcome = Outcome(key, error=exc, seconds=time.monotonic() - started)
+                    outcome = Outcome(key, error=exc, seconds=time.monotonic() - began)
                 outcomes.append(progress.add(outcome))
         finally:
             pending = [f for f in futures if not f.done()]
             if pending:  # interrupted: nothing more is started for this step
                 client.cancel(pending)
         return outcomes
+
+
+def task_priority(started: float | None, first: bool) -> int:
+    """Dask priority (higher runs first) of a step's tasks: ``first`` steps ahead of all
+    others, then steps of runs that started earlier (``started``, a Unix time; None: now)."""
+    priority = -round((time.time() if started is None else started) * 1000)
+    return priority + FIRST_PRIORITY_BOOST if first else priority
 
 
 def _timed(function: Callable[..., Any], *args: Any) -> tuple[Any, float]:

@@ -557,7 +557,7 @@ def test_partly_valid_blocks_warp_as_values_and_fraction_apart(
 
     # The reference: the same source window, then the fraction and the values warped apart.
     dst_crs = rasterio.crs.CRS.from_epsg(EPSG)
-    window = citycube.chips._source_window(source, grid.transform, 120, 100, dst_crs)
+    window = citycube.chips._source_window(source, grid.transform, 120, 100, grid.crs)
     clipped = citycube.chips._clip_window(window, 160, 140)
     raw, cell_valid = citycube.chips._pad_to_window(*source.read(clipped), clipped, window)
     geometry = {
@@ -936,6 +936,34 @@ def test_tile_means_are_the_float64_means_of_the_valid_pixels(dtype: type) -> No
         window = (slice(None), slice(40 * tile.col, 40 * tile.col + 40))
         expected = tuple(float(b[window][valid[window]].mean(dtype=np.float64)) for b in values)
         assert summary.band_means == expected  # bit for bit
+
+
+@pytest.mark.parametrize("categorical", [False, True])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.float32])
+def test_a_blocks_tiles_are_summarised_as_each_tile_alone(categorical: bool, dtype: type) -> None:
+    """All tiles of a block at once (a full lattice, or one with a tile missing) give each
+    tile's own summary exactly: counts, class counts, modes and means bit for bit."""
+    grid = small_grid()
+    rng = np.random.default_rng(5)
+    values = rng.integers(0, 40, (1 if categorical else 2, 80, 120)).astype(dtype)
+    valid = rng.random((80, 120)) > 0.3
+    valid[:40, 40:80] = False  # one tile without any valid pixel
+    lattice = [grid_tile(grid, r, c) for r in range(2) for c in range(3)]
+    for tiles in (lattice, lattice[:4] + lattice[5:]):
+        together = tile_pixel_summaries(values, valid, 0, 0, grid, tiles, categorical=categorical)
+        alone = [
+            tile_pixel_summaries(values, valid, 0, 0, grid, [tile], categorical=categorical)[0]
+            for tile in tiles
+        ]
+        assert len(together) == len(tiles)
+        for a, b in zip(together, alone, strict=True):
+            assert (a.tile_id, a.valid_pixels, a.total_pixels) == (
+                b.tile_id,
+                b.valid_pixels,
+                b.total_pixels,
+            )
+            assert (a.mode_class, a.class_counts) == (b.mode_class, b.class_counts)
+            np.testing.assert_array_equal(a.band_means, b.band_means)  # NaN where none valid
 
 
 # --------------------------------------------------------------------------------------------

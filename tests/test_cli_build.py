@@ -49,22 +49,44 @@ def _observation_years(data: Path) -> set[int]:
     return {int(path.parent.name.removeprefix("year=")) for path in files}
 
 
+def _probe(tmp_path: Path, code: str) -> list[str]:
+    """Lines printed by ``code`` run against the build's instance in a fresh interpreter."""
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    done = subprocess.run(
+        [sys.executable, "-c", "import dagster as dg\ni = dg.DagsterInstance.get()\n" + code],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip().splitlines()
+
+
 def _instance_state(tmp_path: Path) -> tuple[list[str], int]:
-    """Backfill statuses and runs still recorded as running (read in a fresh interpreter)."""
-    probe = (
-        "import dagster as dg\n"
-        "i = dg.DagsterInstance.get()\n"
+    """Backfill statuses and runs still recorded as running."""
+    statuses, running = _probe(
+        tmp_path,
         "s = [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING,\n"
         "     dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.CANCELING]\n"
         "print(','.join(b.status.value for b in i.get_backfills()))\n"
-        "print(len(i.get_runs(filters=dg.RunsFilter(statuses=s))))\n"
-    )
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")}
-    done = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
-    )
-    statuses, running = done.stdout.strip().splitlines()[-2:]
+        "print(len(i.get_runs(filters=dg.RunsFilter(statuses=s))))\n",
+    )[-2:]
     return statuses.split(","), int(running)
+
+
+def _run_priorities(tmp_path: Path) -> list[tuple[str, bool]]:
+    """(dagster/priority tag, whether it holds city × year assets) of the newest backfill's runs."""
+    rows = _probe(
+        tmp_path,
+        "from pipelines.build import _per_city_year_assets\n"
+        "keys = _per_city_year_assets()\n"
+        "newest = i.get_backfills()[0].backfill_id\n"
+        "for r in i.get_runs(filters=dg.RunsFilter(tags={'dagster/backfill': newest})):\n"
+        "    mine = any(k in keys for k in (r.asset_selection or ()))\n"
+        "    print(r.tags.get('dagster/priority', '0'), mine)\n",
+    )
+    return [(priority, mine == "True") for priority, mine in (row.split() for row in rows)]
 
 
 def test_stop_requests_then_a_rerun_builds_everything(tmp_path: Path) -> None:
@@ -113,5 +135,9 @@ def test_stop_requests_then_a_rerun_builds_everything(tmp_path: Path) -> None:
     assert duplicates == (0,)
     statuses, _ = _instance_state(tmp_path)
     assert statuses[0] == "COMPLETED_SUCCESS"  # newest first
+    # Runs of static and epoch products (and the cube) left the queue first.
+    priorities = _run_priorities(tmp_path)
+    assert {p for p, per_city_year in priorities if per_city_year} == {"0"}, priorities
+    assert {p for p, per_city_year in priorities if not per_city_year} == {"1"}, priorities
     leftovers = [p for p in data.rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
     assert not leftovers

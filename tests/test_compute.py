@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -11,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from citycube.errors import SourceReadError
-from pipelines.resources import ComputeResource, CubeResource
+from pipelines.resources import ComputeResource, CubeResource, task_priority
 from tests.conftest import materialize_keys
 
 LOG = logging.getLogger("test")
@@ -58,6 +59,17 @@ def test_tasks_run_on_a_two_worker_local_cluster() -> None:
         assert [o.result for o in nested] == [("get_sync", 10, None)] * 2
     finally:
         compute.teardown_after_execution(dg.build_init_resource_context())
+
+
+def test_fetch_steps_go_first_then_the_steps_of_earlier_runs() -> None:
+    """Several runs share the workers: a fetch step goes ahead of all processing, other steps
+    in the order their runs started, whenever each step was submitted."""
+    now = time.time()
+    fetch_of_latest_run = task_priority(now, first=True)
+    step_of_early_run = task_priority(now - 600, first=False)
+    step_of_late_run = task_priority(now - 60, first=False)
+    assert fetch_of_latest_run > step_of_early_run > step_of_late_run
+    assert task_priority(None, first=False) <= task_priority(now, first=False)
 
 
 @pytest.mark.e2e

@@ -139,6 +139,21 @@ def test_numeric_modalities_and_bad_shapes_are_refused() -> None:
         render_chip(CAT.get("DEM"), CAT, np.zeros((1, 2, 2)), np.ones((3, 2), bool))
 
 
+@pytest.mark.parametrize("stride", [1, 2, 3, 7])
+def test_binary_decimation_keeps_any_hit_in_each_block(stride: int) -> None:
+    """A road one pixel wide survives decimation: each output pixel is its block's maximum,
+    blocks at the ragged right and bottom edges included."""
+    from citycube.render import _block_max
+
+    rng = np.random.default_rng(stride)
+    values = rng.integers(-3, 2, (2, 23, 31)).astype(np.int8)
+    out = _block_max(values, stride)
+    assert out.shape == (2, math.ceil(23 / stride), math.ceil(31 / stride))
+    for r, c in np.ndindex(out.shape[1:]):
+        block = values[:, r * stride : (r + 1) * stride, c * stride : (c + 1) * stride]
+        np.testing.assert_array_equal(out[:, r, c], block.max(axis=(1, 2)))
+
+
 def test_png_round_trip(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     rgba = rng.integers(0, 256, size=(17, 23, 4), dtype=np.uint8)
