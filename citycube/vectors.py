@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pyogrio
 import shapely
-from pyproj import CRS, Transformer
+from pyproj import CRS
 from rasterio._features import _rasterize
 from rasterio.enums import MergeAlg
 from rasterio.env import ensure_env
@@ -138,7 +138,7 @@ def _source_features_in(
     layer: VectorLayer, bounds: tuple[float, float, float, float]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Like :func:`features_in`, but the geometries stay in the source CRS (not yet projected)."""
-    left, bottom, right, top = _transformer(layer.city_crs, layer.source_crs).transform_bounds(
+    left, bottom, right, top = transformer(layer.city_crs, layer.source_crs).transform_bounds(
         *bounds, densify_pts=21
     )
     if layer.source_crs.is_geographic:
@@ -181,17 +181,11 @@ def _read_block(
     return geometry, attributes
 
 
-@lru_cache(maxsize=64)
-def _transformer(source: CRS, target: CRS) -> Transformer:
-    """Built once per CRS pair: construction costs more than transforming a block's features."""
-    return Transformer.from_crs(source, target, always_xy=True)
-
-
 def _to_crs(geometry: np.ndarray, source: CRS, target: CRS) -> np.ndarray:
-    transformer = _transformer(source, target)
+    to_target = transformer(source, target)
 
     def reproject(xy: np.ndarray) -> np.ndarray:
-        return np.column_stack(transformer.transform(xy[:, 0], xy[:, 1]))
+        return np.column_stack(to_target.transform(xy[:, 0], xy[:, 1]))
 
     return shapely.transform(geometry, reproject)
 
@@ -252,7 +246,7 @@ def _burn_shapes(
     order = np.argsort(sequence_part, kind="stable")  # rings stay in order within a part
     sequences, sequence_part = sequences[order], sequence_part[order]
     coords, coord_owner = shapely.get_coordinates(sequences, return_index=True)
-    x, y = _transformer(source, target).transform(coords[:, 0], coords[:, 1])
+    x, y = transformer(source, target).transform(coords[:, 0], coords[:, 1])
     xy = np.column_stack([x, y]).tolist()
     sequence_ends = np.cumsum(np.bincount(coord_owner, minlength=len(sequences))).tolist()
     part_ends = np.cumsum(np.bincount(sequence_part, minlength=len(parts))).tolist()
