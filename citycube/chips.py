@@ -47,7 +47,10 @@ from scipy.sparse import csr_array, sparray
 from xarray.backends.zarr import FillValueCoder, encode_zarr_attr_value
 from zarr.codecs import BytesCodec, ZstdCodec
 from zarr.codecs.bytes import Endian
+from zarr.core.buffer import Buffer, default_buffer_prototype
+from zarr.core.group import ConsolidatedMetadata, GroupMetadata
 from zarr.dtype import VariableLengthUTF8
+from zarr.storage import MemoryStore
 
 from citycube.cities import PARENT_SIZE_M
 from citycube.errors import CubeWriteError
@@ -530,6 +533,7 @@ class ChipStoreWriter:
         self._written: list[tuple[int, int, int, int]] = []
         self._zarr_group: zarr.Group | None = None
         self._arrays: dict[str, zarr.Array] = {}
+        self._layout: dict[str, zarr.Array] = {}
         self._started = False
         self._committed = False
 
@@ -657,7 +661,7 @@ class ChipStoreWriter:
         per-write round trips through its event-loop thread, which cost several times the
         compression of a 10 km block. Only plain ``bytes`` + ``zstd`` arrays are written here.
         """
-        array = self._array(name)
+        array = self._layout[name]
         metadata = array.metadata
         codecs = getattr(metadata, "codecs", ())
         if (
@@ -702,7 +706,6 @@ class ChipStoreWriter:
                 f"col {first[1]}); write every block before committing, or the gap would read "
                 "as nodata"
             )
-        self._consolidate()
         old = None
         if self.path.exists():
             old = owned_name(self.path, "old")
@@ -717,95 +720,31 @@ class ChipStoreWriter:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 
-    def _consolidate(self) -> None:
-        """One metadata document, so opening a store to cut a tile costs one read, not ten."""
-        with warnings.catch_warnings():
-            # zarr notes that consolidated metadata is not yet in the v3 spec; the per-array
-            # metadata stays complete, so readers that ignore it lose nothing.
-            warnings.filterwarnings("ignore", message="Consolidated metadata is currently not")
-            zarr.consolidate_metadata(str(self._tmp_path), zarr_format=3)
-
     def _write_template(self) -> None:
         """Write metadata and coordinates; data chunks are written later, block by block.
 
         The layout is the one ``xarray.Dataset.to_zarr`` gives the equivalent dataset (data
         and valid with their coordinates and a rioxarray ``spatial_ref``), written with zarr
         directly: through xarray and dask the empty template cost more than a city's chunks
-        of a coarse modality (``tests/test_chips.py`` compares the two).
+        of a coarse modality (``tests/test_chips.py`` compares the two). Every store of a grid,
+        bands and type shares its documents but the root's attributes, so those are built once
+        per process (:func:`_template`) and written as files here.
         """
-        grid = self.pixel_grid
-        n_bands, chunk = len(self.band_names), self.chunk_px
-        group = zarr.open_group(
-            str(self._tmp_path),
-            mode="w-",
-            zarr_format=3,
+        template = _template(self.pixel_grid, self.band_names, self.dtype.str, self.fill_value)
+        self._layout = dict(template.arrays)
+        root = GroupMetadata(
             attributes=_zarr_attrs(self._store_attrs()),
+            consolidated_metadata=template.consolidated,
         )
-        coordinates = (_COORDINATE_COMPRESSOR,)
-        nan_fill = {"_FillValue": FillValueCoder.encode(np.nan, np.dtype(np.float64))}
-        band = group.create_array(
-            "band",
-            shape=(n_bands,),
-            dtype=VariableLengthUTF8(),  # type: ignore[arg-type]
-            chunks=(n_bands,),
-            compressors=coordinates,
-            fill_value="",
-            dimension_names=("band",),
-        )
-        band[:] = np.array(self.band_names, dtype=object)
-        for name, values in (("x", grid.x_coords()), ("y", grid.y_coords())):
-            coordinate = group.create_array(
-                name,
-                shape=values.shape,
-                dtype=values.dtype,
-                chunks=values.shape,
-                compressors=coordinates,
-                fill_value=np.nan,
-                dimension_names=(name,),
-                attributes=nan_fill,
-            )
-            coordinate[:] = values
-        group.create_array(
-            "spatial_ref",
-            shape=(),
-            dtype=np.int64,
-            compressors=coordinates,
-            fill_value=0,
-            attributes=_grid_mapping_attrs(grid.crs, grid.transform),
-        )
-        data_attrs: dict[str, Any] = {
-            "nodata": self.fill_value,
-            "long_name": list(self.band_names),
-            "grid_mapping": "spatial_ref",
+        documents = {
+            **template.documents,
+            **{k: v.to_bytes() for k, v in root.to_buffer_dict(default_buffer_prototype()).items()},
         }
-        if np.issubdtype(self.dtype, np.floating):
-            data_attrs.update(nan_fill)  # xarray's CF default for float variables, any fill
-        group.create_array(
-            "data",
-            shape=(n_bands, grid.height, grid.width),
-            chunks=(n_bands, chunk, chunk),
-            dtype=self.dtype,
-            compressors=(_ZARR_COMPRESSOR,),
-            fill_value=self.fill_value,
-            dimension_names=("band", "y", "x"),
-            attributes=data_attrs,
-        )
-        group.create_array(
-            "valid",
-            shape=(grid.height, grid.width),
-            chunks=(chunk, chunk),
-            dtype=np.uint8,
-            compressors=(_ZARR_COMPRESSOR,),
-            fill_value=0,
-            dimension_names=("y", "x"),
-            attributes={
-                "description": (
-                    "1 where at least half of the pixel's source support is valid, else 0"
-                ),
-                "grid_mapping": "spatial_ref",
-            },
-        )
-        self._zarr_group = group
+        self._tmp_path.mkdir()
+        for key, document in documents.items():
+            target = self._tmp_path / key
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(document)
 
     def _store_attrs(self) -> dict[str, Any]:
         """Caller attrs plus the grid facts a reader needs; the grid facts cannot be overridden."""
@@ -860,6 +799,112 @@ class ChipStoreWriter:
     def _discard(self) -> None:
         """Remove the temp store (after a failure, or whatever is left after a commit)."""
         shutil.rmtree(self._tmp_path, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _Template:
+    """The documents every chip store of one grid, band list and type shares."""
+
+    documents: Mapping[str, bytes]
+    """Store key → bytes of every document but the root group's."""
+    consolidated: ConsolidatedMetadata
+    """The root's consolidated metadata (chunk writes never change it)."""
+    arrays: Mapping[str, zarr.Array]
+    """The data and valid arrays (in memory): their codecs, chunks and keys."""
+
+
+@lru_cache(maxsize=64)
+def _template(grid: PixelGrid, band_names: tuple[str, ...], dtype: str, fill: Any) -> _Template:
+    """Build a chip store's layout with zarr in memory, once per grid, bands and type.
+
+    zarr's local store hands every document to a thread of its event loop, which cost a few
+    times more than building the layout; written as files, the documents are the same bytes.
+    """
+    documents: dict[str, Buffer] = {}
+    group = zarr.open_group(MemoryStore(documents), mode="w-", zarr_format=3)
+    arrays = _create_arrays(group, grid, band_names, np.dtype(dtype), fill)
+    with warnings.catch_warnings():
+        # zarr notes that consolidated metadata is not yet in the v3 spec; the per-array
+        # metadata stays complete, so readers that ignore it lose nothing.
+        warnings.filterwarnings("ignore", message="Consolidated metadata is currently not")
+        consolidated = zarr.consolidate_metadata(group.store, zarr_format=3).metadata
+    assert consolidated.consolidated_metadata is not None
+    return _Template(
+        {k: v.to_bytes() for k, v in documents.items() if k != "zarr.json"},
+        consolidated.consolidated_metadata,
+        arrays,
+    )
+
+
+def _create_arrays(
+    group: zarr.Group, grid: PixelGrid, band_names: tuple[str, ...], dtype: np.dtype, fill: Any
+) -> dict[str, zarr.Array]:
+    """Coordinates, grid mapping, data and valid in ``group``; the data and valid arrays."""
+    n_bands = len(band_names)
+    chunk = _whole(PARENT_SIZE_M / grid.resolution, "10 km / resolution")
+    coordinates = (_COORDINATE_COMPRESSOR,)
+    nan_fill = {"_FillValue": FillValueCoder.encode(np.nan, np.dtype(np.float64))}
+    band = group.create_array(
+        "band",
+        shape=(n_bands,),
+        dtype=VariableLengthUTF8(),  # type: ignore[arg-type]
+        chunks=(n_bands,),
+        compressors=coordinates,
+        fill_value="",
+        dimension_names=("band",),
+    )
+    band[:] = np.array(band_names, dtype=object)
+    for name, values in (("x", grid.x_coords()), ("y", grid.y_coords())):
+        coordinate = group.create_array(
+            name,
+            shape=values.shape,
+            dtype=values.dtype,
+            chunks=values.shape,
+            compressors=coordinates,
+            fill_value=np.nan,
+            dimension_names=(name,),
+            attributes=nan_fill,
+        )
+        coordinate[:] = values
+    group.create_array(
+        "spatial_ref",
+        shape=(),
+        dtype=np.int64,
+        compressors=coordinates,
+        fill_value=0,
+        attributes=_grid_mapping_attrs(grid.crs, grid.transform),
+    )
+    data_attrs: dict[str, Any] = {
+        "nodata": fill,
+        "long_name": list(band_names),
+        "grid_mapping": "spatial_ref",
+    }
+    if np.issubdtype(dtype, np.floating):
+        data_attrs.update(nan_fill)  # xarray's CF default for float variables, any fill
+    data = group.create_array(
+        "data",
+        shape=(n_bands, grid.height, grid.width),
+        chunks=(n_bands, chunk, chunk),
+        dtype=dtype,
+        compressors=(_ZARR_COMPRESSOR,),
+        fill_value=fill,
+        dimension_names=("band", "y", "x"),
+        attributes=data_attrs,
+    )
+    valid = group.create_array(
+        "valid",
+        shape=(grid.height, grid.width),
+        chunks=(chunk, chunk),
+        dtype=np.uint8,
+        compressors=(_ZARR_COMPRESSOR,),
+        fill_value=0,
+        dimension_names=("y", "x"),
+        attributes={
+            "description": ("1 where at least half of the pixel's source support is valid, else 0"),
+            "grid_mapping": "spatial_ref",
+        },
+    )
+    return {"data": data, "valid": valid}
 
 
 def _zarr_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:

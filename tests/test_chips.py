@@ -385,7 +385,7 @@ def _xarray_template(writer: ChipStoreWriter, path: Path) -> None:
         mode="w-",
         compute=False,
         zarr_format=3,
-        consolidated=False,
+        consolidated=True,
         encoding={
             "data": {
                 "chunks": (n_bands, chunk, chunk),
