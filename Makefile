@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 ## Build the default sample release as a Dagster asset backfill and print a DuckDB summary.
 run: install
-	$(BIN)/python -m pipelines.cli build --cities '$(CITIES)' --years '$(YEARS)' --workers $(WORKERS)
+	$(BIN)/python -m pipelines.cli build --cities '$(CITIES)' --years '$(YEARS)' --workers '$(WORKERS)'
 
 ## Run the test suite.
 test: install
@@ -46,7 +46,7 @@ bench: install
 ## Fresh clone, then `make run` TIMES times, each on a new empty DAGSTER_HOME and data root.
 TIMES ?= 10
 fresh-runs: install
-	$(BIN)/python -m benchmarks.fresh_runs --times $(TIMES) --workers $(WORKERS)
+	$(BIN)/python -m benchmarks.fresh_runs --times '$(TIMES)' --workers '$(WORKERS)'
 
 clean:
 	rm -rf data .dagster_home

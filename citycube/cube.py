@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -24,7 +25,7 @@ import pyarrow.parquet as pq
 
 from citycube.catalogue import Catalogue, catalogue_digest
 from citycube.cities import SCALES, load_cities
-from citycube.errors import CubeWriteError
+from citycube.errors import CubeWriteError, InvalidNameError
 from citycube.scratch import owned_name, remove_dead_leftovers
 
 if TYPE_CHECKING:  # imported where used: the release layout alone should load light
@@ -73,6 +74,25 @@ CHIP_INDEX_SCHEMA = pa.schema(
 )
 
 
+RELEASE_VERSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""Release version ids: a letter or digit, then letters, digits, '.', '_' or '-' (64 at most).
+
+A version is a directory name under ``releases/``, a glob in the database's views and a value
+in every file's metadata, so path separators, '..', glob and quote characters are refused."""
+
+
+def validate_release_version(version: str) -> str:
+    """``version`` if it is a safe release id, else ``InvalidNameError`` saying what is allowed."""
+    if not isinstance(version, str) or not RELEASE_VERSION_PATTERN.fullmatch(version):
+        raise InvalidNameError(
+            f"release version {version!r} is not allowed: use 1–64 letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit (e.g. sample-0.1.0)"
+        )
+    if ".." in version:
+        raise InvalidNameError(f"release version {version!r} is not allowed: it contains '..'")
+    return version
+
+
 @dataclass(frozen=True)
 class Release:
     """Paths of one versioned release."""
@@ -81,6 +101,9 @@ class Release:
     """Root of all CityCube data (sources cache, releases)."""
     version: str
     """Release version id, also recorded in ``release.json`` and every file's metadata."""
+
+    def __post_init__(self) -> None:
+        validate_release_version(self.version)
 
     @property
     def root(self) -> Path:

@@ -53,6 +53,12 @@ class UnknownProductError(CityCubeError):
     code = "CC105"
 
 
+class InvalidNameError(CityCubeError):
+    """A name that becomes part of a path or query (a release version) is not allowed."""
+
+    code = "CC106"
+
+
 class SourceUnavailableError(CityCubeError):
     """The source does not cover the request (a year or area it never published)."""
 
@@ -87,6 +93,12 @@ class CubeWriteError(CityCubeError):
     """A cube partition could not be written; the previous version is left intact."""
 
     code = "CC300"
+
+
+class DatabaseBusyError(CityCubeError):
+    """A release database is locked by another process (a DuckDB shell, a running build)."""
+
+    code = "CC304"
 
 
 class DerivedResultsMissingError(CityCubeError):

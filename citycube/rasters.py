@@ -22,6 +22,7 @@ from rasterio.windows import Window
 
 from citycube.errors import SourceFetchError, SourceReadError
 from citycube.sources import is_remote
+from citycube.staging import repair_hint
 
 _T = TypeVar("_T")
 
@@ -198,7 +199,7 @@ def open_raster(href: str | Path) -> rasterio.DatasetReader:
             ) from exc
         raise SourceReadError(
             f"cannot open {href} as a raster ({exc}); the file is corrupt or truncated: "
-            "delete it and re-run its source asset"
+            f"{repair_hint(href)}"
         ) from exc
     return _georeferenced(ds, str(href))
 
@@ -208,7 +209,7 @@ def _georeferenced(ds: rasterio.DatasetReader, name: str) -> rasterio.DatasetRea
         ds.close()
         raise SourceReadError(
             f"{name} has no CRS or geotransform: the file is corrupt or truncated, or is not a "
-            "georeferenced product file; delete it and re-run its source asset"
+            f"georeferenced product file; {repair_hint(name)}"
         )
     return ds
 
@@ -220,5 +221,5 @@ def read_checked(ds: rasterio.DatasetReader, indexes: list[int], window: Window)
     except rasterio.errors.RasterioIOError as exc:
         raise SourceReadError(
             f"reading {ds.name} failed ({exc}); the file is corrupt or truncated: "
-            "delete it and re-run its source asset"
+            f"{repair_hint(ds.name)}"
         ) from exc

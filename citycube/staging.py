@@ -61,6 +61,18 @@ class InstalledItem:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def repair_hint(path: str | Path) -> str:
+    """What to delete so a damaged source file is fetched again: its whole item directory.
+
+    Deleting the file alone is not enough when the item's completion record survives it (and
+    for remote or unstaged files there is no item directory, only the file).
+    """
+    for folder in Path(path).parents:
+        if (folder / COMPLETE_MARKER).exists():
+            return f"delete its item directory {folder} and re-run its source asset"
+    return f"delete {path} and re-run its source asset"
+
+
 def installed_item(final: Path, identity: Mapping[str, Any]) -> InstalledItem | None:
     """The complete item at ``final`` if its record matches ``identity`` and its files exist."""
     try:

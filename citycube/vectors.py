@@ -32,6 +32,7 @@ from citycube.classify import CLASSIFIER_COLUMNS, get_classifier
 from citycube.errors import SourceReadError
 from citycube.grids import PixelGrid, TileGrid
 from citycube.rasters import transformer
+from citycube.staging import repair_hint
 
 
 def _require_file(path: Path) -> None:
@@ -42,7 +43,7 @@ def _require_file(path: Path) -> None:
 def _damaged(path: Path, what: str, exc: Exception) -> SourceReadError:
     return SourceReadError(
         f"cannot read {path} as {what} ({exc}); the file is corrupt or truncated: "
-        "delete it and re-run its source asset"
+        f"{repair_hint(path)}"
     )
 
 

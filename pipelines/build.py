@@ -28,6 +28,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -406,9 +407,7 @@ class ProgressPrinter:
                 if kind == DagsterEventType.RUN_START:
                     self.line(f"{name} started: {_run_scope(run)}", at)
                 elif kind == DagsterEventType.STEP_FAILURE:
-                    error = event.event_specific_data.error
-                    message = error.message.strip().splitlines()[-1] if error else "failed"
-                    failure = f"{event.step_key}: {message}"
+                    failure = f"{event.step_key}: {root_cause(event.event_specific_data.error)}"
                     self.report.failures.append(failure)
                     self.line(f"  FAILED {failure}", at)
                 elif kind == DagsterEventType.STEP_UP_FOR_RETRY:
@@ -428,6 +427,27 @@ class ProgressPrinter:
                     self.line(f"{name} {ended}", at)
             if not page.has_more:
                 return
+
+
+def root_cause(error: Any) -> str:
+    """What a step failure says to fix, not Dagster's wrapper around it.
+
+    A step that raises shows up as "Error occurred while executing op …" with the real error as
+    its cause, which may carry causes of its own (the library error a CityCube error was raised
+    from). The first CityCube error of the chain (``[CCnnn] …``) is the message to show; failing
+    that, the first error that is not Dagster's own.
+    """
+    if error is None:
+        return "failed"
+    chain = []
+    while error is not None:
+        chain.append(error)
+        error = getattr(error, "cause", None)
+    ours = [e for e in chain if re.search(r"\[CC\d{3}\]", e.message or "")]
+    theirs = [e for e in chain if not (e.cls_name or "").startswith("Dagster")]
+    chosen = (ours or theirs or chain)[0]
+    lines = [line.strip() for line in (chosen.message or "").strip().splitlines() if line.strip()]
+    return lines[0] if lines else chosen.cls_name or "failed"
 
 
 def _run_scope(run: Any) -> str:
@@ -667,6 +687,12 @@ def _conclude(
         return EXIT_STOPPED
     for name, verdict in sorted(report.checks.items()):
         print(f"  check {name}: {verdict}", file=out)
+    failed_checks = sorted(name for name, verdict in report.checks.items() if verdict == "FAIL")
+    if failed_checks:
+        report.failures.append(
+            f"ERROR-level checks failed: {', '.join(failed_checks)}; the cube database was not "
+            "published (see the checks' metadata in `make dev`)"
+        )
     if report.status != "COMPLETED_SUCCESS" or report.failures:
         print(
             f"\nBuild FAILED after {elapsed:.0f}s (backfill {backfill_id}: {report.status}).",

@@ -20,7 +20,13 @@ def _parse_cities(text: str) -> list[str]:
     from citycube.cities import get_city, load_cities
 
     text = text.strip()
-    if text in ("", "default"):
+    if not text:
+        from citycube.errors import UnknownCityError
+
+        raise UnknownCityError(
+            "--cities (CITIES) is empty: give 'default', 'all' or comma-separated city keys"
+        )
+    if text == "default":
         return list(DEFAULT_CITIES)
     if text == "all":
         return list(load_cities())
@@ -31,9 +37,69 @@ def _parse_years(text: str) -> list[int]:
     from citycube.temporal import parse_years
 
     text = text.strip()
-    if text in ("", "default"):
+    if not text:
+        from citycube.errors import UnknownYearError
+
+        raise UnknownYearError(
+            "--years (YEARS) is empty: give 'default', 'all', a range such as 2019-2021 or "
+            "comma-separated years"
+        )
+    if text == "default":
         return list(DEFAULT_YEARS)
     return parse_years(text)
+
+
+def _release_arg(text: str) -> str:
+    """argparse type of --release: a safe release id, checked before anything is written."""
+    from citycube.cube import validate_release_version
+    from citycube.errors import InvalidNameError
+
+    try:
+        return validate_release_version(text)
+    except InvalidNameError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def _workers_arg(text: str) -> int:
+    """argparse type of --workers: a positive whole number."""
+    try:
+        workers = int(text)
+    except ValueError:
+        workers = 0
+    if workers < 1:
+        raise argparse.ArgumentTypeError(
+            f"--workers (WORKERS) must be a whole number of at least 1, got {text!r}"
+        )
+    return workers
+
+
+def _data_arg(text: str) -> str:
+    """argparse type of --data: a non-empty path (an empty one would mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "the data root (--data / CITYCUBE_DATA) is empty; unset CITYCUBE_DATA for ./data or "
+            "give a directory"
+        )
+    return text
+
+
+def writable_directory(path: Path, what: str) -> Path:
+    """Create ``path`` if needed and prove it takes files; a clear error otherwise."""
+    from citycube.errors import SpecError
+
+    if path.exists() and not path.is_dir():
+        raise SpecError(f"{what} {path} is a file, not a directory; point {what} at a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise SpecError(
+            f"{what} {path} is not a writable directory ({exc.strerror or exc}); point {what} "
+            "at a directory you can write to"
+        ) from None
+    return path
 
 
 def _env_defaults(args: argparse.Namespace) -> None:
@@ -41,9 +107,12 @@ def _env_defaults(args: argparse.Namespace) -> None:
     DAGSTER_HOME, creating the Dagster instance's storage once, up front."""
     from pipelines.build import ensure_dagster_home
 
-    os.environ["CITYCUBE_DATA"] = str(Path(args.data).resolve())
+    data = writable_directory(Path(args.data).resolve(), "the data root (CITYCUBE_DATA)")
+    os.environ["CITYCUBE_DATA"] = str(data)
     os.environ["CITYCUBE_RELEASE"] = args.release
-    home = ensure_dagster_home(Path(os.environ.get("DAGSTER_HOME", ".dagster_home")))
+    home_dir = os.environ.get("DAGSTER_HOME") or ".dagster_home"
+    writable_directory(Path(home_dir).resolve(), "DAGSTER_HOME")
+    home = ensure_dagster_home(Path(home_dir))
     os.environ["DAGSTER_HOME"] = str(home)
 
 
@@ -51,7 +120,15 @@ def summary_text(duckdb_file: Path) -> str:
     """A short DuckDB summary of a release: tiles, availability, fields."""
     import duckdb
 
-    con = duckdb.connect(str(duckdb_file), read_only=True)
+    from citycube.errors import DatabaseBusyError
+
+    try:
+        con = duckdb.connect(str(duckdb_file), read_only=True)
+    except duckdb.IOException as exc:
+        raise DatabaseBusyError(
+            f"cannot open {duckdb_file} ({str(exc).splitlines()[0]}): another process holds it "
+            "(a `duckdb` shell or a running build); close it and run the command again"
+        ) from None
     try:
         out = [f"release database: {duckdb_file}"]
         tiles = con.execute("SELECT scale, count(*) FROM tiles GROUP BY 1 ORDER BY 1").fetchall()
@@ -80,8 +157,6 @@ def build(args: argparse.Namespace) -> int:
 
     cities = _parse_cities(args.cities)
     years = _parse_years(args.years)
-    if args.workers < 1:
-        raise SystemExit("--workers must be at least 1")
     _env_defaults(args)
     total = len(cities) * len(years)
     print(
@@ -202,11 +277,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--data",
+        type=_data_arg,
         default=os.environ.get("CITYCUBE_DATA", "data"),
         help="data root holding sources/, cache/ and releases/ (env CITYCUBE_DATA; default ./data)",
     )
     p.add_argument(
         "--release",
+        type=_release_arg,
         default=os.environ.get("CITYCUBE_RELEASE", DEFAULT_RELEASE),
         help=f"release version id (env CITYCUBE_RELEASE; default {DEFAULT_RELEASE})",
     )
@@ -242,8 +319,8 @@ def parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--workers",
-        type=int,
-        default=int(os.environ.get("WORKERS", "1")),
+        type=_workers_arg,
+        default=os.environ.get("WORKERS", "1"),
         help="dask worker processes that partition work runs on (env WORKERS; default 1: "
         "every step works in its run's own process)",
     )

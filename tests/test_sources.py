@@ -18,6 +18,7 @@ from citycube.cube import Release
 from citycube.errors import SourceReadError, SpecError, UnknownProductError
 from citycube.grids import city_grid
 from citycube.process import process_partition
+from citycube.rasters import open_raster
 from citycube.sources import SourceItem, SourceSet, is_remote, parse_source_set_spec
 from citycube.staging import COMPLETE_MARKER, StagedFiles, install_item, installed_item
 from sources import build_source_set, load_source_set
@@ -175,6 +176,23 @@ def test_a_failed_writer_leaves_nothing_that_looks_complete(tmp_path: Path) -> N
     assert record["files"] == {"data": "a.bin"} and record["version"] == "1"
     (final / "a.bin").unlink()  # a record whose files are gone is not an item
     assert installed_item(final, {"version": "1"}) is None
+
+
+def test_a_damaged_installed_file_names_its_item_directory_as_the_fix(tmp_path: Path) -> None:
+    final = tmp_path / "sources" / "odiac" / "Boston" / "2020"
+
+    def writer(staging: Path) -> StagedFiles:
+        (staging / "odiac.tif").write_bytes(b"II*\x00 truncated")
+        return StagedFiles({"data": "odiac.tif"})
+
+    item = install_item(final, {"version": "1"}, writer)
+    with pytest.raises(SourceReadError, match="corrupt or truncated") as raised:
+        open_raster(item.files["data"])
+    assert f"delete its item directory {final} and re-run its source asset" in str(raised.value)
+    loose = tmp_path / "loose.tif"
+    loose.write_bytes(b"not a tiff")
+    with pytest.raises(SourceReadError, match=f"delete {loose} and re-run"):
+        open_raster(loose)
 
 
 # ---- remote reads --------------------------------------------------------------------------
