@@ -84,9 +84,11 @@ class SourceFetchError(CityCubeError):
 
     code = "CC202"
 
-    def __init__(self, message: str, transient: bool = True) -> None:
+    def __init__(self, message: str, transient: bool = True, status: int | None = None) -> None:
         super().__init__(message)
         self.transient = transient
+        self.status = status
+        """The HTTP status the server answered with, when one did (404 tells 'not published')."""
 
 
 class CubeWriteError(CityCubeError):

@@ -25,7 +25,13 @@ def _sample(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
     return sample_adapters(dict(options))
 
 
-FAMILIES: dict[str, AdapterFamily] = {"sample": _sample}
+def _http(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
+    from sources.http import http_adapters
+
+    return http_adapters(options)
+
+
+FAMILIES: dict[str, AdapterFamily] = {"sample": _sample, "http": _http}
 """Adapter families by name."""
 
 

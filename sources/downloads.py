@@ -225,6 +225,18 @@ class DownloadManager:
         found = self._cached(cache_key(url, self.settings.secret_params), None, url)
         return found.path if found else None
 
+    def discard(self, url: str) -> None:
+        """Forget a URL's cached file (e.g. one found corrupt), so the next fetch downloads it."""
+        key = cache_key(url, self.settings.secret_params)
+        index = self._index(key)
+        try:
+            record = json.loads(index.read_text(encoding="utf-8"))
+            digest = str(record["sha256"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        index.unlink(missing_ok=True)
+        self._blob(digest).unlink(missing_ok=True)
+
     # -- cache ----------------------------------------------------------------------------
 
     def _blob(self, digest: str) -> Path:
@@ -378,7 +390,9 @@ class DownloadManager:
                     raise _Restart()
                 if status >= 400:
                     raise SourceFetchError(
-                        f"{shown} answered HTTP {status}; not retried", transient=False
+                        f"{shown} answered HTTP {status}; not retried",
+                        transient=False,
+                        status=status,
                     )
                 if status == 206:
                     start, total = _content_range(response.headers.get("Content-Range"))
