@@ -1,6 +1,8 @@
 """Report assets: the availability report of the published release (quick-looks are made
 with each source period's chips, by the derived assets)."""
 
+import json
+
 import dagster as dg
 
 from assets.cube import DATABASE_KEY
@@ -8,13 +10,14 @@ from citycube.catalogue import Catalogue
 from pipelines.resources import CubeResource
 
 AVAILABILITY_REPORT_KEY = dg.AssetKey(["cube", "availability_report"])
+MANIFEST_KEY = dg.AssetKey(["cube", "manifest"])
 
 HEATMAP_PREVIEW_PX = 800
 """Longest side of the heatmap preview embedded in the Dagster UI (the file is full size)."""
 
 
 def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
-    """The availability report of the published release."""
+    """The availability report of the published release, then its manifest."""
 
     @dg.asset(
         key=AVAILABILITY_REPORT_KEY,
@@ -49,4 +52,31 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
             }
         )
 
-    return [availability_report]
+    @dg.asset(
+        key=MANIFEST_KEY,
+        deps=[AVAILABILITY_REPORT_KEY],
+        group_name="reports",
+        kinds={"json"},
+    )
+    def release_manifest(cube: CubeResource) -> dg.MaterializeResult:
+        """Every file's SHA-256 and size, with sources, catalogue digest and engine version.
+
+        Written last, so it covers the published database's Parquet, the chips, the quick-looks
+        and the reports; ``citycube verify`` recomputes it.
+        """
+        from citycube.manifest import read_manifest, write_manifest
+
+        release = cube.release()
+        meta_file = release.metadata_file
+        meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.exists() else {}
+        path = write_manifest(release, meta)
+        totals = read_manifest(release)["totals"]
+        return dg.MaterializeResult(
+            metadata={
+                "path": dg.MetadataValue.path(str(path)),
+                "files": totals["files"],
+                "bytes": totals["bytes"],
+            }
+        )
+
+    return [availability_report, release_manifest]

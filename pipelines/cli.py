@@ -214,6 +214,26 @@ def summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def verify(args: argparse.Namespace) -> int:
+    """Recompute every file's SHA-256 and compare with the release's manifest."""
+    from citycube.cube import Release
+    from citycube.manifest import verify_release
+
+    release = Release(Path(args.data).resolve(), args.release)
+    result = verify_release(release)
+    for line in result.lines():
+        print(line)
+    if result.ok:
+        print(f"release {release.version} is intact")
+        return 0
+    print(
+        f"release {release.version} differs from its manifest: rebuild the changed partitions "
+        "with `make run` (a rebuild writes a new manifest) or restore the files",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def dagster_home(args: argparse.Namespace) -> int:
     """Create DAGSTER_HOME and its storage, telemetry off (``make dev`` runs this first)."""
     from pipelines.build import ensure_dagster_home
@@ -335,6 +355,17 @@ def parser() -> argparse.ArgumentParser:
     v.set_defaults(func=views)
     s = sub.add_parser("summary", help="print a DuckDB summary of a release")
     s.set_defaults(func=summary)
+    vf = sub.add_parser(
+        "verify",
+        help="check every file of a release against its manifest (SHA-256); exit 1 if not",
+        description=(
+            "Recompute the SHA-256 of every file of the release (observations, chip index, "
+            "chips, tiles, quick-looks, reports, release.json) and compare with manifest.json, "
+            "which a build writes last. Lists changed, missing and unlisted files; exits 0 when "
+            "the release is intact, 1 when it is not, 2 when it has no manifest."
+        ),
+    )
+    vf.set_defaults(func=verify)
     d = sub.add_parser("dagster-home", help="prepare DAGSTER_HOME for offline `dagster dev`")
     d.set_defaults(func=dagster_home)
     r = sub.add_parser(

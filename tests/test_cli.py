@@ -20,7 +20,7 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("build", "render", "report", "views", "summary", "dagster-home"):
+    for command in ("build", "render", "report", "views", "summary", "verify", "dagster-home"):
         assert command in out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import rioxarray  # noqa: F401  (registers .rio)
 import xarray as xr
 
+from citycube.cube import Release
 from pipelines.definitions import build_definitions, defs
 from pipelines.schedules import year_due, yearly_request
 
@@ -72,6 +74,7 @@ def test_build_is_one_backfill_of_successful_runs(build: dict[str, object]) -> N
         }
     assert {"sources/cop_dem_glo30", "derived/dem", "derived/pop", "modalities/opt"} <= materialized
     assert {"cube/staged_database", "cube/database", "cube/availability_report"} <= materialized
+    assert "cube/manifest" in materialized
 
 
 def test_partition_work_ran_on_a_two_worker_local_cluster(build: dict[str, object]) -> None:
@@ -228,3 +231,24 @@ def test_render_command_writes_png_for_each_image_modality(
     if code == "RD":
         colours = {c for _, c in image.convert("RGB").getcolors(maxcolors=1 << 16)}
         assert colours <= {(224, 64, 69), (255, 255, 255)}
+
+
+def test_the_release_is_verified_against_its_manifest(release_dir: Path, tmp_path: Path) -> None:
+    from citycube.manifest import read_manifest, verify_release
+
+    release = Release(release_dir.parent.parent, release_dir.name)
+    manifest = read_manifest(release)
+    names = set(manifest["files"])
+    assert "release.json" in names and any(n.startswith("chips/") for n in names)
+    assert any(n.startswith("observations/") for n in names)
+    assert any(n.startswith("reports/") for n in names)
+    assert verify_release(release).ok
+
+    copy = Release(tmp_path, release.version)
+    shutil.copytree(release.root, copy.root)
+    chunk = next(copy.root / n for n in sorted(names) if n.startswith("chips/") and "/data/c/" in n)
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    chunk.write_bytes(bytes(data))
+    result = verify_release(copy)
+    assert result.changed == [chunk.relative_to(copy.root).as_posix()] and not result.ok

@@ -1,0 +1,153 @@
+"""A release's manifest: every file's SHA-256 and size, its sources, rules and code version.
+
+Users cite a release and must be able to check that it is the one they cited. The manifest is
+written last, after the database and the reports, and ``verify_release`` recomputes every hash:
+a flipped byte in any chunk, Parquet file, report or quick-look is caught, as is a file that
+went missing or appeared. The DuckDB database is left out on purpose: it holds only views over
+the Parquet and small tables (rebuilt by ``citycube views``), and a DuckDB client may rewrite
+its file on open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from citycube.cube import Release, write_json_atomic
+from citycube.errors import ReleaseNotFoundError
+from citycube.versions import ENGINE_VERSION
+
+MANIFEST_FILE = "manifest.json"
+"""The manifest's name in the release directory."""
+MANIFEST_FORMAT = 1
+"""Bump when the manifest's layout changes."""
+EXCLUDED_NAMES = frozenset({MANIFEST_FILE, "cube.duckdb", "cube.duckdb.wal"})
+"""Files of the release root that the manifest does not cover (see the module docstring)."""
+EXCLUDED_DIRS = frozenset({".staging", "renders"})
+"""Folders it does not cover: the staged database, and renders a user asks for later."""
+
+
+def manifest_path(release: Release) -> Path:
+    """Where a release's manifest lives."""
+    return release.root / MANIFEST_FILE
+
+
+def release_files(release: Release) -> Iterator[Path]:
+    """Every file the manifest covers, in a stable order (temporary and hidden files skipped)."""
+    root = release.root
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in EXCLUDED_DIRS and not d.startswith("."))
+        for name in sorted(files):
+            if name.startswith(".") or (Path(folder) == root and name in EXCLUDED_NAMES):
+                continue
+            yield Path(folder) / name
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, read in 1 MiB blocks."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def build_manifest(release: Release, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest of a release as it is on disk now."""
+    if not release.root.is_dir():
+        raise ReleaseNotFoundError(f"no release at {release.root}")
+    files: dict[str, dict[str, Any]] = {}
+    for path in release_files(release):
+        files[path.relative_to(release.root).as_posix()] = {
+            "sha256": file_sha256(path),
+            "bytes": path.stat().st_size,
+        }
+    return {
+        "format": MANIFEST_FORMAT,
+        "release": release.version,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "engine_version": ENGINE_VERSION,
+        "catalogue_digest": metadata.get("catalogue_digest"),
+        "source_set": metadata.get("source_set"),
+        "synthetic": metadata.get("synthetic"),
+        "sources": metadata.get("sources", {}),
+        "built_at": metadata.get("built_at"),
+        "totals": {"files": len(files), "bytes": sum(f["bytes"] for f in files.values())},
+        "files": files,
+    }
+
+
+def write_manifest(release: Release, metadata: Mapping[str, Any]) -> Path:
+    """Hash every file of the release and write the manifest atomically."""
+    return write_json_atomic(build_manifest(release, metadata), manifest_path(release))
+
+
+@dataclass
+class Verification:
+    """What ``verify_release`` found."""
+
+    checked: int = 0
+    """Files whose hash was recomputed."""
+    changed: list[str] = field(default_factory=list)
+    """Files whose content differs from the manifest."""
+    missing: list[str] = field(default_factory=list)
+    """Files the manifest lists that are gone."""
+    unexpected: list[str] = field(default_factory=list)
+    """Files on disk that the manifest does not list."""
+
+    @property
+    def ok(self) -> bool:
+        """True when every file is as the manifest says, and nothing else is there."""
+        return not (self.changed or self.missing or self.unexpected)
+
+    def lines(self, most: int = 20) -> list[str]:
+        """A readable account, at most ``most`` paths per kind."""
+        out = [f"{self.checked} files checked"]
+        for label, paths in (
+            ("changed", self.changed),
+            ("missing", self.missing),
+            ("not in the manifest", self.unexpected),
+        ):
+            if paths:
+                out.append(f"{len(paths)} {label}:")
+                out += [f"  {p}" for p in paths[:most]]
+                if len(paths) > most:
+                    out.append(f"  … and {len(paths) - most} more")
+        return out
+
+
+def read_manifest(release: Release) -> dict[str, Any]:
+    """A release's manifest, with an error that says how to make one."""
+    path = manifest_path(release)
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReleaseNotFoundError(
+            f"release {release.version} has no manifest at {path}: build it with `make run` "
+            "(the manifest is written last, after the database and the reports)"
+        ) from None
+    except ValueError as exc:
+        raise ReleaseNotFoundError(f"the manifest {path} is not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ReleaseNotFoundError(f"the manifest {path} has no file list")
+    return manifest
+
+
+def verify_release(release: Release) -> Verification:
+    """Recompute every file's hash and compare it, and the file list, with the manifest."""
+    listed: dict[str, Any] = read_manifest(release)["files"]
+    result = Verification()
+    on_disk = {p.relative_to(release.root).as_posix(): p for p in release_files(release)}
+    for name, entry in listed.items():
+        path = on_disk.get(name)
+        if path is None:
+            result.missing.append(name)
+            continue
+        result.checked += 1
+        if path.stat().st_size != entry.get("bytes") or file_sha256(path) != entry.get("sha256"):
+            result.changed.append(name)
+    result.unexpected = sorted(set(on_disk) - set(listed))
+    return result

@@ -1,0 +1,96 @@
+"""A release's manifest: written over every file, and verify catches any change to them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from citycube.cube import Release
+from citycube.errors import ReleaseNotFoundError
+from citycube.manifest import manifest_path, read_manifest, verify_release, write_manifest
+from pipelines.cli import main
+
+FILES = {
+    "observations/city=Boston/year=2020/OPT.parquet": b"PAR1 observations PAR1",
+    "chip_index/city=Boston/year=2020/OPT.parquet": b"PAR1 index PAR1",
+    "chips/OPT/Boston/2020.zarr/zarr.json": b'{"zarr_format": 3}',
+    "chips/OPT/Boston/2020.zarr/data/c/0/0/0": bytes(range(256)) * 8,
+    "quicklooks/OPT/Boston/2020.png": b"\x89PNG quick-look",
+    "reports/availability_by_city.csv": b"city,available\nBoston,18\n",
+    "tiles.parquet": b"PAR1 tiles PAR1",
+    "release.json": b'{"version": "v1"}',
+}
+
+
+@pytest.fixture
+def release(tmp_path: Path) -> Release:
+    release = Release(tmp_path, "v1")
+    for name, data in FILES.items():
+        path = release.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    (release.root / "cube.duckdb").write_bytes(b"database")
+    (release.root / ".staging").mkdir()
+    (release.root / ".staging" / "cube.duckdb").write_bytes(b"staged")
+    write_manifest(release, {"catalogue_digest": "abc", "sources": {"odiac": {"version": "x"}}})
+    return release
+
+
+def test_the_manifest_lists_every_file_with_its_hash(release: Release) -> None:
+    manifest = read_manifest(release)
+    assert set(manifest["files"]) == set(FILES)  # not the database, nor the staging area
+    chunk = manifest["files"]["chips/OPT/Boston/2020.zarr/data/c/0/0/0"]
+    assert chunk["bytes"] == 2048 and len(chunk["sha256"]) == 64
+    assert manifest["catalogue_digest"] == "abc" and manifest["sources"]["odiac"]["version"] == "x"
+    assert manifest["totals"] == {"files": len(FILES), "bytes": sum(map(len, FILES.values()))}
+    assert verify_release(release).ok
+
+
+def test_one_flipped_byte_anywhere_is_caught(release: Release) -> None:
+    for name in FILES:
+        path = release.root / name
+        original = path.read_bytes()
+        flipped = bytearray(original)
+        flipped[len(flipped) // 2] ^= 0x01
+        path.write_bytes(bytes(flipped))
+        result = verify_release(release)
+        assert result.changed == [name] and not result.ok
+        path.write_bytes(original)
+    assert verify_release(release).ok
+
+
+def test_missing_and_unlisted_files_are_reported(release: Release) -> None:
+    (release.root / "tiles.parquet").unlink()
+    (release.root / "observations/city=Boston/year=2021").mkdir()
+    (release.root / "observations/city=Boston/year=2021/OPT.parquet").write_bytes(b"new")
+    (release.root / "cube.duckdb").write_bytes(b"rewritten by a client")  # not covered
+    (release.root / ".observations.tmp-123").write_bytes(b"temporary")  # not covered
+    result = verify_release(release)
+    assert result.missing == ["tiles.parquet"]
+    assert result.unexpected == ["observations/city=Boston/year=2021/OPT.parquet"]
+    assert result.changed == []
+
+
+def test_the_verify_command_exits_by_the_result(
+    release: Release, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--data", str(release.data_root), "--release", "v1", "verify"]
+    assert main(args) == 0
+    assert "release v1 is intact" in capsys.readouterr().out
+    chunk = release.root / "chips/OPT/Boston/2020.zarr/data/c/0/0/0"
+    chunk.write_bytes(b"\xff" + chunk.read_bytes()[1:])
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    assert "1 changed:" in captured.out and "data/c/0/0/0" in captured.out
+    assert "differs from its manifest" in captured.err
+    manifest_path(release).unlink()
+    assert main(args) == 2
+    assert "has no manifest" in capsys.readouterr().err
+
+
+def test_a_damaged_manifest_is_an_error_not_a_pass(release: Release) -> None:
+    manifest_path(release).write_text(json.dumps({"files": "none"}))
+    with pytest.raises(ReleaseNotFoundError, match="no file list"):
+        verify_release(release)
