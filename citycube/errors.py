@@ -68,6 +68,10 @@ class SourceReadError(CityCubeError):
 
     code = "CC201"
 
+    def __init__(self, message: str, reason: str = "unreadable_source") -> None:
+        super().__init__(message)
+        self.reason = reason
+
 
 class SourceFetchError(CityCubeError):
     """A server failed or refused while fetching a source.
@@ -78,9 +82,10 @@ class SourceFetchError(CityCubeError):
 
     code = "CC202"
 
-    def __init__(self, message: str, transient: bool = True) -> None:
+    def __init__(self, message: str, transient: bool = True, reason: str = "server_error") -> None:
         super().__init__(message)
         self.transient = transient
+        self.reason = reason
 
 
 class CubeWriteError(CityCubeError):

@@ -25,7 +25,13 @@ def _sample(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
     return sample_adapters(dict(options))
 
 
-FAMILIES: dict[str, AdapterFamily] = {"sample": _sample}
+def _stac(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
+    from sources.stac import stac_adapters
+
+    return stac_adapters(options)
+
+
+FAMILIES: dict[str, AdapterFamily] = {"sample": _sample, "planetary-computer": _stac}
 """Adapter families by name."""
 
 
