@@ -259,7 +259,7 @@ def dem_tile_item(storage: Path, lat: int, lon: int) -> dict[str, Any]:
     elevation = (
         40 * np.sin(lon_c * 37.0) + 30 * np.cos(lat_c * 23.0) + 5 * (lon_c - lon) - 8
     ).astype(np.float32)
-    elevation[(rows - 300) ** 2 + (cols - 200) ** 2 < 16] = -32767  # a radar void
+    elevation[(rows - 400) ** 2 + (cols - 50) ** 2 < 16] = -32767  # a radar void in the window
     relative = f"copernicus-dem/COP30_hh/{name}.tif"
     write_cog(storage / DEM_ACCOUNT / relative, elevation, CRS.from_epsg(4326), transform, -32767)
     west, north = transform.c, transform.f

@@ -34,6 +34,8 @@ def gdal_env(options: StacFamilyOptions) -> dict[str, str | int | bool]:
 
     No directory listing on open, only ``.tif`` names probed, consecutive ranges merged,
     timeouts on every request, and no retries inside GDAL: the family's retry policy owns them.
+    Nothing is cached across opens (``CPL_VSIL_CURL_NON_CACHED``): an asset is opened once per
+    fetch, and GDAL would otherwise remember a failed answer and replay it to every retry.
     """
     return {
         "GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR",
@@ -43,6 +45,7 @@ def gdal_env(options: StacFamilyOptions) -> dict[str, str | int | bool]:
         "GDAL_HTTP_CONNECTTIMEOUT": int(np.ceil(options.connect_timeout_s)),
         "GDAL_HTTP_MAX_RETRY": 0,
         "VSI_CACHE": False,
+        "CPL_VSIL_CURL_NON_CACHED": "/vsicurl/",
         "GDAL_CACHEMAX": 256,
     }
 
