@@ -159,3 +159,18 @@ def test_retry_policy_retries_transient_failures_only() -> None:
         RetryPolicy(2, 10.0, 0.0, 0.0).call(lambda: (_ for _ in ()).throw(TransientError("x")))
     assert is_transient_gdal_message("HTTP response code: 503")
     assert not is_transient_gdal_message("HTTP response code: 416")
+
+
+def test_the_planetary_computer_source_set_picks_the_stac_family() -> None:
+    from pathlib import Path
+
+    from sources import load_source_set
+
+    path = Path(__file__).resolve().parents[1] / "schemas/source_sets/planetary-computer.yaml"
+    sources = load_source_set(path)
+    for product in ("landsat_c2l2", "landsat_ndvi", "landsat_st", "cop_dem_glo30"):
+        info = sources.product(product).info
+        assert info.source_id.startswith("pc:") and not info.synthetic
+    assert sources.product("odiac").info.synthetic
+    assert sources.source_years("landsat_st", "Boston") == list(range(2000, 2026))
+    assert sources.source_years("cop_dem_glo30", "Boston") is None
