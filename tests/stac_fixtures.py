@@ -51,6 +51,7 @@ BLOB = "blob.core.windows.net"
 SAS_TOKEN = "st=2026-12-01T00%3A00%3A00Z&se=2026-12-02T00%3A00%3A00Z&sp=rl&sv=2024-05-04&sr=c&sig=LoopbackSecret0123456789abcdefXYZ%3D"  # noqa: E501
 """The token the local SAS endpoint hands out; it must never reach a written file."""
 CITY = "Boston"
+SOUTH_CITY = "CapeTown"
 DEM_RES = 6 / 3600
 """Test DEM tiles are 6 arc-second (600 × 600): real GLO-30 is 1″, the lattice logic is the same."""
 
@@ -314,8 +315,11 @@ def boston_scenes() -> dict[str, SceneSpec]:
 
     2020: three usable scenes in zone 19 (two OLI, one Landsat 7 SLC-off), one too cloudy,
     one from zone 18; 2019: one scene (fault tests); 2018: a scene whose QA file is truncated.
+    Plus one Cape Town scene of 2020 as USGS publishes southern scenes: in the northern zone
+    code (32634) with negative northings.
     """
     grid = landsat_grid(CITY)
+    south = landsat_grid(SOUTH_CITY).transform
     gx, gy = grid.transform.c, grid.transform.f
 
     def at(col: int, row: int) -> tuple[float, float]:
@@ -350,6 +354,11 @@ def boston_scenes() -> dict[str, SceneSpec]:
         "faulty": SceneSpec(
             "LC08_L2SP_012031_20190610_20200827_02_T1", "landsat-8", 32619, at(200, 200),
             (512, 512), datetime(2019, 6, 10, 15, 30, tzinfo=UTC), 10.0, 6,
+        ),
+        "south": SceneSpec(
+            "LC08_L2SP_175084_20200215_20200823_02_T1", "landsat-8", 32634,
+            (south.c + 30 * 300, south.f - 30 * 400 - 10_000_000), (512, 512),
+            datetime(2020, 2, 15, 8, 40, tzinfo=UTC), 5.0, 8,
         ),
         "truncated": SceneSpec(
             "LC08_L2SP_012031_20180607_20200831_02_T1", "landsat-8", 32619, at(200, 200),

@@ -30,6 +30,7 @@ from sources.stac.grids import TargetGrid, geographic_grid, landsat_grid
 from tests.stac_fixtures import (
     CITY,
     SAS_TOKEN,
+    SOUTH_CITY,
     SR_OFFSET,
     SR_SCALE,
     ST_OFFSET,
@@ -248,6 +249,24 @@ def test_dem_mosaic_copies_the_tiles_on_their_lattice(fetched_2020: dict, stac_w
     assert len(item.extra["tile_ids"].split(",")) == 2
 
 
+def test_a_southern_scene_in_the_northern_zone_code_lands_on_the_city_zone(
+    stac_world: StacWorld, tmp_path: Path
+) -> None:
+    """USGS's 32634 scene (negative northings) of Cape Town, read into 32734 without warping."""
+    item = adapters(stac_world)["landsat_st"].fetch(SOUTH_CITY, 2020, tmp_path)
+    data, profile = _read(item)
+    assert profile["crs"].to_epsg() == 32734
+    grid = landsat_grid(SOUTH_CITY)
+    assert profile["transform"] == grid.transform
+    qa = _scene_band(stac_world, "south", "qa_pixel", grid)
+    dn = _scene_band(stac_world, "south", "lwir11", grid)
+    clear = ((qa & INVALID_BITS) == 0) & (dn != 0)
+    want = np.where(clear, dn * ST_SCALE + ST_OFFSET, -9999)
+    assert clear.sum() > 100_000
+    np.testing.assert_allclose(data[1], want, atol=2e-4)
+    np.testing.assert_allclose(data[0], want, atol=2e-4)  # one observation: mean = median
+
+
 # ---- processing reads the items unchanged -----------------------------------------------------
 
 
@@ -417,3 +436,48 @@ def test_an_unreachable_api_is_a_transient_search_error(stac_world, tmp_path) ->
     with pytest.raises(SourceFetchError) as caught:
         chosen["landsat_st"].fetch(CITY, 2020, tmp_path)
     assert caught.value.transient and caught.value.reason == "search_failed"
+
+
+# ---- through Dagster -------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_dagster_builds_heat_and_dem_from_the_loopback_stac_api(stac_world, tmp_path) -> None:
+    """A source set that picks the STAC family, materialised through the Dagster assets."""
+    import dagster as dg
+    import yaml
+
+    from pipelines.definitions import build_definitions
+    from pipelines.resources import ComputeResource, CubeResource
+    from tests.conftest import materialize_keys
+
+    stac_world.set_faults([])
+    source_set = tmp_path / "source_set.yaml"
+    spec = {
+        "name": "loopback-stac",
+        "default": "sample",
+        "products": {"landsat_st": "planetary-computer", "cop_dem_glo30": "planetary-computer"},
+        "options": {"sample": {"seed": 0}, "planetary-computer": stac_world.options()},
+    }
+    source_set.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    cube = CubeResource(
+        data_root=str(tmp_path / "data"), release_version="t", source_set=str(source_set)
+    )
+    resources = {"cube": cube, "compute": ComputeResource(workers=1)}
+    definitions = build_definitions()
+    instance = dg.DagsterInstance.ephemeral()
+    for keys, partition in (
+        (["sources/landsat_st", "derived/heat"], f"{CITY}|2020"),
+        (["sources/cop_dem_glo30", "derived/dem"], CITY),
+    ):
+        result = materialize_keys(
+            definitions, keys, partition, resources=resources, instance=instance
+        )
+        assert result.success  # type: ignore[attr-defined]
+    derived = cube.release().root / "derived"
+    heat = pq.read_table(derived / "HEAT" / CITY / "2020.parquet")
+    assert set(heat.column("source_id").to_pylist()) == {"pc:landsat-c2-l2"}
+    assert not any(heat.column("synthetic").to_pylist())
+    dem_files = list((derived / "DEM" / CITY).glob("*.parquet"))
+    assert dem_files
+    assert set(pq.read_table(dem_files[0]).column("source_id").to_pylist()) == {"pc:cop-dem-glo-30"}
