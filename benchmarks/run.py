@@ -66,6 +66,12 @@ BENCHMARKS = (
         True,
     ),
     Benchmark(
+        "stac_bytes",
+        "benchmarks.bench_stac_bytes",
+        "bytes a STAC-served city-year fetches over HTTP vs the COG tiles its windows need",
+        True,
+    ),
+    Benchmark(
         "build",
         "benchmarks.bench_build",
         "sample build of one city-year (fetch + every enabled modality) vs decoding the files",

@@ -74,6 +74,10 @@ class SourceReadError(CityCubeError):
 
     code = "CC201"
 
+    def __init__(self, message: str, reason: str = "unreadable_source") -> None:
+        super().__init__(message)
+        self.reason = reason
+
 
 class SourceFetchError(CityCubeError):
     """A server failed or refused while fetching a source.
@@ -84,9 +88,16 @@ class SourceFetchError(CityCubeError):
 
     code = "CC202"
 
-    def __init__(self, message: str, transient: bool = True, status: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        transient: bool = True,
+        reason: str = "server_error",
+        status: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.transient = transient
+        self.reason = reason
         self.status = status
         """The HTTP status the server answered with, when one did (404 tells 'not published')."""
 

@@ -31,7 +31,17 @@ def _http(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
     return http_adapters(options)
 
 
-FAMILIES: dict[str, AdapterFamily] = {"sample": _sample, "http": _http}
+def _stac(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
+    from sources.stac import stac_adapters
+
+    return stac_adapters(options)
+
+
+FAMILIES: dict[str, AdapterFamily] = {
+    "sample": _sample,
+    "http": _http,
+    "planetary-computer": _stac,
+}
 """Adapter families by name."""
 
 

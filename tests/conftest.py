@@ -14,6 +14,7 @@ from affine import Affine
 
 from citycube.errors import SourceUnavailableError
 from citycube.sources import SourceInfo, SourceItem, SourceProduct, SourceSet
+from tests.stac_fixtures import stac_world  # noqa: F401  (loopback STAC services, per session)
 
 
 def write_tif(

@@ -1,29 +1,124 @@
 """A small HTTP file server with Range support, for loopback tests of remote reads.
 
-``python -m tests.http_file_server <folder> <request-log>`` serves ``folder`` on a free
-loopback port, prints the port, and appends one line per request (method, path, Range).
+``python -m tests.http_file_server <folder> <request-log> [<faults.json>]`` serves ``folder``
+on a free loopback port, prints the port, and appends one line per request: method, path
+(without its query string), Range, status, body bytes sent, and whether the URL carried a
+query (``signed``/``-``).
+
+The optional faults file is read again whenever it changes. It holds a list of rules, each
+applied to requests whose path contains ``match``: ``status`` (answer that status, at most
+``times`` times, default always), ``delay_s`` (sleep before answering), ``require_query``
+(answer 403 unless the query string contains it). Tests write it to inject server failures.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+import threading
+import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit
+
+
+class Faults:
+    """The fault rules of a faults file, with their remaining counts."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.stamp: float | None = None
+        self.rules: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def matching(self, url_path: str) -> list[dict[str, Any]]:
+        """Rules that apply to a path (reloaded when the file changed)."""
+        with self.lock:
+            if self.path is not None:
+                try:
+                    stamp = self.path.stat().st_mtime_ns
+                except FileNotFoundError:
+                    stamp = None
+                if stamp != self.stamp:
+                    self.stamp = stamp
+                    self.rules = json.loads(self.path.read_text(encoding="utf-8")) if stamp else []
+            return [r for r in self.rules if r.get("match", "") in url_path]
+
+    def take(self, rule: dict[str, Any]) -> bool:
+        """Use one of a status rule's answers; False when it has none left."""
+        with self.lock:
+            left = rule.get("times")
+            if left is None:
+                return True
+            if left <= 0:
+                return False
+            rule["times"] = left - 1
+            return True
 
 
 class RangeFileHandler(SimpleHTTPRequestHandler):
     """Serves files with byte ranges, as object stores and COG hosts do."""
 
     request_log: Path
+    faults: Faults = Faults(None)
 
     def log_message(self, format: str, *args: object) -> None:
+        """Requests are logged by ``_log`` with their status and size."""
+
+    def do_GET(self) -> None:
+        """Send the file (or its range) and log the bytes that actually left."""
+        self._status, self._sent = 0, 0
+        body = self.send_head()
+        if body is None:
+            return
+        try:
+            while chunk := body.read(64 * 1024):
+                self.wfile.write(chunk)
+                self._sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client hung up early (GDAL does after reading what it needs)
+        finally:
+            body.close()
+            self._log(self._status, self._sent)
+
+    def do_HEAD(self) -> None:
+        """Headers only."""
+        self._status = 0
+        body = self.send_head()
+        if body is not None:
+            body.close()
+            self._log(self._status, 0)
+
+    def _log(self, status: int, sent: int) -> None:
+        parts = urlsplit(self.path)
+        signed = "signed" if parts.query else "-"
+        sent = 0 if self.command == "HEAD" else sent
+        line = f"{self.command} {parts.path} {self.headers.get('Range') or '-'} {status} {sent}"
         with open(self.request_log, "a", encoding="utf-8") as log:
-            log.write(f"{self.command} {self.path} {self.headers.get('Range') or '-'}\n")
+            log.write(f"{line} {signed}\n")
+
+    def _fail(self, status: int) -> None:
+        self._log(status, 0)
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def send_head(self) -> BinaryIO | None:
+        parts = urlsplit(self.path)
+        for rule in self.faults.matching(parts.path):
+            if rule.get("delay_s"):
+                time.sleep(float(rule["delay_s"]))
+            needed = rule.get("require_query")
+            if needed and needed not in parts.query:
+                self._fail(403)
+                return None
+            if rule.get("status") and self.faults.take(rule):
+                self._fail(int(rule["status"]))
+                return None
         path = Path(self.translate_path(self.path))
         if not path.is_file():
+            self._log(404, 0)
             self.send_error(404)
             return None
         size = path.stat().st_size
@@ -33,9 +128,18 @@ class RangeFileHandler(SimpleHTTPRequestHandler):
             first, _, last = wanted.removeprefix("bytes=").partition("-")
             start = int(first or 0)
             stop = min(size, int(last) + 1) if last else size
+            if start >= size:
+                self._log(416, 0)
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
+            self._status = 206
             self.send_response(206)
             self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{size}")
         else:
+            self._status = 200
             self.send_response(200)
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Type", "application/octet-stream")
@@ -65,10 +169,11 @@ class _Limited:
 def main() -> None:
     """Serve a folder until terminated."""
     folder, log = sys.argv[1], Path(sys.argv[2])
+    faults = Faults(Path(sys.argv[3]) if len(sys.argv) > 3 else None)
     handler = type(
         "Handler",
         (RangeFileHandler,),
-        {"request_log": log, "__init__": _bind_directory(folder)},
+        {"request_log": log, "faults": faults, "__init__": _bind_directory(folder)},
     )
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     print(server.server_address[1], flush=True)

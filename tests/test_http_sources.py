@@ -468,7 +468,8 @@ def test_chelsa_annual_fields_from_windowed_reads(
     requested = log.read_text().splitlines()
     assert any("rsds/CHELSA_rsds_2016_07_V.2.1.tif" in line for line in requested)
     gets = [line for line in requested if line.startswith("GET")]
-    assert gets and all(not line.endswith(" -") for line in gets)  # byte ranges only
+    # "GET <path> <Range> <status> <bytes> <signed>": byte ranges only, never a whole file
+    assert gets and all(line.split()[2].startswith("bytes=") for line in gets)
 
     wth = load_catalogue().get("WTH")
     with open_masked_source(item, wth, [1], role="tas") as masked:

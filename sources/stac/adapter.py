@@ -1,0 +1,241 @@
+"""One STAC-served product behind the source protocol: search, read windows, install.
+
+A fetch searches the product's collection over the city window (and the year), signs and
+reads only the window of each asset it needs, lets the product's recipe combine them, and
+installs the files with the core's staging helper, so a killed fetch never leaves a half item
+and a complete item made under the same rules is reused. Every failure names the product,
+source, city, year and — where one is to blame — the STAC item and asset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pystac
+import rasterio
+
+from citycube.cities import get_city
+from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
+from citycube.sources import SourceInfo, SourceItem, SourceProduct
+from citycube.stac_spec import Signing, StacProductSpec
+from citycube.staging import InstalledItem, StagedFiles, install_item
+from sources.stac.grids import TargetGrid
+from sources.stac.options import StacFamilyOptions
+from sources.stac.reading import AssetRead, CorruptAssetError, gdal_env, read_band
+from sources.stac.retrying import RetryPolicy, TransientError
+from sources.stac.search import SearchRequest, search_items
+from sources.stac.signing import HrefSigner
+
+ADAPTER_VERSION = "stac-1"
+"""Version of this family's recipes; bump it whenever the pixels they write change."""
+
+
+@dataclass(frozen=True)
+class FetchContext:
+    """Everything one fetch needs to read assets, and to say what failed."""
+
+    spec: StacProductSpec
+    """The product's rules."""
+    source_id: str
+    """Who serves it, e.g. 'pc:landsat-c2-l2'."""
+    city: str
+    """City key."""
+    year: int | None
+    """Source year; None for a static product."""
+    signer: HrefSigner
+    """Signs and mirrors hrefs."""
+    policy: RetryPolicy
+    """Retry bounds of every request."""
+    options: StacFamilyOptions
+    """Family settings (timeouts, limits)."""
+
+    def where(self, item_id: str | None = None, asset: str | None = None) -> str:
+        """'landsat_st from pc:landsat-c2-l2 for Boston 2020, item X, asset Y'."""
+        period = "static" if self.year is None else str(self.year)
+        text = f"{self.spec.product} from {self.source_id} for {self.city} {period}"
+        if item_id is not None:
+            text += f", item {item_id}"
+        if asset is not None:
+            text += f", asset {asset!r}"
+        return text
+
+    @property
+    def timeout(self) -> tuple[float, float]:
+        """(connect, read) timeouts of one HTTP request."""
+        return (self.options.connect_timeout_s, self.options.timeout_s)
+
+    def search(self, request: SearchRequest) -> list[pystac.Item]:
+        """Search with the family's retry policy; failures name the product, city and year."""
+        try:
+            return search_items(request, self.policy, self.timeout)
+        except TransientError as exc:
+            raise SourceFetchError(
+                f"{self.where()}: the STAC search kept failing within the retry bounds: "
+                f"{self.signer.redact(str(exc))}",
+                transient=True,
+                reason="search_failed",
+            ) from None
+        except SourceFetchError as exc:
+            raise SourceFetchError(
+                f"{self.where()}: {exc.message}", transient=exc.transient, reason=exc.reason
+            ) from None
+
+    def read(
+        self,
+        item: pystac.Item,
+        asset_key: str,
+        grid: TargetGrid,
+        *,
+        fill: float,
+        nodata: float | None,
+    ) -> AssetRead:
+        """One asset's window on ``grid``, retried on transient failures."""
+        asset = item.assets.get(asset_key)
+        if asset is None:
+            raise SourceReadError(
+                f"{self.where(item.id, asset_key)}: the item has no such asset "
+                f"(it has {sorted(item.assets)})",
+                reason="missing_asset",
+            )
+        env = gdal_env(self.options)
+
+        def attempt() -> AssetRead:
+            href = self.signer.sign(asset.href)
+            with rasterio.Env(**env):
+                return read_band(href, grid, fill=fill, nodata=nodata)
+
+        try:
+            return self.policy.call(attempt)
+        except TransientError as exc:
+            raise SourceFetchError(
+                f"{self.where(item.id, asset_key)}: reading {asset.href} kept failing within "
+                f"the retry bounds: {self.signer.redact(str(exc))}",
+                transient=True,
+                reason="server_error",
+            ) from None
+        except CorruptAssetError as exc:
+            raise SourceReadError(
+                f"{self.where(item.id, asset_key)}: {asset.href} could not be decoded "
+                f"(truncated or not a GeoTIFF): {self.signer.redact(str(exc))}",
+                reason="corrupt_asset",
+            ) from None
+
+    def scale_offset(self, item: pystac.Item, asset_key: str) -> tuple[float, float]:
+        """Scale and offset of an asset's first band, as its ``raster:bands`` say."""
+        if self.spec.scale_source == "none":
+            return (1.0, 0.0)
+        bands = item.assets[asset_key].extra_fields.get("raster:bands") or []
+        if not bands or "scale" not in bands[0] or "offset" not in bands[0]:
+            raise SourceReadError(
+                f"{self.where(item.id, asset_key)}: raster:bands gives no scale and offset",
+                reason="missing_scale",
+            )
+        return (float(bands[0]["scale"]), float(bands[0]["offset"]))
+
+
+Recipe = Callable[[FetchContext, Path], StagedFiles]
+"""Writes one item's files into a staging directory."""
+
+
+class StacSource(SourceProduct):
+    """A product served from a STAC collection, per the rules of its spec."""
+
+    def __init__(
+        self,
+        spec: StacProductSpec,
+        options: StacFamilyOptions,
+        recipe: Recipe,
+        signer: HrefSigner,
+    ) -> None:
+        self.spec = spec
+        self.options = options
+        self.recipe = recipe
+        self.signer = signer
+        self.policy = RetryPolicy.from_options(options)
+        prefix = "pc" if spec.signing is Signing.PLANETARY_COMPUTER else "stac"
+        self.info = SourceInfo(
+            product_id=spec.product,
+            source_id=f"{prefix}:{spec.collection}",
+            version=spec.version,
+            synthetic=False,
+            licence=spec.licence,
+            attribution=spec.attribution,
+        )
+
+    def source_years(self, city: str) -> list[int] | None:
+        """Years of the product's calendar; None for a static product."""
+        get_city(city)
+        if self.spec.temporal == "static":
+            return None
+        assert self.spec.first_year is not None and self.spec.last_year is not None
+        return list(range(self.spec.first_year, self.spec.last_year + 1))
+
+    def item_dir(self, city: str, source_year: int | None, dest: Path) -> Path:
+        """Where an item's files live: ``dest/<product>/<city>/<year or 'static'>``."""
+        label = "static" if source_year is None else str(source_year)
+        return Path(dest) / self.product_id / city / label
+
+    def identity(self, city: str, source_year: int | None) -> dict[str, Any]:
+        """What a completion record must say for an item to be reused."""
+        return {
+            "product": self.product_id,
+            "city": city,
+            "source_year": source_year,
+            "source_id": self.info.source_id,
+            "version": self.info.version,
+            "adapter": ADAPTER_VERSION,
+            "rules": self.spec.digest(),
+            "synthetic": False,
+        }
+
+    def fetch(self, city: str, source_year: int | None, dest: Path) -> SourceItem:
+        """Search, read the city's windows, combine and install one item (or reuse it)."""
+        get_city(city)
+        self._check_year(city, source_year)
+        context = FetchContext(
+            spec=self.spec,
+            source_id=self.info.source_id,
+            city=city,
+            year=source_year,
+            signer=self.signer,
+            policy=self.policy,
+            options=self.options,
+        )
+        installed = install_item(
+            self.item_dir(city, source_year, dest),
+            self.identity(city, source_year),
+            lambda staging: self.recipe(context, staging),
+        )
+        return self._item(installed, city, source_year)
+
+    def _item(self, installed: InstalledItem, city: str, source_year: int | None) -> SourceItem:
+        extra = {k: str(v) for k, v in installed.extra.items()}
+        return SourceItem(
+            product=self.product_id,
+            city=city,
+            source_year=source_year,
+            files=installed.files,
+            source_id=self.info.source_id,
+            version=self.info.version,
+            synthetic=False,
+            extra=extra,
+            fingerprint=installed.fingerprint,
+        )
+
+    def _check_year(self, city: str, source_year: int | None) -> None:
+        years = self.source_years(city)
+        if years is None:
+            if source_year is not None:
+                raise ValueError(f"{self.product_id} is static; fetch it with source_year=None")
+            return
+        if source_year is None:
+            raise ValueError(f"{self.product_id} is annual; pass a year {years[0]}–{years[-1]}")
+        if source_year not in years:
+            raise SourceUnavailableError(
+                f"{self.product_id} from {self.info.source_id} has no source year "
+                f"{source_year}; it covers {years[0]}–{years[-1]}",
+                reason="source_year_missing",
+            )

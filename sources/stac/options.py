@@ -1,0 +1,50 @@
+"""Settings of the STAC family, as a source set names them under ``options:``."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class StacFamilyOptions(BaseModel):
+    """Where the STAC API, the token endpoint and the data are, and how patient to be.
+
+    Nothing secret goes here: a source-set file is recorded with the release. A Planetary
+    Computer subscription key, if any, is read by the ``planetary_computer`` package from its
+    own settings (``PC_SDK_SUBSCRIPTION_KEY``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    api_url: str | None = Field(None, description="STAC API root for every product (override).")
+    sas_url: str | None = Field(
+        None,
+        description="Planetary Computer SAS token endpoint; default: planetary_computer's "
+        "settings (PC_SDK_SAS_URL, else the public endpoint).",
+    )
+    mirror: dict[str, str] = Field(
+        default_factory=dict,
+        description="Href prefix → replacement, applied after signing (a mirror of the blob "
+        "storage, e.g. a local cache or a test server).",
+    )
+    timeout_s: float = Field(30.0, gt=0, description="Timeout of one HTTP request, seconds.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="Connect timeout, seconds.")
+    retry_attempts: int = Field(6, ge=1, description="Tries of one request, the first included.")
+    retry_total_s: float = Field(120.0, gt=0, description="Bound on the time spent retrying.")
+    retry_wait_initial_s: float = Field(1.0, ge=0, description="First back-off wait, seconds.")
+    retry_wait_max_s: float = Field(20.0, ge=0, description="Longest back-off wait, seconds.")
+    max_cloud_cover: float | None = Field(
+        None, ge=0, le=100, description="Overrides every product's scene cloud-cover limit."
+    )
+    max_scenes: int | None = Field(
+        None, ge=1, description="Overrides every product's scenes-per-year bound."
+    )
+    products: list[str] | None = Field(
+        None, description="Serve only these products (default: every product of the spec)."
+    )
+
+    @model_validator(mode="after")
+    def _waits(self) -> Self:
+        if self.retry_wait_max_s < self.retry_wait_initial_s:
+            raise ValueError("retry_wait_max_s must be at least retry_wait_initial_s")
+        return self

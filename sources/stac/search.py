@@ -1,0 +1,84 @@
+"""Find the STAC items of a collection over a city and a period (pystac-client)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pystac
+import requests
+from pystac_client import Client
+from pystac_client.exceptions import APIError
+from pystac_client.stac_api_io import StacApiIO
+
+from citycube.errors import SourceFetchError
+from sources.stac.retrying import RetryPolicy, TransientError, is_transient_status
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """One search: collection, WGS84 bbox and optional datetime interval."""
+
+    api_url: str
+    """STAC API root."""
+    collection: str
+    """Collection id."""
+    bbox_wgs84: tuple[float, float, float, float]
+    """(west, south, east, north) in degrees."""
+    datetime_interval: str | None
+    """RFC 3339 interval, e.g. '2020-01-01T00:00:00Z/2020-12-31T23:59:59Z'; None: any."""
+
+
+def year_interval(year: int) -> str:
+    """The RFC 3339 interval of a calendar year (UTC)."""
+    return f"{year}-01-01T00:00:00Z/{year}-12-31T23:59:59Z"
+
+
+def search_items(
+    request: SearchRequest, policy: RetryPolicy, timeout: tuple[float, float]
+) -> list[pystac.Item]:
+    """Every item matching the request (all pages), retried on transient failures."""
+
+    def run() -> list[pystac.Item]:
+        stac_io = StacApiIO(timeout=timeout, max_retries=0)  # one retry policy: ours
+        try:
+            client = Client.open(request.api_url, stac_io=stac_io)
+            search = client.search(
+                collections=[request.collection],
+                bbox=list(request.bbox_wgs84),
+                datetime=request.datetime_interval,
+                limit=100,
+            )
+            return list(search.items())
+        except APIError as exc:
+            status = getattr(exc, "status_code", None)
+            cause = exc.__context__
+            if is_transient_status(status) or (
+                status is None and isinstance(cause, requests.Timeout | requests.ConnectionError)
+            ):
+                raise TransientError(f"STAC search at {request.api_url}: {exc}") from None
+            raise SourceFetchError(
+                f"the STAC API {request.api_url} failed a search of {request.collection}: "
+                f"{_short(exc)}",
+                transient=False,
+                reason="search_failed",
+            ) from None
+
+    return policy.call(run)
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).strip().replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + " …"
+
+
+def cloud_cover(item: pystac.Item) -> float | None:
+    """The scene's eo:cloud_cover (%), if it says."""
+    value: Any = item.properties.get("eo:cloud_cover")
+    return None if value is None else float(value)
+
+
+def acquired(item: pystac.Item) -> datetime | None:
+    """When the scene was taken."""
+    return item.datetime

@@ -1,0 +1,620 @@
+"""Loopback STAC infrastructure: real COGs, a Range-serving file server, ``rustac serve`` and
+a SAS token endpoint, all on 127.0.0.1 and started and stopped by the fixtures.
+
+The COGs are laid out like Planetary Computer's ``landsat-c2-l2`` and ``cop-dem-glo-30``: asset
+keys, uint16 counts with ``raster:bands`` scale and offset, ``proj:*`` fields, platforms and
+blob-storage hrefs. The hrefs name Azure blob storage, as the real items do, so
+``planetary_computer``'s URL rules apply; the family's ``mirror`` option then sends the signed
+URLs to the local file server, which refuses any request without the token.
+
+Pixel values encode their own position (the pixel's column and row on the zone's 30 m
+lattice) plus a little seeded noise, so a misplaced or wrongly reprojected read shows.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import rasterio
+import requests
+from affine import Affine
+from pyproj import CRS, Transformer
+from rasterio.windows import Window, from_bounds
+
+from sources.stac.grids import geographic_grid, landsat_grid
+
+ROOT = Path(__file__).resolve().parents[1]
+SR_SCALE, SR_OFFSET = 0.0000275, -0.2
+"""Collection 2 surface-reflectance scale and offset."""
+ST_SCALE, ST_OFFSET = 0.00341802, 149.0
+"""Collection 2 surface-temperature scale and offset (Kelvin)."""
+QA_CLEAR_L8 = 21824
+"""QA_PIXEL of a clear OLI pixel: clear bit plus low confidences."""
+QA_CLEAR_L7 = 5440
+"""QA_PIXEL of a clear ETM+ pixel (no cirrus confidence)."""
+LANDSAT_ACCOUNT = "landsateuwest"
+DEM_ACCOUNT = "elevationeuwest"
+BLOB = "blob.core.windows.net"
+SAS_TOKEN = "st=2026-12-01T00%3A00%3A00Z&se=2026-12-02T00%3A00%3A00Z&sp=rl&sv=2024-05-04&sr=c&sig=LoopbackSecret0123456789abcdefXYZ%3D"  # noqa: E501
+"""The token the local SAS endpoint hands out; it must never reach a written file."""
+CITY = "Boston"
+SOUTH_CITY = "CapeTown"
+DEM_RES = 6 / 3600
+"""Test DEM tiles are 6 arc-second (600 × 600): real GLO-30 is 1″, the lattice logic is the same."""
+
+
+@dataclass(frozen=True)
+class SceneSpec:
+    """One synthetic Landsat C2 L2 scene of the loopback collection."""
+
+    scene_id: str
+    """USGS product id."""
+    platform: str
+    """landsat-5/7/8/9."""
+    epsg: int
+    """The scene's UTM zone."""
+    top_left_xy: tuple[float, float]
+    """Upper-left pixel corner in the scene's CRS."""
+    shape: tuple[int, int]
+    """(rows, cols)."""
+    acquired: datetime
+    """Acquisition time."""
+    cloud_cover: float
+    """eo:cloud_cover (%)."""
+    seed: int
+    """Shifts values and places clouds."""
+    clouds: bool = True
+    """Cloud, dilated cloud, shadow, snow, cirrus (OLI) and water patches."""
+    slc_off: bool = False
+    """Landsat 7 scan-line-corrector gaps (fill stripes)."""
+
+    @property
+    def thermal_asset(self) -> str:
+        """Thermal asset key: 'lwir' on TM/ETM+, 'lwir11' on TIRS."""
+        return "lwir" if self.platform in ("landsat-5", "landsat-7") else "lwir11"
+
+    @property
+    def folder(self) -> str:
+        """Path of its files under the storage account, as USGS lays scenes out."""
+        instrument = "etm" if self.platform == "landsat-7" else "oli-tirs"
+        path_row = self.scene_id.split("_")[2]
+        return (
+            f"landsat-c2/level-2/standard/{instrument}/{self.acquired:%Y}/"
+            f"{path_row[:3]}/{path_row[3:]}/{self.scene_id}"
+        )
+
+
+ASSET_FILES = {
+    "red": "SR_B4",
+    "green": "SR_B3",
+    "blue": "SR_B2",
+    "nir08": "SR_B5",
+    "lwir11": "ST_B10",
+    "lwir": "ST_B6",
+    "qa_pixel": "QA_PIXEL",
+}
+
+
+def write_cog(
+    path: Path, data: np.ndarray, crs: CRS, transform: Affine, nodata: float | None
+) -> None:
+    """A small tiled DEFLATE COG (256-pixel blocks, no overviews)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with rasterio.open(
+        path,
+        "w",
+        driver="COG",
+        width=data.shape[1],
+        height=data.shape[0],
+        count=1,
+        dtype=data.dtype,
+        crs=rasterio.crs.CRS.from_wkt(crs.to_wkt()),
+        transform=transform,
+        nodata=nodata,
+        compress="DEFLATE",
+        predictor="YES",
+        blocksize=256,
+        overviews="NONE",
+    ) as dst:
+        dst.write(data, 1)
+
+
+def scene_arrays(scene: SceneSpec) -> dict[str, np.ndarray]:
+    """Raw counts of every asset of a scene (uint16), fill 0 (QA fill bit 1)."""
+    rows, cols = scene.shape
+    x0, y0 = scene.top_left_xy
+    lattice_col = np.round((x0 + 15) / 30).astype(int) + np.arange(cols)[None, :]
+    lattice_row = np.round((-(y0 - 15)) / 30).astype(int) + np.arange(rows)[:, None]
+    rng = np.random.default_rng(scene.seed)
+    noise = rng.integers(0, 8, size=(rows, cols))
+    s = scene.seed % 5
+
+    def sr(reflectance: np.ndarray) -> np.ndarray:
+        return np.round((reflectance - SR_OFFSET) / SR_SCALE).astype(np.int64) + noise
+
+    red = sr(0.04 + 0.001 * (lattice_col % 97) + 0.01 * s + 0 * lattice_row)
+    green = sr(0.05 + 0.001 * (lattice_row % 89) + 0.01 * s + 0 * lattice_col)
+    blue = sr(0.03 + 0.0005 * ((lattice_col + lattice_row) % 101) + 0.01 * s)
+    nir = sr(0.25 + 0.001 * (lattice_row % 53) - 0.01 * s + 0 * lattice_col)
+    kelvin = 290 + 0.05 * (lattice_col % 61) + 0.5 * s + 0 * lattice_row
+    thermal = np.round((kelvin - ST_OFFSET) / ST_SCALE).astype(np.int64) + noise
+
+    oli = scene.platform in ("landsat-8", "landsat-9")
+    qa = np.full((rows, cols), QA_CLEAR_L8 if oli else QA_CLEAR_L7, dtype=np.int64)
+    yy, xx = np.mgrid[0:rows, 0:cols]
+    if scene.clouds:
+        cy, cx = rng.integers(rows // 4, 3 * rows // 4), rng.integers(cols // 4, 3 * cols // 4)
+        r = np.hypot(yy - cy, xx - cx)
+        cloud = r < 60
+        dilated = (r >= 60) & (r < 75)
+        shadow = np.hypot(yy - cy - 90, xx - cx + 90) < 50
+        snow = (np.abs(yy - rows // 5) < 12) & (np.abs(xx - cols // 5) < 12)
+        water = (np.abs(yy - 4 * rows // 5) < 20) & (np.abs(xx - cols // 3) < 30)
+        qa[cloud] = (qa[cloud] & ~(3 << 8)) | (1 << 3) | (3 << 8)
+        qa[dilated] |= 1 << 1
+        qa[shadow & ~cloud] |= 1 << 4
+        qa[snow] = (qa[snow] & ~(1 << 6)) | (1 << 5)
+        qa[water] |= 1 << 7
+        if oli:
+            cirrus = (np.abs(yy - rows // 2) < 10) & (xx > cols - 80)
+            qa[cirrus] |= (1 << 2) | (3 << 14)
+    fill = (yy + xx) < 40  # the scene's tilted edge cuts a corner
+    if scene.slc_off:
+        fill |= ((xx + 2 * yy) % 20) < 4
+    qa[fill] = 1
+    arrays = {
+        "red": red,
+        "green": green,
+        "blue": blue,
+        "nir08": nir,
+        scene.thermal_asset: thermal,
+    }
+    out = {k: np.where(fill, 0, np.clip(v, 1, 65535)).astype(np.uint16) for k, v in arrays.items()}
+    out["qa_pixel"] = qa.astype(np.uint16)
+    return out
+
+
+def _footprint(crs: CRS, bounds: tuple[float, float, float, float]) -> tuple[list, dict]:
+    to_wgs84 = Transformer.from_crs(crs, "EPSG:4326", always_xy=True)
+    west, south, east, north = to_wgs84.transform_bounds(*bounds, densify_pts=21)
+    ring = [[west, south], [east, south], [east, north], [west, north], [west, south]]
+    return [west, south, east, north], {"type": "Polygon", "coordinates": [ring]}
+
+
+def write_scene(storage: Path, scene: SceneSpec) -> dict[str, Any]:
+    """Write a scene's COGs under ``storage`` and return its STAC item (blob hrefs)."""
+    crs = CRS.from_epsg(scene.epsg)
+    x0, y0 = scene.top_left_xy
+    transform = Affine(30, 0, x0, 0, -30, y0)
+    rows, cols = scene.shape
+    assets: dict[str, Any] = {}
+    for key, data in scene_arrays(scene).items():
+        name = f"{scene.scene_id}_{ASSET_FILES[key]}.TIF"
+        relative = f"{scene.folder}/{name}"
+        nodata = 1 if key == "qa_pixel" else 0
+        write_cog(storage / LANDSAT_ACCOUNT / relative, data, crs, transform, nodata)
+        band: dict[str, Any] = {"nodata": nodata, "data_type": "uint16", "spatial_resolution": 30}
+        if key in ("red", "green", "blue", "nir08"):
+            band.update(scale=SR_SCALE, offset=SR_OFFSET, unit="none")
+        elif key in ("lwir", "lwir11"):
+            band.update(scale=ST_SCALE, offset=ST_OFFSET, unit="kelvin")
+        else:
+            band["unit"] = "bit index"
+        assets[key] = {
+            "href": f"https://{LANDSAT_ACCOUNT}.{BLOB}/{relative}",
+            "type": "image/tiff; application=geotiff; profile=cloud-optimized",
+            "roles": ["data"],
+            "raster:bands": [band],
+        }
+    bounds = (x0, y0 - 30 * rows, x0 + 30 * cols, y0)
+    bbox, geometry = _footprint(crs, bounds)
+    return {
+        "type": "Feature",
+        "stac_version": "1.0.0",
+        "stac_extensions": [
+            "https://stac-extensions.github.io/eo/v1.1.0/schema.json",
+            "https://stac-extensions.github.io/projection/v2.0.0/schema.json",
+            "https://stac-extensions.github.io/raster/v1.1.0/schema.json",
+        ],
+        "id": scene.scene_id,
+        "collection": "landsat-c2-l2",
+        "bbox": bbox,
+        "geometry": geometry,
+        "properties": {
+            "datetime": scene.acquired.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "platform": scene.platform,
+            "eo:cloud_cover": scene.cloud_cover,
+            "proj:epsg": scene.epsg,
+            "proj:code": f"EPSG:{scene.epsg}",
+            "proj:shape": [rows, cols],
+            "proj:transform": [30.0, 0.0, x0, 0.0, -30.0, y0],
+            "landsat:collection_category": "T1",
+        },
+        "assets": assets,
+        "links": [],
+    }
+
+
+def dem_tile_item(storage: Path, lat: int, lon: int) -> dict[str, Any]:
+    """A 1° Copernicus DEM tile (EPSG:4326, pixel centres on the lattice) and its item."""
+    ns, ew = ("N" if lat >= 0 else "S"), ("E" if lon >= 0 else "W")
+    name = f"Copernicus_DSM_COG_10_{ns}{abs(lat):02d}_00_{ew}{abs(lon):03d}_00_DEM"
+    n = round(1 / DEM_RES)
+    transform = Affine(DEM_RES, 0, lon - DEM_RES / 2, 0, -DEM_RES, lat + 1 + DEM_RES / 2)
+    rows, cols = np.mgrid[0:n, 0:n]
+    lon_c = transform.c + (cols + 0.5) * DEM_RES
+    lat_c = transform.f - (rows + 0.5) * DEM_RES
+    elevation = (
+        40 * np.sin(lon_c * 37.0) + 30 * np.cos(lat_c * 23.0) + 5 * (lon_c - lon) - 8
+    ).astype(np.float32)
+    elevation[(rows - 400) ** 2 + (cols - 50) ** 2 < 16] = -32767  # a radar void in the window
+    relative = f"copernicus-dem/COP30_hh/{name}.tif"
+    write_cog(storage / DEM_ACCOUNT / relative, elevation, CRS.from_epsg(4326), transform, -32767)
+    west, north = transform.c, transform.f
+    east, south = west + n * DEM_RES, north - n * DEM_RES
+    ring = [[west, south], [east, south], [east, north], [west, north], [west, south]]
+    return {
+        "type": "Feature",
+        "stac_version": "1.0.0",
+        "id": name,
+        "collection": "cop-dem-glo-30",
+        "bbox": [west, south, east, north],
+        "geometry": {"type": "Polygon", "coordinates": [ring]},
+        "properties": {
+            "datetime": "2021-04-22T00:00:00Z",
+            "platform": "TanDEM-X",
+            "proj:epsg": 4326,
+            "proj:code": "EPSG:4326",
+            "proj:shape": [n, n],
+            "proj:transform": list(transform)[:6],
+            "gsd": 30,
+        },
+        "assets": {
+            "data": {
+                "href": f"https://{DEM_ACCOUNT}.{BLOB}/{relative}",
+                "type": "image/tiff; application=geotiff; profile=cloud-optimized",
+                "roles": ["data"],
+                "raster:bands": [{"nodata": -32767, "data_type": "float32", "unit": "metre"}],
+            }
+        },
+        "links": [],
+    }
+
+
+def collection(collection_id: str) -> dict[str, Any]:
+    """A minimal STAC collection."""
+    return {
+        "type": "Collection",
+        "stac_version": "1.0.0",
+        "id": collection_id,
+        "description": f"Loopback copy of {collection_id}",
+        "license": "proprietary",
+        "extent": {
+            "spatial": {"bbox": [[-180, -90, 180, 90]]},
+            "temporal": {"interval": [["1982-01-01T00:00:00Z", None]]},
+        },
+        "links": [],
+    }
+
+
+def boston_scenes() -> dict[str, SceneSpec]:
+    """The loopback scenes over Boston, by role in the tests.
+
+    2020: three usable scenes in zone 19 (two OLI, one Landsat 7 SLC-off), one too cloudy,
+    one from zone 18; 2019: one scene (fault tests); 2018: a scene whose QA file is truncated.
+    Plus one Cape Town scene of 2020 as USGS publishes southern scenes: in the northern zone
+    code (32634) with negative northings.
+    """
+    grid = landsat_grid(CITY)
+    south = landsat_grid(SOUTH_CITY).transform
+    gx, gy = grid.transform.c, grid.transform.f
+
+    def at(col: int, row: int) -> tuple[float, float]:
+        return (gx + 30 * col, gy - 30 * row)
+
+    summer = datetime(2020, 6, 12, 15, 30, tzinfo=UTC)
+    zone18 = Transformer.from_crs(32619, 32618, always_xy=True)
+    x18, y18 = zone18.transform(gx + 30 * 500, gy - 30 * 400)
+    x18 = 30 * round(x18 / 30) + 15
+    y18 = 30 * round(y18 / 30) + 15
+    return {
+        "clear": SceneSpec(
+            "LC08_L2SP_012031_20200612_20200823_02_T1", "landsat-8", 32619, at(-150, -150),
+            (640, 640), summer, 12.5, 1,
+        ),
+        "second": SceneSpec(
+            "LC08_L2SP_011031_20200707_20200912_02_T1", "landsat-8", 32619, at(250, -100),
+            (640, 640), summer + timedelta(days=25), 20.0, 2,
+        ),
+        "slc_off": SceneSpec(
+            "LE07_L2SP_012031_20200721_20200916_02_T1", "landsat-7", 32619, at(100, 300),
+            (640, 640), summer + timedelta(days=39), 8.0, 3, slc_off=True,
+        ),
+        "cloudy": SceneSpec(
+            "LC08_L2SP_012031_20200815_20200919_02_T1", "landsat-8", 32619, at(0, 0),
+            (640, 640), summer + timedelta(days=64), 91.0, 4,
+        ),
+        "zone18": SceneSpec(
+            "LC08_L2SP_013030_20200603_20200825_02_T1", "landsat-8", 32618, (x18, y18),
+            (640, 640), summer - timedelta(days=9), 15.0, 5,
+        ),
+        "faulty": SceneSpec(
+            "LC08_L2SP_012031_20190610_20200827_02_T1", "landsat-8", 32619, at(200, 200),
+            (512, 512), datetime(2019, 6, 10, 15, 30, tzinfo=UTC), 10.0, 6,
+        ),
+        "south": SceneSpec(
+            "LC08_L2SP_175084_20200215_20200823_02_T1", "landsat-8", 32634,
+            (south.c + 30 * 300, south.f - 30 * 400 - 10_000_000), (512, 512),
+            datetime(2020, 2, 15, 8, 40, tzinfo=UTC), 5.0, 8,
+        ),
+        "truncated": SceneSpec(
+            "LC08_L2SP_012031_20180607_20200831_02_T1", "landsat-8", 32619, at(200, 200),
+            (512, 512), datetime(2018, 6, 7, 15, 30, tzinfo=UTC), 10.0, 7,
+        ),
+    }  # fmt: skip
+
+
+def free_port() -> int:
+    """A port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(url: str, process: subprocess.Popen[Any], what: str, log: Path) -> None:
+    """Wait until ``url`` answers 200, or fail with the server's output."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"{what} exited with {process.returncode} before serving: {log.read_text()}"
+            )
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    process.terminate()
+    raise RuntimeError(f"{what} did not answer at {url} within 20 s: {log.read_text()}")
+
+
+class _SasHandler(BaseHTTPRequestHandler):
+    """Answers GET /<account>/<container> with a token, as the SAS endpoint does."""
+
+    served: list[str]
+
+    def do_GET(self) -> None:
+        parts = self.path.strip("/").split("/")
+        if len(parts) != 3 or parts[0] != "token":
+            self.send_error(404)
+            return
+        self.served.append(self.path)
+        expiry = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = json.dumps({"msft:expiry": expiry, "token": SAS_TOKEN}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet."""
+
+
+@dataclass
+class StacWorld:
+    """The running loopback services and what they serve."""
+
+    api_url: str
+    """rustac's STAC API root."""
+    files_url: str
+    """The file server's root (mirror of the storage accounts)."""
+    sas_url: str
+    """The SAS token endpoint."""
+    storage: Path
+    """Folder the file server serves (one sub-folder per storage account)."""
+    request_log: Path
+    """The file server's request log."""
+    faults: Path
+    """Faults file the file server reads."""
+    scenes: dict[str, SceneSpec]
+    """Landsat scenes by role."""
+    items: dict[str, dict[str, Any]]
+    """STAC items by id."""
+    sas_requests: list[str] = field(default_factory=list)
+    """Token requests the SAS endpoint answered."""
+
+    def options(self, **overrides: Any) -> dict[str, Any]:
+        """Family options pointing at the loopback services (quick retries)."""
+        return {
+            "api_url": self.api_url,
+            "sas_url": self.sas_url,
+            "mirror": {
+                f"https://{LANDSAT_ACCOUNT}.{BLOB}/": f"{self.files_url}/{LANDSAT_ACCOUNT}/",
+                f"https://{DEM_ACCOUNT}.{BLOB}/": f"{self.files_url}/{DEM_ACCOUNT}/",
+            },
+            "timeout_s": 5,
+            "connect_timeout_s": 2,
+            "retry_attempts": 3,
+            "retry_total_s": 20,
+            "retry_wait_initial_s": 0.05,
+            "retry_wait_max_s": 0.2,
+            **overrides,
+        }
+
+    def local_path(self, href: str) -> Path:
+        """The served file behind a blob href."""
+        return self.storage / href.split("://", 1)[1].split(".", 1)[0] / href.split("/", 3)[3]
+
+    def log_lines(self) -> list[str]:
+        """Request-log lines so far."""
+        if not self.request_log.exists():
+            return []
+        return self.request_log.read_text(encoding="utf-8").splitlines()
+
+    def set_faults(self, rules: list[dict[str, Any]]) -> None:
+        """Replace the file server's fault rules (the token rule always stays)."""
+        token_rule = {"match": "/", "require_query": "sig=LoopbackSecret"}
+        self.faults.write_text(json.dumps([token_rule, *rules]), encoding="utf-8")
+        time.sleep(0.01)  # a new mtime even on coarse clocks
+
+
+@pytest.fixture(scope="session")
+def stac_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StacWorld]:
+    """Loopback COGs, file server, ``rustac serve`` and SAS endpoint for the session."""
+    with loopback_stac_world(tmp_path_factory.mktemp("stac")) as world:
+        yield world
+
+
+@contextmanager
+def loopback_stac_world(base: Path) -> Iterator[StacWorld]:
+    """Write the COGs and items under ``base`` and run the loopback services until exit.
+
+    Also used by ``make bench`` (``benchmarks/bench_stac_bytes.py``) to count the bytes a
+    city-year's fetch takes against the bytes its windows need.
+    """
+    rustac = shutil.which("rustac", path=str(Path(sys.executable).parent))
+    if rustac is None:
+        raise RuntimeError("rustac is not installed in this environment: run `make install`")
+    storage = base / "storage"
+    scenes = boston_scenes()
+    items = {s.scene_id: write_scene(storage, s) for s in scenes.values()}
+    for lon in (-72, -71):
+        item = dem_tile_item(storage, 42, lon)
+        items[item["id"]] = item
+    truncated = scenes["truncated"]
+    qa_file = items[truncated.scene_id]["assets"]["qa_pixel"]["href"]
+    qa_path = storage / LANDSAT_ACCOUNT / qa_file.split("/", 3)[3]
+    qa_path.write_bytes(qa_path.read_bytes()[: qa_path.stat().st_size // 3])
+
+    catalogue = base / "catalogue"
+    catalogue.mkdir()
+    for cid in ("landsat-c2-l2", "cop-dem-glo-30"):
+        (catalogue / f"{cid}.json").write_text(json.dumps(collection(cid)), encoding="utf-8")
+    features = {"type": "FeatureCollection", "features": list(items.values())}
+    (catalogue / "items.json").write_text(json.dumps(features), encoding="utf-8")
+
+    log = base / "requests.log"
+    faults = base / "faults.json"
+    world_faults = [{"match": "/", "require_query": "sig=LoopbackSecret"}]
+    faults.write_text(json.dumps(world_faults), encoding="utf-8")
+    files = subprocess.Popen(
+        [sys.executable, "-m", "tests.http_file_server", str(storage), str(log), str(faults)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    api_port = free_port()
+    api_log = base / "rustac.log"
+    with open(api_log, "w", encoding="utf-8") as api_out:
+        api = subprocess.Popen(
+            [
+                rustac,
+                "serve",
+                "--addr",
+                f"127.0.0.1:{api_port}",
+                str(catalogue / "landsat-c2-l2.json"),
+                str(catalogue / "cop-dem-glo-30.json"),
+                str(catalogue / "items.json"),
+            ],
+            stdout=api_out,
+            stderr=subprocess.STDOUT,
+        )
+    served: list[str] = []
+    handler = type("SasHandler", (_SasHandler,), {"served": served})
+    sas = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    sas_thread = threading.Thread(target=sas.serve_forever, daemon=True)
+    sas_thread.start()
+    try:
+        assert files.stdout is not None
+        line = files.stdout.readline()
+        if not line.strip().isdigit():
+            raise RuntimeError(f"the loopback file server did not start: {line!r}")
+        files_url = f"http://127.0.0.1:{int(line)}"
+        api_url = f"http://127.0.0.1:{api_port}"
+        wait_for(api_url + "/", api, "rustac serve", api_log)
+        yield StacWorld(
+            api_url=api_url,
+            files_url=files_url,
+            sas_url=f"http://127.0.0.1:{sas.server_address[1]}/token",
+            storage=storage,
+            request_log=log,
+            faults=faults,
+            scenes=scenes,
+            items=items,
+            sas_requests=served,
+        )
+    finally:
+        sas.shutdown()
+        sas.server_close()
+        for process in (api, files):
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+# ---- bytes fetched against bytes needed ------------------------------------------------------
+
+
+def needed_bytes(path: Path, grid: Any) -> int:
+    """Compressed bytes of the internal tiles under the grid's footprint in the file."""
+    with rasterio.open(path) as src:
+        bounds = grid.bounds
+        if src.crs.to_epsg() != grid.crs.to_epsg():
+            bounds = Transformer.from_crs(grid.crs, src.crs, always_xy=True).transform_bounds(
+                *bounds, densify_pts=21
+            )
+        window = from_bounds(*bounds, transform=src.transform).round_offsets().round_lengths()
+        window = window.intersection(Window(0, 0, src.width, src.height))
+        block_h, block_w = src.block_shapes[0]
+        total = 0
+        for bi in range(
+            int(window.row_off) // block_h, -(-int(window.row_off + window.height) // block_h)
+        ):
+            for bj in range(
+                int(window.col_off) // block_w, -(-int(window.col_off + window.width) // block_w)
+            ):
+                total += src.block_size(1, bi, bj)
+        return total
+
+
+def byte_accounting(world: StacWorld, requests: list[str], city: str) -> dict[str, dict[str, int]]:
+    """Per kind (landsat, dem): bytes the server sent, bytes of the tiles the windows needed,
+    and bytes of the whole files, for the file server's request-log lines of one fetch."""
+    served: dict[str, int] = {}
+    opens: dict[str, int] = {}
+    for line in requests:
+        _, path, byte_range, _, sent, _ = line.split()
+        served[path] = served.get(path, 0) + int(sent)
+        opens[path] = opens.get(path, 0) + byte_range.startswith("bytes=0-")
+    totals = {kind: {"fetched": 0, "needed": 0, "whole": 0} for kind in ("landsat", "dem")}
+    for path, sent in served.items():
+        local = world.storage / path.lstrip("/")
+        kind = "dem" if "copernicus-dem" in path else "landsat"
+        if kind == "dem":
+            with rasterio.open(local) as src:
+                grid = geographic_grid(city, src.transform)
+        else:
+            grid = landsat_grid(city)
+        totals[kind]["fetched"] += sent
+        totals[kind]["needed"] += needed_bytes(local, grid) * opens[path]
+        totals[kind]["whole"] += local.stat().st_size * opens[path]
+    return totals
