@@ -177,7 +177,8 @@ def write_parquet_atomic(
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     tmp = owned_name(path)
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        # Page checksums: a flipped bit in a data page is an error on read, not a new value.
+        pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
         os.replace(tmp, path)
     except Exception as exc:
         tmp.unlink(missing_ok=True)

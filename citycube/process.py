@@ -17,6 +17,7 @@ served each product, never from the name of a backend.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,8 @@ from citycube.vectors import (
     tile_index,
 )
 from citycube.versions import ENGINE_VERSION, modality_digest
+
+log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[str], None]
 
@@ -661,9 +664,8 @@ def derive(
     chips = modality.is_image and any(g.item is not None for g in groups)
     store = release.chip_store(modality.code, city, label)
     if path.exists() and (not chips or store.exists()):
-        meta = pq.read_schema(path).metadata or {}
-        if meta.get(b"citycube:signature", b"").decode() == signature:
-            kept = pq.read_table(path).to_pandas()
+        kept = _kept_results(path, signature)
+        if kept is not None:
             return _derived_summary(modality, city, period, kept, groups, path, True, chips)
     frames = []
     for group in groups:
@@ -688,6 +690,22 @@ def derive(
     extra = {"citycube:signature": signature, "citycube:chips": str(chips).lower()}
     write_parquet_atomic(table, path, file_metadata(release, **extra))
     return _derived_summary(modality, city, period, derived, groups, path, False, chips)
+
+
+def _kept_results(path: Path, signature: str) -> pd.DataFrame | None:
+    """Earlier results computed under the same signature, if they read back intact.
+
+    A file that fails its page checksums (or does not read at all) is computed again rather
+    than copied into fresh observations.
+    """
+    try:
+        meta = pq.read_schema(path).metadata or {}
+        if meta.get(b"citycube:signature", b"").decode() != signature:
+            return None
+        return pq.read_table(path, page_checksum_verification=True).to_pandas()
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        log.warning("derived results %s are damaged (%s); computing them again", path, exc)
+        return None
 
 
 def _derived_summary(
@@ -756,7 +774,13 @@ def read_derived(
             f"no derived {modality.code} results for {city} {label}: materialise "
             f"derived/{modality.code.lower()} for that partition first"
         )
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path, page_checksum_verification=True)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise DerivedResultsMissingError(
+            f"derived {modality.code} results for {city} {label} at {path} are damaged ({exc}): "
+            f"materialise derived/{modality.code.lower()} for that partition again"
+        ) from None
     chips = (table.schema.metadata or {}).get(b"citycube:chips", b"false") == b"true"
     return table.to_pandas(), chips
 

@@ -5,13 +5,16 @@ staging directory next to the item's final place (same filesystem, so the move i
 completion record (``_complete.json``) is written last and synced, and the directory is moved
 into place with one rename. A killed fetch therefore leaves at most a staging directory, which
 the next fetch of the same item removes once its writer is gone; it never leaves a half item
-that looks complete. A complete item whose record matches the requested identity is reused.
+that looks complete. A complete item whose record matches the requested identity is reused,
+as long as its files still have the size and SHA-256 the record took at install: an item
+truncated or garbled since (a cut CSV would silently lower totals) is made again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -20,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from citycube.scratch import owned_name, remove_dead_leftovers
+
+log = logging.getLogger(__name__)
 
 COMPLETE_MARKER = "_complete.json"
 """Written last into an item directory; its presence means the item is whole."""
@@ -89,7 +94,64 @@ def installed_item(final: Path, identity: Mapping[str, Any]) -> InstalledItem | 
     item = InstalledItem(final, record)
     if not all(path.exists() for path in item.files.values()):
         return None
+    damaged = _damaged_files(item)
+    if damaged:
+        log.warning(
+            "source item %s was changed after it was installed (%s differ from its record); "
+            "it is made again",
+            final,
+            ", ".join(damaged),
+        )
+        return None
     return item
+
+
+def _file_checksums(directory: Path, names: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of each file of an item (by name), recorded when it is installed."""
+    sums: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(names.values())):
+        path = directory / name
+        if path.is_file():
+            sums[name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    return sums
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+_verified: dict[tuple[str, int, int], str] = {}
+"""(path, size, mtime) → SHA-256 already checked in this process: a worker reading the same
+item for many partitions hashes each file once."""
+
+
+def _damaged_files(item: InstalledItem) -> list[str]:
+    """Files whose size or SHA-256 differ from the item's record (truncated, garbled, replaced).
+
+    Records written before checksums were kept have none, and are trusted as before.
+    """
+    sums = item.record.get("checksums")
+    if not isinstance(sums, dict):
+        return []
+    damaged = []
+    for name, expected in sums.items():
+        path = item.directory / name
+        try:
+            stat = path.stat()
+        except OSError:
+            damaged.append(name)
+            continue
+        if stat.st_size != expected.get("bytes"):
+            damaged.append(name)
+            continue
+        key = (str(path), stat.st_size, stat.st_mtime_ns)
+        digest = _verified.get(key) or _sha256(path)
+        if digest != expected.get("sha256"):
+            damaged.append(name)
+            continue
+        _verified[key] = digest
+    return damaged
 
 
 def install_item(
@@ -112,7 +174,12 @@ def install_item(
         missing = [name for name in staged.files.values() if not (staging / name).exists()]
         if missing:
             raise RuntimeError(f"the writer of {final} did not write {missing}")
-        record = {**identity, "files": dict(staged.files), "extra": dict(staged.extra)}
+        record = {
+            **identity,
+            "files": dict(staged.files),
+            "extra": dict(staged.extra),
+            "checksums": _file_checksums(staging, staged.files),
+        }
         _write_synced_json(staging / COMPLETE_MARKER, record)
         _move_into_place(staging, final, identity)
     finally:

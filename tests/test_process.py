@@ -16,9 +16,9 @@ from affine import Affine
 
 from citycube.catalogue import load_catalogue
 from citycube.cube import Release
-from citycube.errors import SourceReadError
+from citycube.errors import DerivedResultsMissingError, SourceReadError
 from citycube.grids import city_grid, pixel_grid
-from citycube.process import process_partition
+from citycube.process import derive, process_partition, read_derived, write_observations
 from tests.conftest import LocalFilesBackend
 
 CITY = "Amsterdam"  # 2 km grid 10×14, 5 km grid 3×4, EPSG:32631
@@ -239,3 +239,27 @@ def test_wrong_crs_is_rejected(tmp_path: Path, tif_writer: Callable[..., Path]) 
     backend = LocalFilesBackend({("odiac", CITY, 2020): {"data": path}})
     with pytest.raises(SourceReadError, match="published in EPSG:4326"):
         process_partition(CAT.get("CO2"), CAT, CITY, 2020, backend, Release(tmp_path / "d", "t"))
+
+
+def test_damaged_derived_results_are_computed_again_not_copied(
+    tmp_path: Path, tif_writer: Callable[..., Path]
+) -> None:
+    pop = CAT.get("POP").model_copy(update={"product": "test_pop"})
+    path = _pop_source(tif_writer, 20)
+    backend = LocalFilesBackend({("test_pop", CITY, y): {"data": path} for y in (2015, 2020)})
+    release = Release(tmp_path / "data", "t")
+    process_partition(pop, CAT, CITY, 2020, backend, release)
+    first = _rows(release, 2020, "POP")
+    assert derive(pop, CAT, CITY, 2020, backend, release).reused
+
+    derived = release.derived_file("POP", CITY, "2020")
+    data = bytearray(derived.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little")  # the pages come before the footer
+    data[(4 + len(data) - 8 - footer) // 2] ^= 0x01  # one bit inside the column pages
+    derived.write_bytes(bytes(data))
+    with pytest.raises(DerivedResultsMissingError, match="are damaged"):
+        read_derived(pop, CITY, 2020, release)
+    again = derive(pop, CAT, CITY, 2020, backend, release)
+    assert not again.reused  # checksums caught it: computed again
+    write_observations(pop, CITY, 2020, release)
+    assert _rows(release, 2020, "POP") == first

@@ -178,6 +178,37 @@ def test_a_failed_writer_leaves_nothing_that_looks_complete(tmp_path: Path) -> N
     assert installed_item(final, {"version": "1"}) is None
 
 
+def test_an_item_changed_after_install_is_made_again(tmp_path: Path) -> None:
+    final = tmp_path / "city_electricity" / "Boston" / "2020"
+    rows = "".join(f"b{i},{i * 10}\n" for i in range(1000)).encode()
+    calls: list[int] = []
+
+    def writer(staging: Path) -> StagedFiles:
+        calls.append(1)
+        (staging / "records.csv").write_bytes(b"building,kwh\n" + rows)
+        return StagedFiles({"data": "records.csv"})
+
+    item = install_item(final, {"version": "1"}, writer)
+    whole = item.files["data"].read_bytes()
+    record = json.loads((final / COMPLETE_MARKER).read_text())
+    assert record["checksums"]["records.csv"]["bytes"] == len(whole)
+
+    item.files["data"].write_bytes(whole[: len(whole) // 2])  # cut in half
+    assert installed_item(final, {"version": "1"}) is None
+    again = install_item(final, {"version": "1"}, writer)
+    assert len(calls) == 2 and again.files["data"].read_bytes() == whole
+
+    garbled = bytearray(whole)
+    garbled[len(garbled) // 3] ^= 0x04  # same size, one bit
+    again.files["data"].write_bytes(bytes(garbled))
+    install_item(final, {"version": "1"}, writer)
+    assert len(calls) == 3 and again.files["data"].read_bytes() == whole
+
+    del record["checksums"]  # a record from before checksums were kept is trusted as before
+    (final / COMPLETE_MARKER).write_text(json.dumps(record))
+    assert installed_item(final, {"version": "1"}) is not None
+
+
 def test_a_damaged_installed_file_names_its_item_directory_as_the_fix(tmp_path: Path) -> None:
     final = tmp_path / "sources" / "odiac" / "Boston" / "2020"
 
