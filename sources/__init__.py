@@ -31,7 +31,13 @@ def _http(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
     return http_adapters(options)
 
 
-FAMILIES: dict[str, AdapterFamily] = {"sample": _sample, "http": _http}
+def _osm(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
+    from sources.osm import osm_adapters
+
+    return osm_adapters(options)
+
+
+FAMILIES: dict[str, AdapterFamily] = {"sample": _sample, "http": _http, "osm": _osm}
 """Adapter families by name."""
 
 
