@@ -29,7 +29,7 @@ from citycube.cube import Release
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
 from citycube.grids import city_grid
 from citycube.process import process_partition
-from citycube.sources import SourceSet, SourceSetSpec
+from citycube.sources import SourceSet, SourceSetSpec, load_source_set_spec
 from sources import build_source_set
 from sources.osm import osm_adapters
 from sources.osm.base import OsmSource, window_wgs84
@@ -436,3 +436,23 @@ def test_gps_requests_are_paced(tmp_path: Path) -> None:
         times = np.array([t for t, _ in api.requests])
     assert len(times) == 3  # the window is cut into three 0.25° tiles of one page each
     assert np.diff(times).min() >= 0.15  # 5 requests per second at most (0.2 s apart)
+
+
+def test_the_osm_source_set_takes_the_three_osm_products_from_the_osm_family() -> None:
+    spec_file = Path(__file__).resolve().parents[1] / "schemas" / "source_sets" / "osm.yaml"
+    sources = build_source_set(load_source_set_spec(spec_file))
+    provenance = sources.provenance()
+    for product in ("osm_roads", "osm_buildings", "osm_gps_traces"):
+        assert provenance[product]["source_id"] == f"osm:{product}"
+        assert provenance[product]["synthetic"] is False
+        assert provenance[product]["licence"] == "ODbL-1.0"
+    assert provenance["odiac"]["source_id"] == "sample:odiac"
+    assert sources.source_years("osm_roads", CITY) == list(range(2008, 2026))
+    assert sources.source_years("osm_roads", "Boston") == []  # no extract configured
+
+
+def test_a_login_page_instead_of_the_extract_says_so(tmp_path: Path, server: FaultyServer) -> None:
+    url = server.add("internal/x.osh.pbf", b"<!DOCTYPE html><html><body>Log in</body></html>")
+    roads = family(tmp_path, history={CITY: url}, auth_cookie_env="TEST_OSM_COOKIE")["osm_roads"]
+    with pytest.raises(SourceReadError, match=r"HTML page.*TEST_OSM_COOKIE"):
+        roads.fetch(CITY, 2020, tmp_path / "sources")

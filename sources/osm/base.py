@@ -224,6 +224,16 @@ class OsmSource(SourceProduct):
     ) -> SourceReadError:
         """The error for an extract libosmium cannot read; a downloaded copy is forgotten."""
         name = PurePosixPath(urlsplit(ref).path).name if is_url(ref) else Path(ref).name
+        try:
+            with open(path, "rb") as handle:
+                html = handle.read(512).lstrip().lower().startswith((b"<!doctype", b"<html"))
+        except OSError:
+            html = False
+        if html:  # a login page served in place of the file (Geofabrik's internal server)
+            env = self.options.auth_cookie_env or "auth_cookie_env"
+            exc = ValueError(
+                f"the server sent an HTML page, not a PBF; is the login cookie in {env} valid?"
+            )
         if is_url(ref):
             self.manager.discard(ref)
             what = f"downloaded from {redact_url(ref)}; it was dropped from the download cache"
