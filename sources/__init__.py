@@ -37,10 +37,17 @@ def _stac(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
     return stac_adapters(options)
 
 
+def _osm(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
+    from sources.osm import osm_adapters
+
+    return osm_adapters(options)
+
+
 FAMILIES: dict[str, AdapterFamily] = {
     "sample": _sample,
     "http": _http,
     "planetary-computer": _stac,
+    "osm": _osm,
 }
 """Adapter families by name."""
 

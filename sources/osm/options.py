@@ -1,0 +1,156 @@
+"""Settings of the ``osm`` adapter family, as a source-set file gives them under ``options``.
+
+Where each city's OSM extract comes from is configuration, not code: Geofabrik's full-history
+files need an OSM login, a planet-derived cut is a local file, and tests serve their own files
+on loopback. An extract is named by a URL (downloaded through the shared download manager) or
+by a local path (read in place).
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sources.downloads import DownloadSettings
+
+DEFAULT_CACHE_ENV = "CITYCUBE_DOWNLOAD_CACHE"
+"""Environment variable naming the download cache when the options do not."""
+
+
+def _project_version() -> str:
+    try:
+        return version("citycube")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0"
+
+
+OSM_API = "https://api.openstreetmap.org"
+"""The OSM editing API, which also serves public GPS trace points (``/api/0.6/trackpoints``)."""
+
+
+class GpsOptions(BaseModel):
+    """How public GPS trace points are paged out of the OSM API, politely."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    api_url: str = Field(default=OSM_API, description="API root (a test server on loopback).")
+    per_page: int = Field(
+        default=5000,
+        ge=1,
+        description="Points the API returns per full page (the API's tracepoints_per_page, "
+        "5000 in openstreetmap-website's settings); a shorter page is the last one.",
+    )
+    tile_deg: float = Field(
+        default=0.25,
+        gt=0,
+        le=0.5,
+        description="Edge of the bbox tiles the city window is cut into, degrees (the API "
+        "refuses boxes over 0.25 square degrees).",
+    )
+    requests_per_second: float = Field(
+        default=1.0,
+        gt=0,
+        description="Upper bound on API requests per second from one process (cache hits are "
+        "free); with per_host 1 the family never runs two API requests at once.",
+    )
+    max_pages: int = Field(
+        default=2000,
+        ge=1,
+        description="Pages asked per tile at most; a tile that still returns full pages then "
+        "fails the fetch rather than silently truncating the points.",
+    )
+    first_year: int = Field(default=2005, ge=2000, le=2025, description="First year offered.")
+    last_year: int = Field(default=2025, ge=2000, le=2025, description="Last year offered.")
+    user_agent: str = Field(
+        default=f"CityCube/{_project_version()} (urban data cube builder)",
+        description="User-Agent sent to the API; its usage policy asks for one that names the "
+        "application and its version.",
+    )
+
+
+class OsmFamilyOptions(BaseModel):
+    """Where the OSM extracts are, where downloads go, and how patient the family is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    history: dict[str, str] = Field(
+        default_factory=dict,
+        description="City -> full-history PBF (.osh.pbf) as a URL or a local path. Roads (and "
+        "buildings, unless `buildings` names another file) are cut from it at each snapshot.",
+    )
+    buildings: dict[str, str] = Field(
+        default_factory=dict,
+        description="City -> building extract, URL or path: a history file, or a template of "
+        "dated extracts with {year}, {yy} (two digits) — '…/city-{yy}0101.osm.pbf'. Default: "
+        "the city's `history` file.",
+    )
+    first_year: int = Field(
+        default=2006,
+        ge=2000,
+        le=2025,
+        description="First snapshot year offered for roads and buildings (earlier snapshots "
+        "would be nearly empty, and an unmapped city is no evidence of no roads).",
+    )
+    last_year: int = Field(default=2025, ge=2000, le=2025, description="Last snapshot year.")
+    dated_extract_days: int = Field(
+        default=7,
+        ge=0,
+        description="A dated (non-history) extract serves a snapshot only when its own date is "
+        "within this many days of 1 January of the year.",
+    )
+    auth_cookie_env: str | None = Field(
+        default=None,
+        description="Name of an environment variable whose value is sent as the Cookie header "
+        "with extract downloads (Geofabrik's internal server, after its OSM login); the value "
+        "is never logged or stored.",
+    )
+    gps: GpsOptions = Field(default_factory=GpsOptions, description="GPS trace point paging.")
+    cache_dir: Path | None = Field(
+        default=None,
+        description="Download cache root; default $CITYCUBE_DOWNLOAD_CACHE, else "
+        "$CITYCUBE_DATA/downloads, else ./data/downloads.",
+    )
+    mirror_dir: Path | None = Field(
+        default=None, description="Offline mirror of extracts laid out as <mirror>/<host>/<path>."
+    )
+    offline: bool = Field(default=False, description="Never touch the network.")
+    per_host: int = Field(default=1, ge=1, le=2, description="Concurrent downloads per host.")
+    attempts: int = Field(default=6, ge=1, description="Tries per file, the first included.")
+    total_s: float = Field(default=3600.0, gt=0, description="Bound on all tries of one file.")
+    wait_initial_s: float = Field(default=1.0, gt=0, description="First back-off wait.")
+    wait_max_s: float = Field(default=120.0, gt=0, description="Longest back-off wait.")
+    timeout_s: float = Field(default=120.0, gt=0, description="Timeout of one request.")
+    chunk_bytes: int = Field(default=1 << 20, ge=1024, description="Bytes written per chunk.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.mirror_dir is not None and not Path(self.mirror_dir).is_dir():
+            raise ValueError(f"mirror_dir {self.mirror_dir} is not a directory")
+        if self.first_year > self.last_year or self.gps.first_year > self.gps.last_year:
+            raise ValueError("first_year must not be after last_year")
+        return self
+
+    def resolved_cache_dir(self) -> Path:
+        """The download cache root (options, then environment, then the data root)."""
+        if self.cache_dir is not None:
+            return Path(self.cache_dir)
+        if os.environ.get(DEFAULT_CACHE_ENV):
+            return Path(os.environ[DEFAULT_CACHE_ENV])
+        return Path(os.environ.get("CITYCUBE_DATA", "data")) / "downloads"
+
+    def download_settings(self) -> DownloadSettings:
+        """The shared download manager's settings for this family."""
+        return DownloadSettings(
+            cache_dir=self.resolved_cache_dir(),
+            mirror_dir=self.mirror_dir,
+            offline=self.offline,
+            per_host=self.per_host,
+            attempts=self.attempts,
+            total_s=self.total_s,
+            wait_initial_s=self.wait_initial_s,
+            wait_max_s=self.wait_max_s,
+            timeout_s=self.timeout_s,
+            chunk_bytes=self.chunk_bytes,
+        )

@@ -1,0 +1,243 @@
+"""OSM road and building snapshots on 1 January of each year, cut from PBF extracts.
+
+Roads come from a city's full-history file, filtered to the moment of the snapshot; buildings
+from the same file or from dated extracts. Items have exactly the sample twins' form: a
+GeoPackage ``roads`` layer (osm_id, highway, name, snapshot_date; LineStrings) or ``buildings``
+layer (osm_id, building, the function tags the classifier reads, snapshot_date; Polygons), in
+EPSG:4326, so the road-network and building-function modalities read them unchanged.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import shapely
+
+from citycube.catalogue import load_catalogue
+from citycube.staging import StagedFiles
+from sources.osm.base import (
+    WGS84,
+    Extract,
+    OsmSource,
+    digest_of,
+    item_tags,
+    snapshot_time,
+    window_wgs84,
+    write_geopackage,
+    write_provenance,
+)
+from sources.osm.history import Counts, ExtractError, building_polygons, road_lines
+
+BUILDING_TAG_COLUMNS = (
+    "amenity",
+    "shop",
+    "office",
+    "tourism",
+    "leisure",
+    "religion",
+    "healthcare",
+    "public_transport",
+    "railway",
+    "landuse",
+)
+"""Function keys written next to ``building``, in the sample twin's column order (a test
+checks they are exactly the twin's and the classifier's columns)."""
+
+
+def road_classes() -> frozenset[str]:
+    """``highway`` values the catalogue's road modalities draw (their filter values)."""
+    catalogue = load_catalogue()
+    classes = {
+        value
+        for spec in catalogue.modalities
+        if spec.product == "osm_roads" and spec.rasterize and spec.rasterize.filter_values
+        for value in spec.rasterize.filter_values
+    }
+    if not classes:
+        raise ValueError("no modality reading osm_roads filters on highway values")
+    return frozenset(str(v) for v in classes)
+
+
+class _Snapshots(OsmSource):
+    """A product cut from extracts at 1 January of each year."""
+
+    kind: str
+    """Feature kind: the GeoPackage layer name and the file name's last part."""
+    geometry_type: str
+    """Geometry type of the layer."""
+
+    def source_years(self, city: str) -> list[int] | None:
+        """The configured snapshot years, for a city with an extract configured."""
+        if self.reference(city, self.options.first_year) is None:
+            return []
+        return list(range(self.options.first_year, self.options.last_year + 1))
+
+    def reference(self, city: str, year: int) -> str | None:
+        """The extract (URL or path) that serves a city-year, if configured."""
+        return self.options.history.get(city)
+
+    def identity(self, city: str, year: int) -> dict[str, Any]:
+        """Identity: the extract, the rules that select features, and the window."""
+        ref = self.reference(city, year) or ""
+        return {
+            **self.base_identity(city, year),
+            "extract": self.ref_identity(ref),
+            "rules": digest_of(
+                {"rules": self.rules(), "window": window_wgs84(city), "days": self.days()}
+            ),
+        }
+
+    def days(self) -> int:
+        """Tolerance of dated extracts (part of the identity)."""
+        return self.options.dated_extract_days
+
+    def rules(self) -> object:
+        """What selects the features (part of the identity)."""
+        return None
+
+    def write_item(self, staging: Path, city: str, year: int) -> StagedFiles:
+        """Read the extract at the snapshot, keep the features in the window, write the layer."""
+        ref = self.reference(city, year)
+        assert ref is not None  # check_year refused unconfigured cities
+        extract = self.extract(ref, city, year)
+        at = self.time_filter(extract, city, year)
+        try:
+            frame, counts = self.frame(extract.path, at)
+        except ExtractError as exc:
+            raise self.damaged(ref, extract.path, city, year, exc) from None
+        west, south, east, north = window_wgs84(city)
+        inside = shapely.intersects(
+            frame.geometry.to_numpy(), shapely.box(west, south, east, north)
+        )
+        frame = frame[inside].reset_index(drop=True)
+        date = snapshot_time(year).date().isoformat()
+        frame["snapshot_date"] = date
+        frame = frame[[c for c in frame.columns if c != "geometry"] + ["geometry"]]
+        name = f"{city.lower()}-{year}0101-osm-{self.kind}.gpkg"
+        write_geopackage(
+            frame, staging / name, self.kind, self.geometry_type, item_tags(self, city, year)
+        )
+        extra = {
+            "snapshot_date": date,
+            "features": str(len(frame)),
+            **self.more_extra(frame),
+            "extract": extract.source,
+            "extract_timestamp": extract.info.timestamp.isoformat()
+            if extract.info.timestamp
+            else "unknown",
+            "time_filter": "history at snapshot" if at is not None else "dated extract as is",
+            "missing_node_refs": str(counts.missing_nodes),
+            "dropped_features": str(counts.dropped),
+            "provenance_file": "sources.json",
+        }
+        write_provenance(staging, self.provenance(extract, city, year, at, counts, len(frame)))
+        return StagedFiles(files={"data": name}, extra=extra)
+
+    def provenance(
+        self, extract: Extract, city: str, year: int, at: datetime | None, counts: Counts, n: int
+    ) -> dict[str, Any]:
+        """The item's provenance record."""
+        return {
+            "product": self.product_id,
+            "source_id": self.info.source_id,
+            "version": self.info.version,
+            "city": city,
+            "snapshot": snapshot_time(year).isoformat(),
+            "served_files": [
+                {"url": extract.source, "sha256": extract.sha256, "bytes": extract.size}
+            ],
+            "extract_history": extract.info.history,
+            "extract_timestamp": extract.info.timestamp,
+            "time_filter": None if at is None else at.isoformat(),
+            "window_wgs84": window_wgs84(city),
+            "features": n,
+            "missing_node_refs": counts.missing_nodes,
+            "dropped_features": counts.dropped,
+            "licence": self.info.licence,
+            "attribution": self.info.attribution,
+        }
+
+    def frame(self, path: Path, at: datetime | None) -> tuple[gpd.GeoDataFrame, Counts]:
+        """The features of the snapshot (all of the extract, before the window)."""
+        raise NotImplementedError
+
+    def more_extra(self, frame: gpd.GeoDataFrame) -> dict[str, str]:
+        """Product-specific item metadata."""
+        return {}
+
+
+class OsmRoadHistory(_Snapshots):
+    """Major roads (the road modality's ``highway`` classes) at 1 January of each year."""
+
+    product = "osm_roads"
+    version = "osm-history-1"
+    title = "OpenStreetMap roads"
+    kind = "roads"
+    geometry_type = "LineString"
+
+    def rules(self) -> object:
+        """The highway classes kept."""
+        return sorted(road_classes())
+
+    def frame(self, path: Path, at: datetime | None) -> tuple[gpd.GeoDataFrame, Counts]:
+        """Ways whose highway class at the snapshot is one the road modality draws."""
+        lines, counts = road_lines(path, at, road_classes())
+        frame = gpd.GeoDataFrame(
+            {
+                "osm_id": np.array([wid for wid, _, _ in lines], dtype=np.int64),
+                "highway": pd.Series([t["highway"] for _, t, _ in lines], dtype="str"),
+                "name": pd.Series([t.get("name") for _, t, _ in lines], dtype="str"),
+            },
+            geometry=gpd.GeoSeries([g for _, _, g in lines], crs=WGS84),
+            crs=WGS84,
+        )
+        return frame, counts
+
+
+class OsmBuildingSnapshots(_Snapshots):
+    """Buildings with their function tags at 1 January of each year."""
+
+    product = "osm_buildings"
+    version = "osm-history-1"
+    title = "OpenStreetMap buildings"
+    kind = "buildings"
+    geometry_type = "Polygon"
+
+    def reference(self, city: str, year: int) -> str | None:
+        """The city's building extract (a dated template filled in), else its history file."""
+        template = self.options.buildings.get(city)
+        if template is None:
+            return self.options.history.get(city)
+        return template.format(year=year, yy=f"{year % 100:02d}")
+
+    def frame(self, path: Path, at: datetime | None) -> tuple[gpd.GeoDataFrame, Counts]:
+        """Closed ways and multipolygons with ``building=*``; multipolygons split into parts."""
+        keys = frozenset({"building", *BUILDING_TAG_COLUMNS})
+        found, counts = building_polygons(path, at, keys)
+        ids: list[int] = []
+        tags: list[dict[str, str]] = []
+        parts: list[shapely.Geometry] = []
+        for oid, tag, shape in found:
+            for part in shapely.get_parts(shape):
+                if shapely.get_type_id(part) != 3 or part.is_empty:  # polygons only
+                    continue
+                ids.append(oid)
+                tags.append(tag)
+                parts.append(part)
+        columns: dict[str, object] = {
+            "osm_id": np.array(ids, dtype=np.int64),
+            "building": pd.Series([t["building"] for t in tags], dtype="str"),
+        }
+        for key in BUILDING_TAG_COLUMNS:
+            columns[key] = pd.Series([t.get(key) for t in tags], dtype="str")
+        frame = gpd.GeoDataFrame(columns, geometry=gpd.GeoSeries(parts, crs=WGS84), crs=WGS84)
+        return frame, counts
+
+    def more_extra(self, frame: gpd.GeoDataFrame) -> dict[str, str]:
+        """How many buildings carry more than ``building=yes`` (as the twin reports)."""
+        return {"labelled_building_values": str(int((frame["building"] != "yes").sum()))}
