@@ -287,19 +287,53 @@ def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+_PARTITION_FILE = re.compile(r"city=([^/]+)/year=(\d{4})/([A-Za-z0-9]+)\.parquet")
+"""``city=<key>/year=<yyyy>/<MODALITY>.parquet`` under observations/ and chip_index/."""
+
+
+def _partitions(root: Path) -> list[dict[str, Any]]:
+    """(city, year, modality) of every partition file under ``root`` now."""
+    found = []
+    for path in sorted(root.glob("city=*/year=*/*.parquet")) if root.exists() else []:
+        match = _PARTITION_FILE.fullmatch(path.relative_to(root).as_posix())
+        if match:
+            city, year, modality = match.groups()
+            found.append({"city": city, "year": int(year), "modality": modality})
+    return found
+
+
 def _glob_view(con: duckdb.DuckDBPyConnection, name: str, root: Path, schema: pa.Schema) -> None:
-    files = list(root.glob("city=*/year=*/*.parquet")) if root.exists() else []
-    if files:
+    """A view over the partitions present now, and only those.
+
+    The files are read by a glob, but the view keeps only the (city, year, modality)
+    partitions listed in ``published_<name>`` when the database was built: a city-year that a
+    later, interrupted build half wrote stays invisible until a build publishes it.
+    """
+    partitions = _partitions(root)
+    published = f"published_{name}"
+    con.register("_published", pa.Table.from_pylist(partitions, schema=_PUBLISHED_SCHEMA))
+    con.execute(f"CREATE TABLE {published} AS SELECT * FROM _published")
+    con.unregister("_published")
+    if partitions:
         pattern = _sql_str(str(root.resolve() / "city=*" / "year=*" / "*.parquet"))
         con.execute(
-            f"CREATE VIEW {name} AS SELECT * FROM read_parquet({pattern}, "
-            "hive_partitioning = false, union_by_name = true)"
+            f"CREATE VIEW {name} AS SELECT o.* FROM read_parquet({pattern}, "
+            "hive_partitioning = false, union_by_name = true) AS o "
+            f"SEMI JOIN {published} AS p "
+            "ON o.city = p.city AND o.year = p.year AND o.modality = p.modality"
         )
     else:  # a typed, empty view that stays valid after this connection closes
         types = {"string": "VARCHAR", "int16": "SMALLINT", "int32": "INTEGER"}
         types |= {"double": "DOUBLE", "bool": "BOOLEAN"}
         columns = ", ".join(f"CAST(NULL AS {types[str(f.type)]}) AS {f.name}" for f in schema)
         con.execute(f"CREATE VIEW {name} AS SELECT {columns} WHERE false")
+
+
+_PUBLISHED_SCHEMA = pa.schema(
+    [("city", pa.string()), ("year", pa.int16()), ("modality", pa.string())]
+)
+"""The partitions a database publishes (tables ``published_observations`` and
+``published_chip_index``)."""
 
 
 def build_duckdb(

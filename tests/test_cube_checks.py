@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import dagster as dg
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -74,3 +75,9 @@ def test_a_failing_check_stops_the_database_from_being_published(
     assert DATABASE_KEY not in materialized  # blocked by the failing check
     assert release.duckdb_file.read_bytes() == published  # the last good database stays
     assert release.metadata_file.read_text(encoding="utf-8") == recorded
+    # Files written after the last publish (here the bad year; after an interrupted build, a
+    # half-built city-year) stay out of the published database's views.
+    with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
+        years = con.execute("SELECT DISTINCT year FROM observations").fetchall()
+        published_years = con.execute("SELECT DISTINCT year FROM published_observations")
+        assert years == [(2020,)] and published_years.fetchall() == [(2020,)]
