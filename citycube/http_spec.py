@@ -37,6 +37,17 @@ class Packing(StrEnum):
     """A zip archive holding ``<stem>.tif`` (GHSL tiles)."""
     gzip = "gzip"
     """A gzip-compressed GeoTIFF (ODIAC, VIIRS VNL)."""
+    netcdf = "netcdf"
+    """A NetCDF file (classic or NetCDF-4) read through GDAL's netCDF driver (ACAG, HILDA+)."""
+
+
+class OutputFormat(StrEnum):
+    """How an item file is written: the sample twin's format."""
+
+    cog = "cog"
+    """A Cloud-Optimised GeoTIFF."""
+    netcdf = "netcdf"
+    """A CF NetCDF-4 file with one variable (the ACAG twins)."""
 
 
 class Access(StrEnum):
@@ -125,6 +136,18 @@ class Variable(BaseModel):
     output_dtype: str = Field(default="float32", description="Stored dtype of the written file.")
     output_scale: float = Field(default=1.0, description="GDAL scale of the written band.")
     output_add: float = Field(default=0.0, description="GDAL offset of the written band.")
+    netcdf_variable: str | None = Field(
+        default=None, description="Variable read from a served NetCDF (netcdf packing only)."
+    )
+    class_map: dict[int, int] = Field(
+        default_factory=dict,
+        description="Served class id -> the twin's legend id (categorical products); ids not "
+        "listed are kept as served.",
+    )
+    output_variable: str | None = Field(
+        default=None, description="Variable name of a NetCDF item file (netcdf output only)."
+    )
+    long_name: str | None = Field(default=None, description="long_name of a NetCDF item file.")
 
 
 class HttpProductSpec(BaseModel):
@@ -165,6 +188,18 @@ class HttpProductSpec(BaseModel):
     unconfirmed: list[str] = Field(
         default_factory=list, description="Facts that could not be confirmed from public sources."
     )
+    cell_rel_tol: float = Field(
+        default=1e-6,
+        gt=0,
+        description="Relative tolerance of the served cell size (NetCDF coordinates stored in "
+        "single precision are a few 1e-5 off).",
+    )
+    categorical: bool = Field(
+        default=False, description="Class ids: never scaled, overviews by nearest neighbour."
+    )
+    output_format: OutputFormat = Field(
+        default=OutputFormat.cog, description="Format of the item file (the twin's)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -177,6 +212,16 @@ class HttpProductSpec(BaseModel):
         outside = sorted(set(self.years) - set(CALENDAR))
         if outside:
             raise ValueError(f"{self.product}: years {outside} lie outside 2000-2025")
+        if self.packing == Packing.netcdf and any(
+            v.netcdf_variable is None for v in self.variables
+        ):
+            raise ValueError(f"{self.product}: netcdf packing needs netcdf_variable per variable")
+        if self.output_format == OutputFormat.netcdf and (
+            len(self.variables) != 1 or self.variables[0].output_variable is None
+        ):
+            raise ValueError(
+                f"{self.product}: netcdf output needs one variable with output_variable"
+            )
         if self.files_by_year and set(self.files_by_year) != set(self.years):
             raise ValueError(f"{self.product}: files_by_year must name exactly the years")
         monthly = self.temporal == TemporalForm.monthly_to_annual

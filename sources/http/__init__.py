@@ -14,9 +14,11 @@ from pydantic import ValidationError
 
 from citycube.http_spec import HttpProductSpec, load_http_products
 from sources.downloads import DownloadManager
+from sources.http.acag import AcagAnnual
 from sources.http.base import HttpSource
 from sources.http.chelsa import ChelsaMonthly
 from sources.http.ghsl import GhslTiles
+from sources.http.hilda import HildaStates
 from sources.http.odiac import OdiacMonthly
 from sources.http.options import HttpFamilyOptions
 from sources.http.viirs import VnlAnnual
@@ -27,6 +29,9 @@ ADAPTERS: dict[str, type[HttpSource]] = {
     "odiac": OdiacMonthly,
     "chelsa": ChelsaMonthly,
     "viirs_vnl": VnlAnnual,
+    "acag_pm25": AcagAnnual,
+    "acag_no2": AcagAnnual,
+    "hilda_plus": HildaStates,
 }
 """Adapter class per product id."""
 

@@ -24,10 +24,12 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import rasterio
+import rasterio.shutil
 from affine import Affine
 from pyproj import CRS
 from rasterio.crs import CRS as RioCRS
 from rasterio.errors import RasterioError
+from rasterio.io import MemoryFile
 from rasterio.windows import Window
 
 from citycube.cities import get_city
@@ -270,12 +272,22 @@ class HttpSource(SourceProduct):
 
     @contextlib.contextmanager
     def open_served(
-        self, got: Downloaded, url: str, city: str, year: int, scratch: Path
+        self,
+        got: Downloaded,
+        url: str,
+        city: str,
+        year: int,
+        scratch: Path,
+        variable: Variable | None = None,
     ) -> Iterator[rasterio.DatasetReader]:
-        """Open a downloaded file's GeoTIFF (unzipping or gunzipping as the spec says)."""
+        """Open a downloaded file's raster (unzipping, gunzipping or picking the NetCDF
+        variable as the spec says)."""
         packing = self.spec.packing.value
         try:
-            if packing == "zip":
+            if packing == "netcdf":
+                assert variable is not None and variable.netcdf_variable is not None
+                href = f'NETCDF:"{got.path}":{variable.netcdf_variable}'
+            elif packing == "zip":
                 member = PurePosixPath(urlsplit(url).path).stem + ".tif"
                 target = scratch / f"{got.sha256[:16]}.tif"
                 with (
@@ -301,6 +313,8 @@ class HttpSource(SourceProduct):
         name = PurePosixPath(urlsplit(url).path).name
         expected = CRS.from_user_input(self.spec.native_crs)
         crs = CRS.from_user_input(ds.crs) if ds.crs else None
+        if crs is None and self.spec.packing.value == "netcdf" and cf_lon_lat(ds):
+            crs = CRS.from_epsg(4326)  # CF: lat/lon coordinates without a grid mapping
         if crs is None or not (crs == expected or crs.to_wkt() == expected.to_wkt()):
             raise SourceReadError(
                 f"{self.info.source_id}: {city} {year}: {name} is in "
@@ -309,7 +323,8 @@ class HttpSource(SourceProduct):
             )
         t = ds.transform
         res = self.spec.resolution
-        if not (math.isclose(t.a, res, rel_tol=1e-6) and math.isclose(-t.e, res, rel_tol=1e-6)):
+        tol = self.spec.cell_rel_tol
+        if not (math.isclose(t.a, res, rel_tol=tol) and math.isclose(-t.e, res, rel_tol=tol)):
             raise SourceReadError(
                 f"{self.info.source_id}: {city} {year}: {name} has cells of {t.a} x {-t.e}, the "
                 f"spec says {res}"
@@ -326,17 +341,21 @@ class HttpSource(SourceProduct):
         city: str,
         year: int,
         into: np.ndarray | None = None,
+        band: int = 1,
     ) -> np.ndarray:
         """The file's served values (scaled, in served units) on the window; NaN where invalid.
 
         Only cells the file covers are written (into ``into`` when given, so tiles can be
         pasted one by one); its nodata (or the spec's raw nodata) and non-finite values are
-        invalid. A GDAL scale/offset in the file wins over the spec's.
+        invalid. A GDAL scale/offset in the file wins over the spec's. Class ids are mapped to
+        the twin's legend and never scaled. Offsets are counted in the spec's cell size, since
+        a file's single-precision coordinates can make its own a few 1e-5 off.
         """
         out = np.full(grid.shape, np.nan) if into is None else into
         t = ds.transform
-        col_f = (grid.transform.c - t.c) / t.a
-        row_f = (grid.transform.f - t.f) / t.e
+        res = self.spec.resolution
+        col_f = (grid.transform.c - t.c) / res
+        row_f = (t.f - grid.transform.f) / res
         col_off, row_off = round(col_f), round(row_f)
         if abs(col_f - col_off) > 0.01 or abs(row_f - row_off) > 0.01:
             raise SourceReadError(
@@ -348,7 +367,7 @@ class HttpSource(SourceProduct):
         if c1 <= c0 or r1 <= r0:
             return out
         try:
-            raw = ds.read(1, window=Window(c0, r0, c1 - c0, r1 - r0)).astype(np.float64)
+            raw = ds.read(band, window=Window(c0, r0, c1 - c0, r1 - r0)).astype(np.float64)
         except RasterioError as exc:
             cached = self.spec.access.value != "window"
             raise self.corrupt(url, city, year, exc, cached=cached) from None
@@ -356,10 +375,15 @@ class HttpSource(SourceProduct):
         invalid = ~np.isfinite(raw)
         if nodata is not None:
             invalid |= raw == nodata
-        scale, offset = ds.scales[0], ds.offsets[0]
-        if scale == 1 and offset == 0:
-            scale, offset = variable.raw_scale, variable.raw_offset
-        values = raw * scale + offset
+        if self.spec.categorical:
+            values = raw.copy()
+            for served_id, twin_id in variable.class_map.items():
+                values[raw == served_id] = twin_id
+        else:
+            scale, offset = ds.scales[band - 1], ds.offsets[band - 1]
+            if scale == 1 and offset == 0:
+                scale, offset = variable.raw_scale, variable.raw_offset
+            values = raw * scale + offset
         rows = slice(r0 - row_off, r1 - row_off)
         cols = slice(c0 - col_off, c1 - col_off)
         target = out[rows, cols]
@@ -387,7 +411,12 @@ class HttpSource(SourceProduct):
                     f"{self.info.source_id}: {city} {year}: no valid cell in the city window for "
                     f"{role!r}; a failed read must not pass as nodata"
                 )
-            self._write_cog(staging / name, variables, stack, assembled.grid, city, year)
+            if self.spec.output_format.value == "netcdf":
+                self._write_netcdf(
+                    staging / name, variables[0], stack[0], assembled.grid, city, year
+                )
+            else:
+                self._write_cog(staging / name, variables, stack, assembled.grid, city, year)
             files[role] = name
         provenance = {
             "product": self.product_id,
@@ -429,6 +458,7 @@ class HttpSource(SourceProduct):
             data[band] = encode(values, variable, self.spec.nodata)
         profile = {
             **COG_PROFILE,
+            **({"overview_resampling": "nearest"} if self.spec.categorical else {}),
             "width": grid.width,
             "height": grid.height,
             "count": len(stack),
@@ -437,15 +467,7 @@ class HttpSource(SourceProduct):
             "transform": grid.transform,
             "nodata": self.spec.nodata,
         }
-        tags = {
-            "SYNTHETIC": "false",
-            "CITYCUBE_PRODUCT": self.product_id,
-            "CITYCUBE_SOURCE": self.info.source_id,
-            "CITYCUBE_SOURCE_VERSION": self.spec.version,
-            "CITYCUBE_CITY": city,
-            "CITYCUBE_SOURCE_YEAR": str(year),
-            "CITYCUBE_UNITS": first.output_units,
-        }
+        tags = self._tags(city, year, first)
         with rasterio.open(path, "w", **profile) as dst:
             dst.write(data)
             if first.output_scale != 1 or first.output_add != 0:
@@ -455,6 +477,74 @@ class HttpSource(SourceProduct):
             for band, variable in enumerate(variables, start=1):
                 dst.set_band_description(band, variable.name)
                 dst.update_tags(band, units=variable.output_units)
+
+    def _tags(self, city: str, year: int, first: Variable) -> dict[str, str]:
+        return {
+            "SYNTHETIC": "false",
+            "CITYCUBE_PRODUCT": self.product_id,
+            "CITYCUBE_SOURCE": self.info.source_id,
+            "CITYCUBE_SOURCE_VERSION": self.spec.version,
+            "CITYCUBE_CITY": city,
+            "CITYCUBE_SOURCE_YEAR": str(year),
+            "CITYCUBE_UNITS": first.output_units,
+        }
+
+    def _write_netcdf(
+        self,
+        path: Path,
+        variable: Variable,
+        values: np.ndarray,
+        grid: TargetGrid,
+        city: str,
+        year: int,
+    ) -> None:
+        """One float32 CF variable through GDAL's netCDF driver, as the ACAG twins are written
+        (``rasterio.open(path)`` then opens the variable with its CRS, transform and nodata)."""
+        assert variable.output_variable is not None
+        profile = {
+            "driver": "GTiff",
+            "width": grid.width,
+            "height": grid.height,
+            "count": 1,
+            "dtype": "float32",
+            "crs": RioCRS.from_wkt(grid.crs.to_wkt()),
+            "transform": grid.transform,
+            "nodata": self.spec.nodata,
+        }
+        attributes = {
+            "Conventions": "CF-1.8",
+            "title": self.spec.name,
+            "source": redact_url(self.base_url),
+            "references": self.spec.attribution,
+            "license": self.spec.licence,
+            **self._tags(city, year, variable),
+        }
+        with MemoryFile() as memory:
+            with memory.open(**profile) as staging:
+                staging.write(encode(values, variable, self.spec.nodata), 1)
+                staging.update_tags(1, NETCDF_VARNAME=variable.output_variable)
+                staging.update_tags(1, units=variable.output_units)
+                staging.update_tags(1, long_name=variable.long_name or variable.name)
+                staging.update_tags(**{f"NC_GLOBAL#{k}": v for k, v in attributes.items()})
+            with memory.open() as source:
+                rasterio.shutil.copy(
+                    source,
+                    path,
+                    driver="netCDF",
+                    FORMAT="NC4",
+                    COMPRESS="DEFLATE",
+                    ZLEVEL="4",
+                    WRITE_GDAL_VERSION="NO",
+                    WRITE_GDAL_HISTORY="NO",
+                )
+
+
+def cf_lon_lat(ds: rasterio.DatasetReader) -> bool:
+    """Whether a NetCDF variable lies on CF latitude/longitude coordinates (degrees)."""
+    tags = ds.tags()
+    return tags.get("lat#units", "").startswith("degrees_n") and tags.get(
+        "lon#units", ""
+    ).startswith("degrees_e")
 
 
 def encode(values: np.ndarray, variable: Variable, nodata: float) -> np.ndarray:
