@@ -21,6 +21,7 @@ LOG = logging.getLogger("test")
 def _pid_and_square(value: int) -> tuple[int, int]:
     if value < 0:
         raise SourceReadError(f"negative input {value}")
+    time.sleep(0.05)  # long enough that one worker cannot finish them all before the other
     return os.getpid(), value * value
 
 
@@ -45,6 +46,9 @@ def test_tasks_run_inline_with_one_worker() -> None:
 def test_tasks_run_on_a_two_worker_local_cluster() -> None:
     compute = ComputeResource(workers=2)
     try:
+        # The cluster's workers come up in the background; on a busy machine the first one
+        # could take every task before the second registers.
+        compute._dask_client().wait_for_workers(2, timeout=180)
         tasks = [(str(i), (i,)) for i in range(-1, 12)]
         outcomes = {o.key: o for o in compute.run(LOG, "t", _pid_and_square, tasks)}
         workers = {o.result[0] for o in outcomes.values() if o.ok}

@@ -331,6 +331,8 @@ def test_a_product_failing_past_its_retries_fails_its_partition_only(
     assert not (root / "data" / "sources" / "odiac" / CITY / str(FAILING_YEAR)).exists()
     # POP of that year reads epoch 2020, which did not fail: its partition was written.
     assert (observations / f"year={FAILING_YEAR}" / "POP.parquet").is_file()
-    # The published views read the partitions' files: the new POP year shows, CO2's does not.
+    # The published database shows only what it published: neither the failed CO2 year nor
+    # the POP partition the failed build wrote (that city-year was never published).
     assert _observations(database, "CO2", FAILING_YEAR) == {}
-    assert len(_observations(database, "POP", FAILING_YEAR)) == 152
+    assert _observations(database, "POP", FAILING_YEAR) == {}
+    assert len(_observations(database, "POP", 2020)) == 152
