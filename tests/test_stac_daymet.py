@@ -289,3 +289,52 @@ def test_a_year_daymet_does_not_publish_falls_back_to_chelsa(fetched: dict, tmp_
     assert {r["source_id"] for r in rows} == {"sample:chelsa"}
     assert {r["source_year"] for r in rows} == {2021}
     assert any(r["available"] for r in rows if r["field"] == "srad_w_m2")
+
+
+# ---- through Dagster -------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_dagster_builds_weather_from_the_loopback_daymet_store(stac_world, tmp_path) -> None:
+    """A source set that takes Daymet from the family: WTH for Boston 2020 through the assets."""
+    import dagster as dg
+    import yaml
+
+    from pipelines.definitions import build_definitions
+    from pipelines.resources import ComputeResource, CubeResource
+    from tests.conftest import materialize_keys
+
+    stac_world.set_faults([])
+    source_set = tmp_path / "source_set.yaml"
+    spec = {
+        "name": "loopback-daymet",
+        "default": "sample",
+        "products": {"daymet": "planetary-computer"},
+        "options": {
+            "sample": {"seed": 0},
+            "planetary-computer": stac_world.options(products=["daymet"]),
+        },
+    }
+    source_set.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    cube = CubeResource(
+        data_root=str(tmp_path / "data"), release_version="t", source_set=str(source_set)
+    )
+    resources = {"cube": cube, "compute": ComputeResource(workers=1)}
+    result = materialize_keys(
+        build_definitions(),
+        ["sources/daymet", "derived/wth"],
+        f"{CITY}|2020",
+        resources=resources,
+        instance=dg.DagsterInstance.ephemeral(),
+    )
+    assert result.success  # type: ignore[attr-defined]
+    derived = pq.read_table(cube.release().root / "derived" / "WTH" / CITY / "2020.parquet")
+    assert set(derived.column("source_id").to_pylist()) == {"pc:daymet-annual-na"}
+    reasons = {
+        (f, r)
+        for f, r in zip(
+            derived.column("field").to_pylist(), derived.column("reason").to_pylist(), strict=True
+        )
+        if f in ("srad_w_m2", "rh_fraction")
+    }
+    assert {r for _, r in reasons} == {"variable_not_published"}
