@@ -218,6 +218,12 @@ class ModalitySpec(BaseModel):
     product_by_city: dict[str, str] = Field(
         default_factory=dict, description="Per-city product (e.g. Daymet for North America)."
     )
+    fallback_products: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict,
+        description="Per product, the products tried in order when it cannot serve a city's "
+        "source period (it does not cover the city or does not publish that year), e.g. "
+        "daymet → [chelsa]. The first that serves is read for all of that product's fields.",
+    )
     auxiliary_products: tuple[str, ...] = Field(
         (), description="Products needed for conversions (e.g. CPI and PPP series)."
     )
@@ -237,6 +243,18 @@ class ModalitySpec(BaseModel):
         names = [f.name for f in self.fields]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.code}: duplicate field names {names}")
+        primary = self._primary_products()
+        for product, fallbacks in self.fallback_products.items():
+            if product not in primary:
+                raise ValueError(
+                    f"{self.code}: fallback_products names {product!r}, which it does not read "
+                    f"(it reads {primary})"
+                )
+            if product in fallbacks or len(set(fallbacks)) != len(fallbacks) or not fallbacks:
+                raise ValueError(
+                    f"{self.code}: the fallbacks of {product!r} must be distinct other products, "
+                    f"got {list(fallbacks)}"
+                )
         categorical = self.kind == Kind.CATEGORICAL_IMAGE
         if self.kind == Kind.NUMERIC:
             if self.chip is not None:
@@ -277,8 +295,7 @@ class ModalitySpec(BaseModel):
             return self.product_by_city.get(city, self.product)
         return self.product
 
-    def products(self, city: str | None = None) -> list[str]:
-        """Distinct source products this modality reads (for one city, or for any city)."""
+    def _primary_products(self, city: str | None = None) -> list[str]:
         seen: list[str] = []
         cities = [city] if city is not None else [None, *self.product_by_city]
         for c in cities:
@@ -287,6 +304,23 @@ class ModalitySpec(BaseModel):
                 if p not in seen:
                     seen.append(p)
         return seen
+
+    def products(self, city: str | None = None) -> list[str]:
+        """Distinct source products this modality reads first (for one city), or may read at
+        all (any city, fallbacks included).
+
+        For one city only the first choices count: a fallback product is fetched by the derived
+        step when, and only when, the first choice cannot serve a period.
+        """
+        seen = self._primary_products(city)
+        if city is None:
+            for fallbacks in self.fallback_products.values():
+                seen += [p for p in fallbacks if p not in seen]
+        return seen
+
+    def fallbacks(self, product: str) -> tuple[str, ...]:
+        """Products tried in order when ``product`` cannot serve a city's source period."""
+        return self.fallback_products.get(product, ())
 
     def field_groups(self, city: str) -> list[tuple[str, list[FieldSpec]]]:
         """Fields grouped by the product that serves them in ``city``; groups are independent."""

@@ -20,7 +20,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -357,8 +357,12 @@ def _numeric_results(
     for f in fields:
         by_role.setdefault(f.role_for(item.product), []).append(f)
     for role, role_fields in by_role.items():
+        if role not in item.files and role in item.missing_roles:
+            rows += _unpublished_rows(role_fields, city, item.missing_roles[role])
+            continue
         bands = [f.band for f in role_fields]
-        with open_masked_source(item, modality, bands, role=role) as source:
+        names = [f.name for f in role_fields]
+        with open_masked_source(item, modality, bands, role=role, names=names) as source:
             for scale in SCALES:
                 grid = city_grid(city, scale)
                 stats = aggregate_tiles(source, grid, cache_dir=release.cache_dir / "coverage")
@@ -380,6 +384,15 @@ def _numeric_results(
                         )
                         rows.append(_result_row(tile_id, scale, f.name, value, fraction, reason))
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def _unpublished_rows(fields: Sequence[FieldSpec], city: str, reason: str) -> list[dict]:
+    """Rows of fields whose role the item does not publish: NULL with the item's reason."""
+    return [
+        _result_row(t.tile_id, t.scale, f.name, math.nan, math.nan, reason)
+        for t in _all_tiles(city)
+        for f in fields
+    ]
 
 
 def _point_density_results(
@@ -500,6 +513,8 @@ class FieldGroup:
     """The fetched item; None when the period is not served."""
     missing_reason: str | None
     """Stable reason code when the period is not served."""
+    fallback_from: tuple[tuple[str, str], ...] = ()
+    """(product, reason) of the products tried first that could not serve the period."""
 
     def signature(self) -> str:
         """What the derived results of this group depend on, besides the rules."""
@@ -511,21 +526,49 @@ class FieldGroup:
 def _field_groups(
     modality: ModalitySpec, city: str, period: int | None, sources: SourceSet, release: Release
 ) -> list[FieldGroup]:
-    """Resolve and fetch each product's item for a source period, independently."""
+    """Resolve and fetch each product's item for a source period, independently.
+
+    A product that cannot serve the period (it does not cover the city, does not publish the
+    year, or its adapter says it is unavailable) hands the group to its declared fallbacks in
+    order; the first that serves is read for every field of the group. When none serves, the
+    group stays with the first choice and its reason. Server failures are not a reason to fall
+    back: they fail the step, so a rerun reads the same product.
+    """
     groups: list[FieldGroup] = []
     for product, fields in modality.field_groups(city):
-        adapter = sources.product(product)
-        source_year, item, reason = None, None, None
-        if period is not None:
-            resolution = resolve(modality.temporal, period, adapter.source_years(city))
-            source_year, reason = resolution.source_year, resolution.missing_reason
-        if reason is None:
-            try:
-                item = adapter.fetch(city, source_year, release.sources_dir)
-            except SourceUnavailableError as exc:
-                source_year, reason = None, exc.reason
-        groups.append(FieldGroup(product, tuple(fields), adapter.info, source_year, item, reason))
+        group = _serve(modality, product, tuple(fields), city, period, sources, release)
+        tried: list[tuple[str, str]] = []
+        for fallback in modality.fallbacks(product) if group.item is None else ():
+            tried.append((group.product, group.missing_reason or "unavailable"))
+            candidate = _serve(modality, fallback, tuple(fields), city, period, sources, release)
+            if candidate.item is not None:
+                group = replace(candidate, fallback_from=tuple(tried))
+                break
+        groups.append(group)
     return groups
+
+
+def _serve(
+    modality: ModalitySpec,
+    product: str,
+    fields: tuple[FieldSpec, ...],
+    city: str,
+    period: int | None,
+    sources: SourceSet,
+    release: Release,
+) -> FieldGroup:
+    """One product's item for a source period, or why it has none."""
+    adapter = sources.product(product)
+    source_year, item, reason = None, None, None
+    if period is not None:
+        resolution = resolve(modality.temporal, period, adapter.source_years(city))
+        source_year, reason = resolution.source_year, resolution.missing_reason
+    if reason is None:
+        try:
+            item = adapter.fetch(city, source_year, release.sources_dir)
+        except SourceUnavailableError as exc:
+            source_year, reason = None, exc.reason
+    return FieldGroup(product, fields, adapter.info, source_year, item, reason)
 
 
 def _fetch_aux(
@@ -632,6 +675,7 @@ def _group_sources(groups: Sequence[FieldGroup]) -> dict[str, dict[str, object]]
             "source_year": g.source_year,
             "synthetic": g.item.synthetic if g.item else g.info.synthetic,
             **({"missing": g.missing_reason} if g.item is None else {}),
+            **({"fallback_from": dict(g.fallback_from)} if g.fallback_from else {}),
         }
         for g in groups
     }

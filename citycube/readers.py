@@ -73,12 +73,14 @@ def open_masked_source(
     bands: Sequence[int],
     valid_ids: frozenset[int] | None = None,
     role: str = "data",
+    names: Sequence[str] | None = None,
 ) -> Iterator[MaskedSource]:
     """Yield a reader over ``bands`` of the item's ``role`` file with validity applied.
 
     Values come back in physical units when the file declares a scale/offset (GDAL metadata,
     as CHELSA does); nodata is judged on the raw values. QA bits (``qa_invalid_bits``) are
-    read from the item's 'qa' file on the same grid.
+    read from the item's 'qa' file on the same grid. ``names`` are the fields the bands
+    serve (by default those of the city's first-choice product; a fallback item names its own).
     """
     with ExitStack() as stack:
         data = stack.enter_context(open_raster(item.href(role)))
@@ -110,10 +112,11 @@ def open_masked_source(
             return values, valid
 
         grid = RasterGrid(crs, data.transform, data.width, data.height)
-        names = tuple(
-            f.name
-            for f in modality.fields
-            if modality.product_for(f, item.city) == item.product
-            and f.role_for(item.product) == role
-        )
-        yield MaskedSource(grid=grid, read=read, band_names=names)
+        if names is None:  # the fields the city's first-choice product serves from this role
+            names = tuple(
+                f.name
+                for f in modality.fields
+                if modality.product_for(f, item.city) == item.product
+                and f.role_for(item.product) == role
+            )
+        yield MaskedSource(grid=grid, read=read, band_names=tuple(names))

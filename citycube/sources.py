@@ -79,6 +79,10 @@ class SourceItem:
     fingerprint: str = ""
     """Identity of the item's content: changes whenever its files do. Adapters that install
     items give their completion record's digest; left empty, it is derived from the files."""
+    missing_roles: Mapping[str, str] = field(default_factory=dict)
+    """Roles the product does not publish for this item, each with a stable reason code (e.g.
+    'srad': 'variable_not_published'). Fields read from them are unavailable with that reason,
+    never zero; a role neither in ``files`` nor here is an error."""
 
     def __post_init__(self) -> None:
         if not self.fingerprint:
@@ -107,6 +111,7 @@ class SourceItem:
 def _files_fingerprint(item: SourceItem) -> str:
     """Digest of the provenance and of each file's name, size and modification time."""
     parts = [item.source_id, item.version, str(item.source_year)]
+    parts += [f"missing:{role}:{reason}" for role, reason in sorted(item.missing_roles.items())]
     for role, href in sorted(item.files.items()):
         if is_remote(href):
             parts.append(f"{role}:{href}")

@@ -43,6 +43,9 @@ class Recipe(StrEnum):
     """Per-pixel mean and median of clear surface-temperature observations, Kelvin."""
     MOSAIC = "mosaic"
     """Static tiles pasted onto one grid on their own lattice (no resampling)."""
+    ZARR_ANNUAL = "zarr_annual"
+    """One year's city window of each variable of a collection-level Zarr store, copied on the
+    store's own lattice (no resampling); a derived role is the cell-wise mean of others."""
 
 
 RECIPE_OUTPUT_BANDS = {
@@ -112,6 +115,75 @@ class OutputSpec(BaseModel):
     title: str = Field(description="What the file holds, in a phrase.")
 
 
+class ZarrVariableSpec(BaseModel):
+    """One role of the item and where its values come from in the store."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    role: str = Field(description="Role in the item (the sample twin's), e.g. 'tmin'.")
+    variable: str | None = Field(None, description="Store variable read for it; None if derived.")
+    mean_of: tuple[str, ...] = Field(
+        default=(), description="Roles averaged cell by cell into this one (a derived role)."
+    )
+    store_units: str | None = Field(
+        None, description="The `units` attribute the store variable must declare (checked)."
+    )
+    units: str = Field(description="Units written into the item's file.")
+    aggregate: str = Field(description="Daymet's name of the annual aggregate: annavg, annttl.")
+    title: str = Field(description="What the file holds, in a phrase.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if (self.variable is None) == (not self.mean_of):
+            raise ValueError(f"role {self.role!r}: give either a variable or mean_of, not both")
+        if self.variable is not None and self.store_units is None:
+            raise ValueError(f"role {self.role!r}: a store variable needs its store_units")
+        return self
+
+
+class ZarrSpec(BaseModel):
+    """A collection-level Zarr asset (a data cube with time, y and x) and what is read of it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    asset: str = Field(description="Collection asset key of the store's HTTPS root.")
+    zarr_format: Literal[2, 3] = Field(description="Zarr format version of the store.")
+    consolidated: bool = Field(
+        description="Read consolidated metadata (the asset's xarray:open_kwargs may say so too)."
+    )
+    dims: tuple[str, str, str] = Field(description="Dimensions of every variable read, in order.")
+    grid_mapping: str = Field(description="CF grid-mapping variable every data variable names.")
+    cell_size_m: float = Field(gt=0, description="Cell size along x and y, metres.")
+    drop_variables: tuple[str, ...] = Field(
+        default=(), description="Store variables never opened (2-D lat/lon, time bounds)."
+    )
+    nodata: float = Field(description="Nodata value of the written files.")
+    file_name: str = Field(
+        description="Written file name; {role}, {aggregate} and {year} are filled in."
+    )
+    variables: tuple[ZarrVariableSpec, ...] = Field(
+        min_length=1, description="Roles written, in order; derived roles after their inputs."
+    )
+    unpublished: dict[str, str] = Field(
+        default_factory=dict,
+        description="Roles of the sample twin the store does not publish → stable reason code.",
+    )
+
+    @model_validator(mode="after")
+    def _roles(self) -> Self:
+        roles = [v.role for v in self.variables]
+        if len(set(roles)) != len(roles):
+            raise ValueError(f"roles listed twice: {roles}")
+        seen: set[str] = set()
+        for v in self.variables:
+            unknown = [r for r in v.mean_of if r not in seen]
+            if unknown:
+                raise ValueError(f"role {v.role!r} averages {unknown}, not listed before it")
+            seen.add(v.role)
+        both = sorted(set(roles) & set(self.unpublished))
+        if both:
+            raise ValueError(f"roles both written and unpublished: {both}")
+        return self
+
+
 class StacProductSpec(BaseModel):
     """One source product served from a STAC collection."""
 
@@ -127,7 +199,15 @@ class StacProductSpec(BaseModel):
     first_year: int | None = Field(None, description="First source year (annual products).")
     last_year: int | None = Field(None, description="Last source year (annual products).")
     recipe: Recipe = Field(description="How observations become the item's file.")
-    bands: tuple[BandSpec, ...] = Field(min_length=1, description="Input bands, recipe order.")
+    bands: tuple[BandSpec, ...] = Field(
+        default=(), description="Input bands, recipe order (none for a Zarr store)."
+    )
+    zarr: ZarrSpec | None = Field(None, description="The collection's Zarr store (zarr_annual).")
+    coverage_bbox: tuple[float, float, float, float] | None = Field(
+        None,
+        description="(west, south, east, north), degrees: cities whose centre lies outside get "
+        "no source years (outside_source_coverage); None: every city.",
+    )
     qa: QaSpec | None = Field(None, description="QA asset and invalid bits (annual products).")
     fill_value: int | None = Field(
         0, description="Raw value that marks fill in input bands (Landsat C2: 0); None: none."
@@ -147,10 +227,20 @@ class StacProductSpec(BaseModel):
     reflectance_range: tuple[float, float] | None = Field(
         None, description="Reflectance mapped to uint8 1–255 (rgb_uint8 only), fixed for all."
     )
-    output: OutputSpec = Field(description="The data file written.")
+    output: OutputSpec | None = Field(
+        None, description="The data file written (a Zarr recipe describes one file per role)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        if self.product not in load_products():
+            raise ValueError(f"{self.product}: not a product of schemas/sources.yaml")
+        if self.recipe is Recipe.ZARR_ANNUAL:
+            return self._zarr_consistent()
+        if self.zarr is not None:
+            raise ValueError(f"{self.product}: a zarr store goes with recipe zarr_annual only")
+        if self.output is None:
+            raise ValueError(f"{self.product}: recipe {self.recipe} needs an output")
         names = tuple(b.name for b in self.bands)
         wanted = RECIPE_INPUT_BANDS[self.recipe]
         if names != wanted:
@@ -178,8 +268,17 @@ class StacProductSpec(BaseModel):
             low, high = self.reflectance_range
             if not low < high:
                 raise ValueError(f"{self.product}: reflectance_range must rise, got {low}, {high}")
-        if self.product not in load_products():
-            raise ValueError(f"{self.product}: not a product of schemas/sources.yaml")
+        return self
+
+    def _zarr_consistent(self) -> Self:
+        if self.zarr is None:
+            raise ValueError(f"{self.product}: recipe zarr_annual needs a zarr store spec")
+        if self.bands or self.qa is not None or self.output is not None:
+            raise ValueError(f"{self.product}: a Zarr store has no bands, qa or output")
+        if self.temporal != "annual" or self.first_year is None or self.last_year is None:
+            raise ValueError(f"{self.product}: zarr_annual needs first_year and last_year")
+        if self.first_year > self.last_year:
+            raise ValueError(f"{self.product}: first_year is after last_year")
         return self
 
     def digest(self) -> str:

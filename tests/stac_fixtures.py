@@ -56,6 +56,19 @@ CITY = "Boston"
 SOUTH_CITY = "CapeTown"
 DEM_RES = 6 / 3600
 """Test DEM tiles are 6 arc-second (600 × 600): real GLO-30 is 1″, the lattice logic is the same."""
+DAYMET_ACCOUNT = "daymeteuwest"
+DAYMET_STORE = "daymet-zarr/annual/na.zarr"
+"""Container and path of the annual North America store, as the Planetary Computer names them."""
+DAYMET_LCC = (
+    "+proj=lcc +lat_1=25 +lat_2=60 +lat_0=42.5 +lon_0=-100 +x_0=0 +y_0=0 +ellps=WGS84 +units=m"
+)
+DAYMET_X0, DAYMET_Y0 = -4_560_250.0, 4_984_000.0
+"""Centre of the first cell of Daymet's North America lattice (x rises, y falls, 1 km)."""
+DAYMET_YEARS = (2015, 2016, 2017, 2018, 2019, 2020)
+"""Years of the loopback store (2016's tmax chunk under Boston is corrupted)."""
+DAYMET_CHUNK = 32
+"""Chunk edge of the loopback store (the real one uses far larger chunks)."""
+DAYMET_CORRUPT_YEAR = 2016
 
 
 @dataclass(frozen=True)
@@ -296,6 +309,172 @@ def dem_tile_item(storage: Path, lat: int, lon: int) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class DaymetStore:
+    """The loopback copy of ``daymet-annual-na``: where its cells are and where it lives."""
+
+    path: Path
+    """The store's folder on disk (served by the file server)."""
+    href: str
+    """Its blob-storage root, as the collection asset names it."""
+    col0: int
+    """Column of its first cell on the full North America lattice."""
+    row0: int
+    """Row of its first cell on the full North America lattice."""
+    shape: tuple[int, int]
+    """(rows, cols)."""
+    corrupt_chunk: str
+    """Store key of the chunk overwritten with garbage (tmax, 2016, under Boston)."""
+
+
+def daymet_values(name: str, year: int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """A variable's values at full-lattice (rows, cols): they encode position and year."""
+    t = year - DAYMET_YEARS[0]
+    tmin = 1.5 + 0.01 * (cols % 89) + 0.02 * (rows % 67) + 0.25 * t
+    table = {
+        "tmin": tmin,
+        "tmax": tmin + 9.0 + 0.03 * (cols % 29),
+        "prcp": 950.0 + 1.5 * (cols % 71) + 2.0 * (rows % 53) + 12.0 * t,
+        "vp": 850.0 + 0.5 * (cols % 41) + 3.0 * t + 0 * rows,
+        "swe": 4.0 + 0.1 * (rows % 17) + 0 * cols - 0.2 * t,
+    }
+    return np.asarray(table[name], dtype=np.float64)
+
+
+def write_daymet_store(storage: Path, city: str) -> DaymetStore:
+    """A small Zarr v2 store laid out like the Planetary Computer's annual North America one.
+
+    Same variables (prcp, tmax, tmin, vp, swe; 2-D lat/lon; time bounds), dimensions, CF
+    attributes, ``lambert_conformal_conic`` grid mapping, fill value and consolidated metadata,
+    on the real 1 km lattice around the city, in 32-cell chunks so a window needs only some of
+    them. A patch of "sea" is fill in every variable and year.
+    """
+    import xarray as xr
+    from numcodecs import Blosc
+
+    from sources.stac.grids import city_crs, city_window
+
+    lcc = CRS.from_proj4(DAYMET_LCC)
+    to_lcc = Transformer.from_crs(city_crs(city), lcc, always_xy=True)
+    xmin, ymin, xmax, ymax = to_lcc.transform_bounds(*city_window(city), densify_pts=21)
+    pad = 40
+    col0 = int((xmin - DAYMET_X0) // 1000) - pad
+    col1 = int((xmax - DAYMET_X0) // 1000) + pad
+    row0 = int((DAYMET_Y0 - ymax) // 1000) - pad
+    row1 = int((DAYMET_Y0 - ymin) // 1000) + pad
+    rows, cols = np.mgrid[row0:row1, col0:col1]
+    x = DAYMET_X0 + 1000.0 * np.arange(col0, col1)
+    y = DAYMET_Y0 - 1000.0 * np.arange(row0, row1)
+    xx, yy = np.meshgrid(x, y)
+    lon, lat = Transformer.from_crs(lcc, "EPSG:4326", always_xy=True).transform(xx, yy)
+    centre_r, centre_c = (row0 + row1) // 2, (col0 + col1) // 2
+    sea = (rows - centre_r - 25) ** 2 + (cols - centre_c - 30) ** 2 < 15**2
+    years = np.array(DAYMET_YEARS)
+    days = (
+        np.array([f"{y}-07-01T12:00" for y in years], dtype="datetime64[m]")
+        - np.datetime64("1950-01-01T00:00", "m")
+    ) / np.timedelta64(1, "D")
+    attrs = {
+        "prcp": ("annual total precipitation", "mm", "sum within days time: sum over days"),
+        "swe": ("annual average snow water equivalent", "kg/m2", "sum within days time: mean"),
+        "tmax": ("annual average of daily maximum temperature", "degrees C", "maximum"),
+        "tmin": ("annual average of daily minimum temperature", "degrees C", "minimum"),
+        "vp": ("annual average of daily average vapor pressure", "Pa", "mean within days"),
+    }
+    data_vars: dict[str, Any] = {}
+    for name, (long_name, units, method) in attrs.items():
+        stack = np.stack([daymet_values(name, int(yr), rows, cols) for yr in years])
+        stack[:, sea] = np.nan
+        data_vars[name] = xr.Variable(
+            ("time", "y", "x"),
+            stack.astype(np.float32),
+            {
+                "long_name": long_name,
+                "units": units,
+                "cell_methods": f"area: mean time: {method}",
+                "grid_mapping": "lambert_conformal_conic",
+            },
+        )
+    data_vars["lambert_conformal_conic"] = xr.Variable(
+        (),
+        np.int16(0),
+        {
+            "grid_mapping_name": "lambert_conformal_conic",
+            "longitude_of_central_meridian": -100.0,
+            "latitude_of_projection_origin": 42.5,
+            "false_easting": 0.0,
+            "false_northing": 0.0,
+            "standard_parallel": [25.0, 60.0],
+            "semi_major_axis": 6378137.0,
+            "inverse_flattening": 298.257223563,
+        },
+    )
+    bounds = np.stack([days - 182.5, days + 182.5], axis=1)
+    data_vars["time_bnds"] = xr.Variable(("time", "nv"), bounds)
+    coords = {
+        "time": xr.Variable(
+            "time",
+            days,
+            {"units": "days since 1950-01-01 00:00:00", "calendar": "standard",
+             "long_name": "24-hour day based on local time", "bounds": "time_bnds"},
+        ),
+        "x": xr.Variable("x", x.astype(np.float32), {"units": "m", "long_name": "x coordinate"}),
+        "y": xr.Variable("y", y.astype(np.float32), {"units": "m", "long_name": "y coordinate"}),
+        "lat": xr.Variable(("y", "x"), lat.astype(np.float32), {"units": "degrees_north"}),
+        "lon": xr.Variable(("y", "x"), lon.astype(np.float32), {"units": "degrees_east"}),
+    }  # fmt: skip
+    dataset = xr.Dataset(data_vars, coords=coords, attrs={"source": "loopback copy for tests"})
+    blosc = Blosc(cname="lz4", clevel=5, shuffle=1)
+    chunks = (1, DAYMET_CHUNK, DAYMET_CHUNK)
+    encoding: dict[str, dict[str, Any]] = {
+        name: {"chunks": chunks, "_FillValue": -9999.0, "compressors": blosc} for name in attrs
+    }
+    path = storage / DAYMET_ACCOUNT / DAYMET_STORE
+    dataset.to_zarr(path, mode="w", zarr_format=2, consolidated=True, encoding=encoding)
+    # Garbage in the chunk of 2016's tmax under the city centre: a decoder must fail on it.
+    t = DAYMET_YEARS.index(DAYMET_CORRUPT_YEAR)
+    key = f"tmax/{t}.{(centre_r - row0) // DAYMET_CHUNK}.{(centre_c - col0) // DAYMET_CHUNK}"
+    chunk = path / key
+    chunk.write_bytes(b"\x02\x01not a blosc frame" + chunk.read_bytes()[40:])
+    return DaymetStore(
+        path=path,
+        href=f"https://{DAYMET_ACCOUNT}.{BLOB}/{DAYMET_STORE}",
+        col0=col0,
+        row0=row0,
+        shape=rows.shape,
+        corrupt_chunk=key,
+    )
+
+
+def daymet_collection(store: DaymetStore) -> dict[str, Any]:
+    """The ``daymet-annual-na`` collection as the Planetary Computer serves it (no items; the
+    store as collection-level assets with ``xarray:open_kwargs``)."""
+    body = collection("daymet-annual-na")
+    body["extent"]["spatial"]["bbox"] = [[-178.1333, 14.0749, -53.0567, 82.9143]]
+    body["extent"]["temporal"]["interval"] = [
+        [f"{DAYMET_YEARS[0]}-07-01T12:00:00Z", f"{DAYMET_YEARS[-1]}-07-01T12:00:00Z"]
+    ]
+    body["msft:storage_account"] = DAYMET_ACCOUNT
+    body["msft:container"] = "daymet-zarr"
+    body["assets"] = {
+        "zarr-https": {
+            "href": store.href,
+            "type": "application/vnd+zarr",
+            "title": "Annual North America Daymet HTTPS Zarr root",
+            "roles": ["data", "zarr", "https"],
+            "xarray:open_kwargs": {"consolidated": True},
+        },
+        "zarr-abfs": {
+            "href": f"abfs://{DAYMET_STORE}",
+            "type": "application/vnd+zarr",
+            "roles": ["data", "zarr", "abfs"],
+            "xarray:storage_options": {"account_name": DAYMET_ACCOUNT},
+            "xarray:open_kwargs": {"consolidated": True},
+        },
+    }
+    return body
+
+
 def collection(collection_id: str) -> dict[str, Any]:
     """A minimal STAC collection."""
     return {
@@ -439,6 +618,8 @@ class StacWorld:
     """STAC items by id."""
     sas_requests: list[str] = field(default_factory=list)
     """Token requests the SAS endpoint answered."""
+    daymet: DaymetStore | None = None
+    """The loopback Daymet Zarr store."""
 
     def options(self, **overrides: Any) -> dict[str, Any]:
         """Family options pointing at the loopback services (quick retries)."""
@@ -448,6 +629,7 @@ class StacWorld:
             "mirror": {
                 f"https://{LANDSAT_ACCOUNT}.{BLOB}/": f"{self.files_url}/{LANDSAT_ACCOUNT}/",
                 f"https://{DEM_ACCOUNT}.{BLOB}/": f"{self.files_url}/{DEM_ACCOUNT}/",
+                f"https://{DAYMET_ACCOUNT}.{BLOB}/": f"{self.files_url}/{DAYMET_ACCOUNT}/",
             },
             "timeout_s": 5,
             "connect_timeout_s": 2,
@@ -503,10 +685,15 @@ def loopback_stac_world(base: Path) -> Iterator[StacWorld]:
     qa_path = storage / LANDSAT_ACCOUNT / qa_file.split("/", 3)[3]
     qa_path.write_bytes(qa_path.read_bytes()[: qa_path.stat().st_size // 3])
 
+    daymet = write_daymet_store(storage, CITY)
+
     catalogue = base / "catalogue"
     catalogue.mkdir()
     for cid in ("landsat-c2-l2", "cop-dem-glo-30"):
         (catalogue / f"{cid}.json").write_text(json.dumps(collection(cid)), encoding="utf-8")
+    (catalogue / "daymet-annual-na.json").write_text(
+        json.dumps(daymet_collection(daymet)), encoding="utf-8"
+    )
     features = {"type": "FeatureCollection", "features": list(items.values())}
     (catalogue / "items.json").write_text(json.dumps(features), encoding="utf-8")
 
@@ -531,6 +718,7 @@ def loopback_stac_world(base: Path) -> Iterator[StacWorld]:
                 f"127.0.0.1:{api_port}",
                 str(catalogue / "landsat-c2-l2.json"),
                 str(catalogue / "cop-dem-glo-30.json"),
+                str(catalogue / "daymet-annual-na.json"),
                 str(catalogue / "items.json"),
             ],
             stdout=api_out,
@@ -559,6 +747,7 @@ def loopback_stac_world(base: Path) -> Iterator[StacWorld]:
             scenes=scenes,
             items=items,
             sas_requests=served,
+            daymet=daymet,
         )
     finally:
         sas.shutdown()

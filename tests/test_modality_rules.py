@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import geopandas as gpd
@@ -17,9 +18,11 @@ from shapely.geometry import LineString, Point, Polygon, box
 
 from citycube.catalogue import ModalitySpec, load_catalogue
 from citycube.cube import Release
+from citycube.errors import SourceReadError
 from citycube.grids import city_grid, pixel_grid
 from citycube.process import process_partition
-from tests.conftest import LocalFilesBackend, write_tif
+from citycube.sources import SourceItem, SourceSet
+from tests.conftest import LocalFilesBackend, LocalFilesProduct, write_tif
 
 CITY = "Amsterdam"  # EPSG:32631; 2 km grid 10×14 from (610000, 5810000)
 EPSG = 32631
@@ -125,6 +128,94 @@ def test_weather_fields_are_area_means_with_file_scale_offset(
     assert rows[(tile, "tmin_c")]["value"] == pytest.approx(2.0, abs=0.06)
     assert rows[(tile, "prcp_mm")]["value"] == pytest.approx(800.0, abs=0.06)  # not ×400 cells
     assert rows[(tile, "rh_fraction")]["unit"] == "%"
+
+
+class _ItemWithoutRoles(LocalFilesProduct):
+    """Hand-made files whose items declare roles they do not publish."""
+
+    def __init__(self, product_id: str, items: dict, missing: dict[str, str]) -> None:
+        super().__init__(product_id, items)
+        self.missing = missing
+
+    def fetch(self, city: str, source_year: int | None, dest: Path) -> SourceItem:
+        item = super().fetch(city, source_year, dest)
+        return replace(item, missing_roles=self.missing, fingerprint="")
+
+
+def _weather_files(tmp_path: Path, roles: list[str]) -> dict[str, Path]:
+    values = {"tasmin": 2.0, "tasmax": 14.0, "tas": 8.0, "pr": 800.0, "rsds": 120.0, "hurs": 80.0}
+    files = {}
+    for role in roles:
+        scale, offset = (0.1, -273.15) if role.startswith("tas") else (0.1, 0.0)
+        files[role] = _scaled_tif(tmp_path / f"{role}.tif", values[role], scale, offset)
+    return files
+
+
+def test_a_role_the_item_does_not_publish_is_unavailable_with_its_reason(
+    tmp_path: Path, release: Release
+) -> None:
+    """Fields of an unpublished role are NULL with the item's reason; the others keep values."""
+    wth = _test_product("WTH")
+    files = _weather_files(tmp_path, ["tasmin", "tasmax", "tas", "pr"])
+    missing = {"rsds": "variable_not_published", "hurs": "variable_not_published"}
+    adapter = _ItemWithoutRoles("test_wth", {(CITY, 2020): files}, missing)
+    process_partition(wth, CAT, CITY, 2020, SourceSet([adapter]), release)
+    rows = _rows(release, 2020, "WTH")
+    tiles = {tile for tile, _ in rows}
+    for tile in tiles:
+        for name in ("srad_w_m2", "rh_fraction"):
+            assert rows[(tile, name)]["value"] is None
+            assert rows[(tile, name)]["reason"] == "variable_not_published"
+            assert rows[(tile, name)]["available"] is False
+    tile = "Amsterdam_2KM_r3_c3"
+    assert rows[(tile, "tmin_c")]["value"] == pytest.approx(2.0, abs=0.06)
+    assert rows[(tile, "prcp_mm")]["value"] == pytest.approx(800.0, abs=0.06)
+    assert rows[(tile, "tmean_c")]["available"] is True
+
+
+def test_a_role_missing_without_a_declared_reason_is_an_error(
+    tmp_path: Path, release: Release
+) -> None:
+    """An adapter that drops a role silently must not produce a quiet gap in the cube."""
+    wth = _test_product("WTH")
+    files = _weather_files(tmp_path, ["tasmin", "tasmax", "tas", "pr", "rsds"])
+    adapter = _ItemWithoutRoles("test_wth", {(CITY, 2020): files}, {})
+    with pytest.raises(SourceReadError, match="hurs"):
+        process_partition(wth, CAT, CITY, 2020, SourceSet([adapter]), release)
+
+
+def test_a_product_that_cannot_serve_a_period_hands_it_to_its_fallback(
+    tmp_path: Path, release: Release
+) -> None:
+    """Fallback order: the first product that serves the city-year is read for every field;
+    when none serves, the first choice's reason stays."""
+    wth = _test_product("WTH", fallback_products={"test_wth": ("test_chelsa",)})
+    files = _weather_files(tmp_path, ["tasmin", "tasmax", "tas", "pr", "rsds", "hurs"])
+    first = LocalFilesProduct("test_wth", {(CITY, 2019): files})
+    second = LocalFilesProduct("test_chelsa", {(CITY, 2020): files}, source_id="test:second")
+    sources = SourceSet([first, second])
+    process_partition(wth, CAT, CITY, 2020, sources, release)  # first has no 2020
+    rows = _rows(release, 2020, "WTH")
+    tile = "Amsterdam_2KM_r3_c3"
+    assert rows[(tile, "tmin_c")]["value"] == pytest.approx(2.0, abs=0.06)
+    assert {r["source_id"] for r in rows.values()} == {"test:second"}
+    process_partition(wth, CAT, CITY, 2019, sources, release)  # first serves 2019
+    assert {r["source_id"] for r in _rows(release, 2019, "WTH").values()} == {"test:test_wth"}
+    process_partition(wth, CAT, CITY, 2021, sources, release)  # neither serves 2021
+    rows = _rows(release, 2021, "WTH")
+    assert {r["source_id"] for r in rows.values()} == {"test:test_wth"}
+    assert {r["reason"] for r in rows.values()} == {"source_year_missing"}
+
+
+def test_fallbacks_must_name_a_product_the_modality_reads() -> None:
+    wth = CAT.get("WTH").model_dump()
+    wth["fallback_products"] = {"odiac": ["chelsa"]}
+    with pytest.raises(ValueError, match="does not read"):
+        ModalitySpec.model_validate(wth)
+    wth["fallback_products"] = {"daymet": ["daymet"]}
+    with pytest.raises(ValueError, match="distinct other products"):
+        ModalitySpec.model_validate(wth)
+    assert CAT.get("WTH").fallbacks("daymet") == ("chelsa",)
 
 
 def test_weather_uses_daymet_roles_in_north_america() -> None:

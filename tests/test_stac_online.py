@@ -32,3 +32,14 @@ def test_boston_2020_surface_temperature_and_dem_from_the_planetary_computer(
     with rasterio.open(dem.href("data")) as ds:
         assert ds.crs.to_epsg() == 4326
         assert ds.read(1, masked=True).count() > 0
+
+
+def test_boston_2020_daymet_from_the_planetary_computer_zarr_store(tmp_path: Path) -> None:
+    """The real store: its variables, units, grid mapping and 2020 time step as the spec says
+    (the whole continent-sized chunks of three variables are read: a few hundred MB)."""
+    adapters = {a.product_id: a for a in stac_adapters({"timeout_s": 300})}
+    item = adapters["daymet"].fetch("Boston", 2020, tmp_path)
+    assert set(item.files) == {"tmin", "tmax", "tmean", "prcp"}
+    with rasterio.open(item.href("prcp")) as ds:
+        values = ds.read(1, masked=True)
+    assert values.count() > 0 and 500 < float(values.mean()) < 2500  # mm per year

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -10,7 +11,12 @@ import pytest
 from pyproj import CRS
 
 from citycube.errors import SpecError
-from citycube.stac_spec import Signing, load_stac_catalogue, parse_stac_catalogue
+from citycube.stac_spec import (
+    Signing,
+    StacProductSpec,
+    load_stac_catalogue,
+    parse_stac_catalogue,
+)
 from sources.stac import pixels
 from sources.stac.grids import landsat_grid, y_shift_into
 from sources.stac.landsat import select_scenes
@@ -133,6 +139,35 @@ products:
         parse_stac_catalogue(text.replace("invalid_bits: [0]", "invalid_bits: [16]"))
 
 
+def test_spec_checks_a_zarr_store_entry() -> None:
+    """A Zarr entry's roles: each from a variable (with its store units) or averaged from roles
+    listed before it; none both written and declared unpublished; no bands, qa or output."""
+    daymet = load_stac_catalogue().product("daymet")
+    assert daymet.zarr is not None
+    assert [v.role for v in daymet.zarr.variables] == ["tmin", "tmax", "tmean", "prcp"]
+    assert daymet.zarr.unpublished == {
+        "srad": "variable_not_published",
+        "rh": "variable_not_published",
+    }
+    entry = daymet.model_dump(mode="json")
+    bad = json.loads(json.dumps(entry))
+    bad["zarr"]["variables"][2]["mean_of"] = ["tmin", "vp"]
+    with pytest.raises(ValueError, match="not listed before it"):
+        StacProductSpec.model_validate(bad)
+    bad = json.loads(json.dumps(entry))
+    bad["zarr"]["unpublished"]["tmin"] = "variable_not_published"
+    with pytest.raises(ValueError, match="both written and unpublished"):
+        StacProductSpec.model_validate(bad)
+    bad = json.loads(json.dumps(entry))
+    bad["zarr"]["variables"][0]["store_units"] = None
+    with pytest.raises(ValueError, match="store_units"):
+        StacProductSpec.model_validate(bad)
+    bad = json.loads(json.dumps(entry))
+    bad["zarr"] = None
+    with pytest.raises(ValueError, match="needs a zarr store spec"):
+        StacProductSpec.model_validate(bad)
+
+
 def test_signer_leaves_foreign_hrefs_mirrors_and_redacts() -> None:
     policy = RetryPolicy(1, 1.0, 0.0, 0.0)
     signer = HrefSigner(
@@ -168,9 +203,12 @@ def test_the_planetary_computer_source_set_picks_the_stac_family() -> None:
 
     path = Path(__file__).resolve().parents[1] / "schemas/source_sets/planetary-computer.yaml"
     sources = load_source_set(path)
-    for product in ("landsat_c2l2", "landsat_ndvi", "landsat_st", "cop_dem_glo30"):
+    for product in ("landsat_c2l2", "landsat_ndvi", "landsat_st", "cop_dem_glo30", "daymet"):
         info = sources.product(product).info
         assert info.source_id.startswith("pc:") and not info.synthetic
     assert sources.product("odiac").info.synthetic
+    assert sources.product("chelsa").info.synthetic  # the fallback of daymet stays on sample
     assert sources.source_years("landsat_st", "Boston") == list(range(2000, 2026))
     assert sources.source_years("cop_dem_glo30", "Boston") is None
+    assert sources.source_years("daymet", "Boston") == list(range(1980, 2021))
+    assert sources.source_years("daymet", "Tokyo") == []

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from citycube.stac_spec import Recipe, load_stac_catalogue
-from sources.stac import dem, landsat
+from sources.stac import daymet, dem, landsat
 from sources.stac.adapter import Recipe as RecipeFunction
 from sources.stac.adapter import StacSource
 from sources.stac.options import StacFamilyOptions
@@ -32,6 +32,7 @@ RECIPES: dict[Recipe, RecipeFunction] = {
     Recipe.NDVI: landsat.compose,
     Recipe.SURFACE_TEMPERATURE: landsat.compose,
     Recipe.MOSAIC: dem.compose,
+    Recipe.ZARR_ANNUAL: daymet.compose,
 }
 """Which function carries out each recipe."""
 

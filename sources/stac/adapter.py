@@ -26,11 +26,13 @@ from sources.stac.grids import TargetGrid
 from sources.stac.options import StacFamilyOptions
 from sources.stac.reading import AssetRead, CorruptAssetError, gdal_env, read_band
 from sources.stac.retrying import RetryPolicy, TransientError
-from sources.stac.search import SearchRequest, search_items
+from sources.stac.search import SearchRequest, get_collection, search_items
 from sources.stac.signing import HrefSigner
 
 ADAPTER_VERSION = "stac-1"
 """Version of this family's recipes; bump it whenever the pixels they write change."""
+MISSING_ROLES_KEY = "missing_roles"
+"""Completion-record key of the roles an item does not publish (role → reason code)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,24 @@ class FetchContext:
             raise SourceFetchError(
                 f"{self.where()}: the STAC search kept failing within the retry bounds: "
                 f"{self.signer.redact(str(exc))}",
+                transient=True,
+                reason="search_failed",
+            ) from None
+        except SourceFetchError as exc:
+            raise SourceFetchError(
+                f"{self.where()}: {exc.message}", transient=exc.transient, reason=exc.reason
+            ) from None
+
+    def collection(self) -> pystac.Collection:
+        """The product's STAC collection (for collection-level assets), with the retry policy."""
+        try:
+            return get_collection(
+                self.spec.api_url or "", self.spec.collection, self.policy, self.timeout
+            )
+        except TransientError as exc:
+            raise SourceFetchError(
+                f"{self.where()}: reading the STAC collection kept failing within the retry "
+                f"bounds: {self.signer.redact(str(exc))}",
                 transient=True,
                 reason="search_failed",
             ) from None
@@ -166,10 +186,15 @@ class StacSource(SourceProduct):
         )
 
     def source_years(self, city: str) -> list[int] | None:
-        """Years of the product's calendar; None for a static product."""
-        get_city(city)
+        """Years of the product's calendar (none for a city outside its coverage); None for a
+        static product."""
+        centre = get_city(city).centre
         if self.spec.temporal == "static":
             return None
+        if self.spec.coverage_bbox is not None:
+            west, south, east, north = self.spec.coverage_bbox
+            if not (west <= centre.lon <= east and south <= centre.lat <= north):
+                return []
         assert self.spec.first_year is not None and self.spec.last_year is not None
         return list(range(self.spec.first_year, self.spec.last_year + 1))
 
@@ -212,7 +237,9 @@ class StacSource(SourceProduct):
         return self._item(installed, city, source_year)
 
     def _item(self, installed: InstalledItem, city: str, source_year: int | None) -> SourceItem:
-        extra = {k: str(v) for k, v in installed.extra.items()}
+        recorded = installed.extra
+        missing = recorded.pop(MISSING_ROLES_KEY, None) or {}
+        extra = {k: str(v) for k, v in recorded.items()}
         return SourceItem(
             product=self.product_id,
             city=city,
@@ -223,6 +250,7 @@ class StacSource(SourceProduct):
             synthetic=False,
             extra=extra,
             fingerprint=installed.fingerprint,
+            missing_roles={str(k): str(v) for k, v in dict(missing).items()},
         )
 
     def _check_year(self, city: str, source_year: int | None) -> None:
@@ -232,7 +260,13 @@ class StacSource(SourceProduct):
                 raise ValueError(f"{self.product_id} is static; fetch it with source_year=None")
             return
         if source_year is None:
-            raise ValueError(f"{self.product_id} is annual; pass a year {years[0]}–{years[-1]}")
+            raise ValueError(f"{self.product_id} is annual; pass a source year")
+        if not years:
+            raise SourceUnavailableError(
+                f"{self.product_id} from {self.info.source_id} does not cover {city} "
+                f"(its domain is {self.spec.coverage_bbox}, west, south, east, north)",
+                reason="outside_source_coverage",
+            )
         if source_year not in years:
             raise SourceUnavailableError(
                 f"{self.product_id} from {self.info.source_id} has no source year "

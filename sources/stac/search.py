@@ -68,6 +68,32 @@ def search_items(
     return policy.call(run)
 
 
+def get_collection(
+    api_url: str, collection_id: str, policy: RetryPolicy, timeout: tuple[float, float]
+) -> pystac.Collection:
+    """One collection of the API (its collection-level assets included), retried on transient
+    failures."""
+
+    def run() -> pystac.Collection:
+        stac_io = StacApiIO(timeout=timeout, max_retries=0)  # one retry policy: ours
+        try:
+            return Client.open(api_url, stac_io=stac_io).get_collection(collection_id)
+        except APIError as exc:
+            status = getattr(exc, "status_code", None)
+            cause = exc.__context__
+            if is_transient_status(status) or (
+                status is None and isinstance(cause, requests.Timeout | requests.ConnectionError)
+            ):
+                raise TransientError(f"STAC collection at {api_url}: {exc}") from None
+            raise SourceFetchError(
+                f"the STAC API {api_url} did not give collection {collection_id}: {_short(exc)}",
+                transient=False,
+                reason="search_failed",
+            ) from None
+
+    return policy.call(run)
+
+
 def _short(exc: BaseException, limit: int = 300) -> str:
     text = str(exc).strip().replace("\n", " ")
     return text if len(text) <= limit else text[:limit] + " …"
