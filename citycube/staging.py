@@ -126,6 +126,28 @@ _verified: dict[tuple[str, int, int], str] = {}
 item for many partitions hashes each file once."""
 
 
+def _remember_verified(directory: Path, sums: Mapping[str, Mapping[str, Any]]) -> None:
+    """Files this process just hashed and installed need no second hash when read back.
+
+    Only when the installed record is the one written here (another worker may have completed
+    the same item first, and then its files are checked as any others are).
+    """
+    try:
+        installed = json.loads((directory / COMPLETE_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(installed, dict) or installed.get("checksums") != sums:
+        return
+    for name, expected in sums.items():
+        path = directory / name
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        if stat.st_size == expected["bytes"]:
+            _verified[(str(path), stat.st_size, stat.st_mtime_ns)] = expected["sha256"]
+
+
 def _damaged_files(item: InstalledItem) -> list[str]:
     """Files whose size or SHA-256 differ from the item's record (truncated, garbled, replaced).
 
@@ -184,6 +206,7 @@ def install_item(
         _move_into_place(staging, final, identity)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # already gone when it was moved
+    _remember_verified(final, record["checksums"])
     item = installed_item(final, identity)
     if item is None:
         raise RuntimeError(f"item {final} vanished right after it was installed")
