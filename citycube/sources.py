@@ -27,6 +27,10 @@ from pyproj import CRS
 from citycube.catalogue import parse_yaml_spec
 from citycube.errors import SourceReadError, SpecError, UnknownProductError
 from citycube.products import load_products
+from citycube.staging import InstalledItem
+
+MISSING_ROLES_KEY = "missing_roles"
+"""Key of an installed item's extras naming the roles it does not publish, and why."""
 
 REMOTE_PREFIXES = ("/vsi", "http://", "https://", "s3://", "gs://", "az://", "abfs://")
 """Hrefs that name a remote object rather than a local file (GDAL virtual paths and URLs)."""
@@ -150,6 +154,38 @@ class SourceProduct(ABC):
     @abstractmethod
     def source_years(self, city: str) -> list[int] | None:
         """Years the product publishes for a city (empty: none); None for a static product."""
+
+    def item_dir(self, city: str, source_year: int | None, dest: Path) -> Path:
+        """Where an item's files live: ``dest/<product>/<city>/<year or 'static'>``."""
+        label = "static" if source_year is None else str(source_year)
+        return Path(dest) / self.product_id / city / label
+
+    def installed_source_item(
+        self,
+        installed: InstalledItem,
+        city: str,
+        source_year: int | None,
+        **extra: str,
+    ) -> SourceItem:
+        """The item an installed directory holds, with this adapter's provenance.
+
+        Roles the item declares unpublished (recorded under ``missing_roles`` by the adapter)
+        become the item's ``missing_roles``; ``extra`` adds metadata to the recorded extras.
+        """
+        recorded = dict(installed.extra)
+        missing = recorded.pop(MISSING_ROLES_KEY, None) or {}
+        return SourceItem(
+            product=self.product_id,
+            city=city,
+            source_year=source_year,
+            files=installed.files,
+            source_id=self.info.source_id,
+            version=self.info.version,
+            synthetic=self.info.synthetic,
+            extra={**{k: str(v) for k, v in recorded.items()}, **extra},
+            fingerprint=installed.fingerprint,
+            missing_roles={str(k): str(v) for k, v in dict(missing).items()},
+        )
 
     @abstractmethod
     def fetch(self, city: str, source_year: int | None, dest: Path) -> SourceItem:

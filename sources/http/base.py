@@ -38,7 +38,7 @@ from citycube.grids import city_extent
 from citycube.http_spec import HttpProductSpec, Variable
 from citycube.rasters import transformer
 from citycube.sources import SourceInfo, SourceItem, SourceProduct
-from citycube.staging import InstalledItem, StagedFiles, install_item
+from citycube.staging import StagedFiles, install_item
 from sources.downloads import Downloaded, DownloadManager, redact_url
 from sources.http.options import HttpFamilyOptions
 
@@ -156,17 +156,13 @@ class HttpSource(SourceProduct):
             return self._write_item(staging, city, year, assembled)
 
         installed = install_item(self.item_dir(city, year, dest), self.identity(city, year), write)
-        return self._item(installed, city, year)
+        return self.installed_source_item(installed, city, year)
 
     @abstractmethod
     def assemble(self, city: str, year: int, grid: TargetGrid, scratch: Path) -> Assembled:
         """A source year's values on the city window (``scratch`` holds temporary files)."""
 
     # -- item layout ----------------------------------------------------------------------
-
-    def item_dir(self, city: str, source_year: int | None, dest: Path) -> Path:
-        """``dest/<product>/<city>/<year>``, as the sample family lays items out."""
-        return Path(dest) / self.product_id / city / str(source_year)
 
     def identity(self, city: str, source_year: int | None) -> dict[str, Any]:
         """What a completion record must say for an item to be reused."""
@@ -195,19 +191,6 @@ class HttpSource(SourceProduct):
                 reason="source_year_missing",
             )
         return source_year
-
-    def _item(self, installed: InstalledItem, city: str, year: int) -> SourceItem:
-        return SourceItem(
-            product=self.product_id,
-            city=city,
-            source_year=year,
-            files=installed.files,
-            source_id=self.info.source_id,
-            version=self.info.version,
-            synthetic=False,
-            extra={k: str(v) for k, v in installed.extra.items()},
-            fingerprint=installed.fingerprint,
-        )
 
     # -- served files ---------------------------------------------------------------------
 

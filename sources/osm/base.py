@@ -27,7 +27,7 @@ from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailable
 from citycube.grids import city_extent
 from citycube.rasters import transformer
 from citycube.sources import SourceInfo, SourceItem, SourceProduct
-from citycube.staging import InstalledItem, StagedFiles, install_item
+from citycube.staging import StagedFiles, install_item
 from sources.downloads import DownloadManager, redact_url
 from sources.osm.history import ExtractError, ExtractInfo, extract_info
 from sources.osm.options import OsmFamilyOptions
@@ -111,9 +111,8 @@ class OsmSource(SourceProduct):
         def write(staging: Path) -> StagedFiles:
             return self.write_item(staging, city, year)
 
-        final = Path(dest) / self.product_id / city / str(year)
-        installed = install_item(final, self.identity(city, year), write)
-        return self._item(installed, city, year)
+        installed = install_item(self.item_dir(city, year, dest), self.identity(city, year), write)
+        return self.installed_source_item(installed, city, year)
 
     def check_year(self, city: str, source_year: int | None) -> int:
         """The year, or the reason it cannot be served (no configuration, outside the range)."""
@@ -152,19 +151,6 @@ class OsmSource(SourceProduct):
             "version": self.info.version,
             "synthetic": False,
         }
-
-    def _item(self, installed: InstalledItem, city: str, year: int) -> SourceItem:
-        return SourceItem(
-            product=self.product_id,
-            city=city,
-            source_year=year,
-            files=installed.files,
-            source_id=self.info.source_id,
-            version=self.info.version,
-            synthetic=False,
-            extra={k: str(v) for k, v in installed.extra.items()},
-            fingerprint=installed.fingerprint,
-        )
 
     # -- extracts -------------------------------------------------------------------------
 

@@ -8,17 +8,13 @@ by a local path (read in place).
 
 from __future__ import annotations
 
-import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sources.downloads import DownloadSettings
-
-DEFAULT_CACHE_ENV = "CITYCUBE_DOWNLOAD_CACHE"
-"""Environment variable naming the download cache when the options do not."""
+from sources.downloads import DownloadOptions
 
 
 def _project_version() -> str:
@@ -71,10 +67,10 @@ class GpsOptions(BaseModel):
     )
 
 
-class OsmFamilyOptions(BaseModel):
-    """Where the OSM extracts are, where downloads go, and how patient the family is."""
+class OsmFamilyOptions(DownloadOptions):
+    """Where the OSM extracts are, where downloads go, and how patient the family is (the
+    download settings of ``DownloadOptions``, with OSM's politer defaults)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     history: dict[str, str] = Field(
         default_factory=dict,
         description="City -> full-history PBF (.osh.pbf) as a URL or a local path. Roads (and "
@@ -107,50 +103,16 @@ class OsmFamilyOptions(BaseModel):
         "is never logged or stored.",
     )
     gps: GpsOptions = Field(default_factory=GpsOptions, description="GPS trace point paging.")
-    cache_dir: Path | None = Field(
-        default=None,
-        description="Download cache root; default $CITYCUBE_DOWNLOAD_CACHE, else "
-        "$CITYCUBE_DATA/downloads, else ./data/downloads.",
-    )
     mirror_dir: Path | None = Field(
         default=None, description="Offline mirror of extracts laid out as <mirror>/<host>/<path>."
     )
-    offline: bool = Field(default=False, description="Never touch the network.")
     per_host: int = Field(default=1, ge=1, le=2, description="Concurrent downloads per host.")
-    attempts: int = Field(default=6, ge=1, description="Tries per file, the first included.")
     total_s: float = Field(default=3600.0, gt=0, description="Bound on all tries of one file.")
-    wait_initial_s: float = Field(default=1.0, gt=0, description="First back-off wait.")
     wait_max_s: float = Field(default=120.0, gt=0, description="Longest back-off wait.")
     timeout_s: float = Field(default=120.0, gt=0, description="Timeout of one request.")
-    chunk_bytes: int = Field(default=1 << 20, ge=1024, description="Bytes written per chunk.")
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if self.mirror_dir is not None and not Path(self.mirror_dir).is_dir():
-            raise ValueError(f"mirror_dir {self.mirror_dir} is not a directory")
         if self.first_year > self.last_year or self.gps.first_year > self.gps.last_year:
             raise ValueError("first_year must not be after last_year")
         return self
-
-    def resolved_cache_dir(self) -> Path:
-        """The download cache root (options, then environment, then the data root)."""
-        if self.cache_dir is not None:
-            return Path(self.cache_dir)
-        if os.environ.get(DEFAULT_CACHE_ENV):
-            return Path(os.environ[DEFAULT_CACHE_ENV])
-        return Path(os.environ.get("CITYCUBE_DATA", "data")) / "downloads"
-
-    def download_settings(self) -> DownloadSettings:
-        """The shared download manager's settings for this family."""
-        return DownloadSettings(
-            cache_dir=self.resolved_cache_dir(),
-            mirror_dir=self.mirror_dir,
-            offline=self.offline,
-            per_host=self.per_host,
-            attempts=self.attempts,
-            total_s=self.total_s,
-            wait_initial_s=self.wait_initial_s,
-            wait_max_s=self.wait_max_s,
-            timeout_s=self.timeout_s,
-            chunk_bytes=self.chunk_bytes,
-        )

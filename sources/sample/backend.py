@@ -23,7 +23,7 @@ from pyproj import CRS, Transformer
 from citycube.cities import get_city
 from citycube.errors import SourceUnavailableError
 from citycube.sources import SourceInfo, SourceItem, SourceProduct, SourceSet
-from citycube.staging import InstalledItem, StagedFiles, install_item
+from citycube.staging import StagedFiles, install_item
 from sources.sample.acag import AcagNo2, AcagPm25
 from sources.sample.copernicus_dem import CopernicusDemGlo30
 from sources.sample.ghsl import GhsBuiltV, GhsPop
@@ -116,11 +116,6 @@ class SampleSource(SourceProduct):
         get_city(city)
         return _years_for(self.generator, city, self.seed)
 
-    def item_dir(self, city: str, source_year: int | None, dest: Path) -> Path:
-        """Where an item's files live: ``dest/<product>/<city>/<year or 'static'>``."""
-        label = "static" if source_year is None else str(source_year)
-        return Path(dest) / self.product_id / city / label
-
     def identity(self, city: str, source_year: int | None) -> dict[str, Any]:
         """What a completion record must say for an item to be reused."""
         return {
@@ -147,21 +142,8 @@ class SampleSource(SourceProduct):
         installed = install_item(
             self.item_dir(city, source_year, dest), self.identity(city, source_year), write
         )
-        return self._item(installed, city, source_year)
-
-    def _item(self, installed: InstalledItem, city: str, source_year: int | None) -> SourceItem:
-        extra = {k: str(v) for k, v in installed.extra.items()}
-        extra["stac_item"] = str(installed.directory / STAC_ITEM_FILE)
-        return SourceItem(
-            product=self.product_id,
-            city=city,
-            source_year=source_year,
-            files=installed.files,
-            source_id=self.info.source_id,
-            version=self.info.version,
-            synthetic=True,
-            extra=extra,
-            fingerprint=installed.fingerprint,
+        return self.installed_source_item(
+            installed, city, source_year, stac_item=str(installed.directory / STAC_ITEM_FILE)
         )
 
     def _check_year(self, city: str, source_year: int | None) -> None:

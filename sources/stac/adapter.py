@@ -21,7 +21,7 @@ from citycube.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
 from citycube.sources import SourceInfo, SourceItem, SourceProduct
 from citycube.stac_spec import Signing, StacProductSpec
-from citycube.staging import InstalledItem, StagedFiles, install_item
+from citycube.staging import StagedFiles, install_item
 from sources.stac.grids import TargetGrid
 from sources.stac.options import StacFamilyOptions
 from sources.stac.reading import AssetRead, CorruptAssetError, gdal_env, read_band
@@ -31,8 +31,6 @@ from sources.stac.signing import HrefSigner
 
 ADAPTER_VERSION = "stac-1"
 """Version of this family's recipes; bump it whenever the pixels they write change."""
-MISSING_ROLES_KEY = "missing_roles"
-"""Completion-record key of the roles an item does not publish (role → reason code)."""
 
 
 @dataclass(frozen=True)
@@ -198,11 +196,6 @@ class StacSource(SourceProduct):
         assert self.spec.first_year is not None and self.spec.last_year is not None
         return list(range(self.spec.first_year, self.spec.last_year + 1))
 
-    def item_dir(self, city: str, source_year: int | None, dest: Path) -> Path:
-        """Where an item's files live: ``dest/<product>/<city>/<year or 'static'>``."""
-        label = "static" if source_year is None else str(source_year)
-        return Path(dest) / self.product_id / city / label
-
     def identity(self, city: str, source_year: int | None) -> dict[str, Any]:
         """What a completion record must say for an item to be reused."""
         return {
@@ -234,24 +227,7 @@ class StacSource(SourceProduct):
             self.identity(city, source_year),
             lambda staging: self.recipe(context, staging),
         )
-        return self._item(installed, city, source_year)
-
-    def _item(self, installed: InstalledItem, city: str, source_year: int | None) -> SourceItem:
-        recorded = installed.extra
-        missing = recorded.pop(MISSING_ROLES_KEY, None) or {}
-        extra = {k: str(v) for k, v in recorded.items()}
-        return SourceItem(
-            product=self.product_id,
-            city=city,
-            source_year=source_year,
-            files=installed.files,
-            source_id=self.info.source_id,
-            version=self.info.version,
-            synthetic=False,
-            extra=extra,
-            fingerprint=installed.fingerprint,
-            missing_roles={str(k): str(v) for k, v in dict(missing).items()},
-        )
+        return self.installed_source_item(installed, city, source_year)
 
     def _check_year(self, city: str, source_year: int | None) -> None:
         years = self.source_years(city)

@@ -38,9 +38,10 @@ from pyproj import CRS, Transformer
 from citycube.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
 from citycube.products import load_products
+from citycube.sources import MISSING_ROLES_KEY
 from citycube.stac_spec import ZarrSpec
 from citycube.staging import StagedFiles
-from sources.stac.adapter import MISSING_ROLES_KEY, FetchContext
+from sources.stac.adapter import FetchContext
 from sources.stac.grids import TargetGrid, city_crs, city_window
 from sources.stac.retrying import TransientError, is_transient_status
 from sources.stac.writing import PROVENANCE_FILE, Layer, write_cog, write_provenance
