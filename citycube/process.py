@@ -67,6 +67,7 @@ from citycube.readers import open_masked_source
 from citycube.sources import SourceInfo, SourceItem, SourceSet
 from citycube.temporal import BASIS, period_label, period_of, resolve
 from citycube.vectors import (
+    check_declared_counts,
     coverage_fractions,
     iter_points,
     load_coverage,
@@ -431,10 +432,10 @@ def _record_sum_results(
     threshold = modality.validity.min_valid_fraction
     rows: list[dict] = []
     for f in fields:
-        lon, lat, values, _unusable = load_records(
-            item.files["data"], f.column or "value", item.source_year
-        )
-        x, y = Transformer.from_crs(4326, epsg, always_xy=True).transform(lon, lat)
+        records = load_records(item.files["data"], f.column or "value", item.source_year)
+        check_declared_counts(records, item.extra, Path(item.files["data"]))
+        values = records.values
+        x, y = Transformer.from_crs(4326, epsg, always_xy=True).transform(records.lon, records.lat)
         inside = shapely.contains_xy(coverage, x, y)
         for scale in SCALES:
             grid = city_grid(city, scale)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -432,28 +432,59 @@ def point_counts(grid: TileGrid, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.bincount(index[index >= 0], minlength=grid.n_tiles)
 
 
-def load_records(
-    path: Path, column: str, year: int | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """lon, lat and value of usable records, plus how many were unusable (blank or non-finite)."""
+@dataclass(frozen=True)
+class Records:
+    """Point records of one file: the usable ones, and what was read to get them."""
+
+    lon: np.ndarray
+    lat: np.ndarray
+    values: np.ndarray
+    rows: int
+    """Rows the file holds (every year)."""
+    unusable: int
+    """Rows of the requested year whose value or position is blank or not a finite number."""
+
+
+def load_records(path: Path, column: str, year: int | None) -> Records:
+    """Records with a finite value and position; the others are counted, never dropped silently."""
     _require_file(path)
     try:
         frame = pd.read_csv(path)
     except Exception as exc:
-        raise SourceReadError(f"cannot read {path} as CSV records ({exc})") from exc
+        raise SourceReadError(
+            f"cannot read {path} as CSV records ({exc}); {repair_hint(path)}"
+        ) from exc
     missing = {"lon", "lat", column} - set(frame.columns)
     if missing:
         raise SourceReadError(f"{path} lacks columns {sorted(missing)}")
+    rows = len(frame)
     if year is not None and "year" in frame:
         frame = frame[frame["year"] == year]
     values = pd.to_numeric(frame[column], errors="coerce").to_numpy(float)
-    usable = np.isfinite(values)
-    return (
-        frame["lon"].to_numpy(float)[usable],
-        frame["lat"].to_numpy(float)[usable],
-        values[usable],
-        int((~usable).sum()),
-    )
+    lon = pd.to_numeric(frame["lon"], errors="coerce").to_numpy(float)
+    lat = pd.to_numeric(frame["lat"], errors="coerce").to_numpy(float)
+    usable = np.isfinite(values) & np.isfinite(lon) & np.isfinite(lat)
+    return Records(lon[usable], lat[usable], values[usable], rows, int((~usable).sum()))
+
+
+def check_declared_counts(records: Records, declared: Mapping[str, str], path: Path) -> None:
+    """Refuse a records file whose row count or unusable rows exceed what its source declared.
+
+    A cut or garbled file otherwise just lowers every total. Sources that declare nothing
+    (``records``, ``blank_values`` in the item's metadata) are not checked.
+    """
+    expected_rows = declared.get("records")
+    if expected_rows is not None and records.rows != int(expected_rows):
+        raise SourceReadError(
+            f"{path} holds {records.rows} records, its source declares {expected_rows}: the file "
+            f"is truncated or padded; {repair_hint(path)}"
+        )
+    expected_blank = declared.get("blank_values")
+    if expected_blank is not None and records.unusable > int(expected_blank):
+        raise SourceReadError(
+            f"{path} has {records.unusable} records without a usable value or position, its "
+            f"source declares {expected_blank} blank: the file is garbled; {repair_hint(path)}"
+        )
 
 
 def coverage_fractions(grid: TileGrid, coverage: shapely.Geometry) -> np.ndarray:

@@ -26,7 +26,14 @@ from citycube.catalogue import RasterizeSpec
 from citycube.chips import blocks
 from citycube.errors import SourceReadError
 from citycube.grids import city_grid, pixel_grid
-from citycube.vectors import iter_points, open_vector_layer, point_counts, rasterize_block
+from citycube.vectors import (
+    check_declared_counts,
+    iter_points,
+    load_records,
+    open_vector_layer,
+    point_counts,
+    rasterize_block,
+)
 
 CITY, EPSG = "Amsterdam", 32631  # 10 km lattice blocks; the grid starts on a lattice line
 WGS84 = CRS.from_epsg(4326)
@@ -213,3 +220,27 @@ def test_point_files_with_the_wrong_crs_or_damage_fail_clearly(tmp_path: Path) -
     truncated.write_bytes(good.read_bytes()[:-200])
     with pytest.raises(SourceReadError, match="corrupt or truncated"):
         list(iter_points(truncated, EPSG, WGS84))
+
+
+def test_records_that_are_cut_or_garbled_are_refused_not_summed(tmp_path: Path) -> None:
+    rows = [f"{4.9 + i * 1e-4},{52.37},{1000 + i}" for i in range(200)]
+    rows[17] = "4.91,52.37,"  # the source's one declared blank value
+    whole = tmp_path / "electricity.csv"
+    whole.write_text("lon,lat,kwh\n" + "\n".join(rows) + "\n")
+    declared = {"records": "200", "blank_values": "1"}
+    records = load_records(whole, "kwh", None)
+    assert (records.rows, records.unusable, len(records.values)) == (200, 1, 199)
+    check_declared_counts(records, declared, whole)  # as declared: accepted
+
+    cut = tmp_path / "cut.csv"
+    cut.write_text("lon,lat,kwh\n" + "\n".join(rows[:100]) + "\n")  # cut at a line: parses
+    with pytest.raises(SourceReadError, match="holds 100 records, its source declares 200"):
+        check_declared_counts(load_records(cut, "kwh", None), declared, cut)
+
+    garbled_rows = [r.replace(",10", ",1O") if i % 3 == 0 else r for i, r in enumerate(rows)]
+    garbled = tmp_path / "garbled.csv"
+    garbled.write_text("lon,lat,kwh\n" + "\n".join(garbled_rows) + "\n")
+    with pytest.raises(SourceReadError, match="declares 1 blank: the file is garbled"):
+        check_declared_counts(load_records(garbled, "kwh", None), declared, garbled)
+
+    check_declared_counts(load_records(cut, "kwh", None), {}, cut)  # nothing declared: unchecked
