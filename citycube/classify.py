@@ -184,6 +184,21 @@ class _TagColumn:
 
 CLASSIFIERS: dict[str, Classifier] = {"osm_building_function": osm_building_function}
 
+OSM_FUNCTION_TAG_COLUMNS = (
+    "amenity",
+    "shop",
+    "office",
+    "tourism",
+    "leisure",
+    "religion",
+    "healthcare",
+    "public_transport",
+    "railway",
+    "landuse",
+)
+"""OSM function keys written as columns next to ``building`` in building layers, in order
+(null where a building has none); every family that writes buildings uses this order."""
+
 CLASSIFIER_COLUMNS: dict[str, frozenset[str]] = {
     "osm_building_function": frozenset(c for _, _, rules in _BUILDING_RULES for c in rules)
 }

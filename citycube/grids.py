@@ -7,13 +7,14 @@ leakage-proof splits). Row 0 is the northern edge.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 from affine import Affine
-from pyproj import Transformer
+from pyproj import CRS, Transformer
 
 from citycube.cities import PARENT_SIZE_M, SCALES, TILE_SIZE_M, CitySpec, Scale, get_city
 
@@ -221,3 +222,50 @@ def pixel_grid(city: str, resolution: float) -> PixelGrid:
         width=round((xmax - xmin) / resolution),
         height=round((ymax - ymin) / resolution),
     )
+
+
+@dataclass(frozen=True)
+class LatticeGrid:
+    """A north-up window of a product's own pixel lattice, in the product's CRS.
+
+    What a source item's file is written on: every adapter family (sample, STAC, HTTP) cuts the
+    city's extent out of its product's global lattice, so no pixel is resampled.
+    """
+
+    crs: CRS
+    """Coordinate reference system of the product."""
+    transform: Affine
+    """Affine transform of the pixel corners."""
+    width: int
+    """Columns."""
+    height: int
+    """Rows."""
+
+    @property
+    def bounds(self) -> tuple[float, float, float, float]:
+        """(xmin, ymin, xmax, ymax) in the product's CRS."""
+        t = self.transform
+        return (t.c, t.f + t.e * self.height, t.c + t.a * self.width, t.f)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, cols)."""
+        return (self.height, self.width)
+
+
+def snapped_grid(
+    crs: CRS,
+    bounds: tuple[float, float, float, float],
+    res_xy: tuple[float, float],
+    origin_xy: tuple[float, float],
+) -> LatticeGrid:
+    """The smallest grid on a lattice (a corner ``origin_xy``, pixel size) containing bounds."""
+    res_x, res_y = res_xy
+    ox, oy = origin_xy
+    xmin, ymin, xmax, ymax = bounds
+    col0 = math.floor((xmin - ox) / res_x + 1e-9)
+    col1 = math.ceil((xmax - ox) / res_x - 1e-9)
+    row0 = math.floor((oy - ymax) / res_y + 1e-9)
+    row1 = math.ceil((oy - ymin) / res_y - 1e-9)
+    transform = Affine(res_x, 0, ox + col0 * res_x, 0, -res_y, oy - row0 * res_y)
+    return LatticeGrid(crs, transform, col1 - col0, row1 - row0)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import rasterio
@@ -223,3 +223,40 @@ def read_checked(ds: rasterio.DatasetReader, indexes: list[int], window: Window)
             f"reading {ds.name} failed ({exc}); the file is corrupt or truncated: "
             f"{repair_hint(ds.name)}"
         ) from exc
+
+
+def write_netcdf_variable(
+    path: Path,
+    profile: Mapping[str, Any],
+    values: np.ndarray,
+    *,
+    variable: str,
+    units: str,
+    long_name: str,
+    attributes: Mapping[str, str],
+) -> None:
+    """One single-band CF NetCDF-4 variable written by GDAL's netCDF driver.
+
+    ``profile`` is a one-band raster profile (size, dtype, CRS, transform, nodata); the grid
+    mapping and coordinates come from it, ``attributes`` become global attributes, and
+    ``rasterio.open(path)`` reads the variable back with its CRS, transform and nodata.
+    """
+    from rasterio.io import MemoryFile
+    from rasterio.shutil import copy
+
+    with MemoryFile() as memory:
+        with memory.open(**{**profile, "driver": "GTiff"}) as staging:
+            staging.write(values, 1)
+            staging.update_tags(1, NETCDF_VARNAME=variable, units=units, long_name=long_name)
+            staging.update_tags(**{f"NC_GLOBAL#{k}": v for k, v in attributes.items()})
+        with memory.open() as source:
+            copy(
+                source,
+                path,
+                driver="netCDF",
+                FORMAT="NC4",
+                COMPRESS="DEFLATE",
+                ZLEVEL="4",
+                WRITE_GDAL_VERSION="NO",
+                WRITE_GDAL_HISTORY="NO",
+            )

@@ -25,18 +25,16 @@ from urllib.parse import urlsplit
 import numpy as np
 import rasterio
 import rasterio.shutil
-from affine import Affine
 from pyproj import CRS
 from rasterio.crs import CRS as RioCRS
 from rasterio.errors import RasterioError
-from rasterio.io import MemoryFile
 from rasterio.windows import Window
 
 from citycube.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.grids import city_extent
+from citycube.grids import LatticeGrid, city_extent, snapped_grid
 from citycube.http_spec import HttpProductSpec, Variable
-from citycube.rasters import transformer
+from citycube.rasters import transformer, write_netcdf_variable
 from citycube.sources import SourceInfo, SourceItem, SourceProduct
 from citycube.staging import StagedFiles, install_item
 from sources.downloads import Downloaded, DownloadManager, redact_url
@@ -57,29 +55,8 @@ COG_PROFILE: dict[str, Any] = {
 """How item files are written: the sample twins' COG layout."""
 
 
-@dataclass(frozen=True)
-class TargetGrid:
-    """The city's window on a product's global cell lattice (north-up)."""
-
-    crs: CRS
-    """The product's native CRS."""
-    transform: Affine
-    """Affine transform of the window's cell corners."""
-    width: int
-    """Columns."""
-    height: int
-    """Rows."""
-
-    @property
-    def bounds(self) -> tuple[float, float, float, float]:
-        """(xmin, ymin, xmax, ymax) in the native CRS."""
-        t = self.transform
-        return (t.c, t.f + t.e * self.height, t.c + t.a * self.width, t.f)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(rows, cols)."""
-        return (self.height, self.width)
+TargetGrid = LatticeGrid
+"""The city's window on a product's global cell lattice (north-up)."""
 
 
 def city_window(city: str, spec: HttpProductSpec) -> TargetGrid:
@@ -92,13 +69,7 @@ def city_window(city: str, spec: HttpProductSpec) -> TargetGrid:
         xmin - m, ymin - m, xmax + m, ymax + m, densify_pts=51
     )
     res = spec.resolution
-    ox, oy = spec.lattice_origin
-    col0 = math.floor((west - ox) / res + 1e-9)
-    col1 = math.ceil((east - ox) / res - 1e-9)
-    row0 = math.floor((oy - north) / res + 1e-9)
-    row1 = math.ceil((oy - south) / res - 1e-9)
-    transform = Affine(res, 0, ox + col0 * res, 0, -res, oy - row0 * res)
-    return TargetGrid(crs, transform, col1 - col0, row1 - row0)
+    return snapped_grid(crs, (west, south, east, north), (res, res), spec.lattice_origin)
 
 
 @dataclass(frozen=True)
@@ -502,24 +473,15 @@ class HttpSource(SourceProduct):
             "license": self.spec.licence,
             **self._tags(city, year, variable),
         }
-        with MemoryFile() as memory:
-            with memory.open(**profile) as staging:
-                staging.write(encode(values, variable, self.spec.nodata), 1)
-                staging.update_tags(1, NETCDF_VARNAME=variable.output_variable)
-                staging.update_tags(1, units=variable.output_units)
-                staging.update_tags(1, long_name=variable.long_name or variable.name)
-                staging.update_tags(**{f"NC_GLOBAL#{k}": v for k, v in attributes.items()})
-            with memory.open() as source:
-                rasterio.shutil.copy(
-                    source,
-                    path,
-                    driver="netCDF",
-                    FORMAT="NC4",
-                    COMPRESS="DEFLATE",
-                    ZLEVEL="4",
-                    WRITE_GDAL_VERSION="NO",
-                    WRITE_GDAL_HISTORY="NO",
-                )
+        write_netcdf_variable(
+            path,
+            profile,
+            encode(values, variable, self.spec.nodata),
+            variable=variable.output_variable,
+            units=variable.output_units,
+            long_name=variable.long_name or variable.name,
+            attributes=attributes,
+        )
 
 
 def cf_lon_lat(ds: rasterio.DatasetReader) -> bool:

@@ -19,6 +19,7 @@ import pandas as pd
 import shapely
 
 from citycube.catalogue import load_catalogue
+from citycube.classify import OSM_FUNCTION_TAG_COLUMNS
 from citycube.staging import StagedFiles
 from sources.osm.base import (
     WGS84,
@@ -33,18 +34,7 @@ from sources.osm.base import (
 )
 from sources.osm.history import Counts, ExtractError, building_polygons, road_lines
 
-BUILDING_TAG_COLUMNS = (
-    "amenity",
-    "shop",
-    "office",
-    "tourism",
-    "leisure",
-    "religion",
-    "healthcare",
-    "public_transport",
-    "railway",
-    "landuse",
-)
+BUILDING_TAG_COLUMNS = OSM_FUNCTION_TAG_COLUMNS
 """Function keys written next to ``building``, in the sample twin's column order (a test
 checks they are exactly the twin's and the classifier's columns)."""
 

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import rasterio.shutil
-from rasterio.io import MemoryFile
 from scipy import ndimage
 
+from citycube.rasters import write_netcdf_variable
 from sources.sample.grids import (
     OnGrid,
     geographic_grid,
@@ -86,23 +85,15 @@ class NetcdfGridLayer(OnGrid):
             **dict(self.attributes),
             **tags,
         }
-        with MemoryFile() as memory:
-            with memory.open(**profile) as staging:
-                staging.write(self.data.astype(np.float32), 1)
-                staging.update_tags(1, NETCDF_VARNAME=self.variable, units=self.units)
-                staging.update_tags(1, long_name=self.long_name)
-                staging.update_tags(**{f"NC_GLOBAL#{k}": v for k, v in attributes.items()})
-            with memory.open() as source:
-                rasterio.shutil.copy(
-                    source,
-                    path,
-                    driver="netCDF",
-                    FORMAT="NC4",
-                    COMPRESS="DEFLATE",
-                    ZLEVEL="4",
-                    WRITE_GDAL_VERSION="NO",
-                    WRITE_GDAL_HISTORY="NO",
-                )
+        write_netcdf_variable(
+            path,
+            profile,
+            self.data.astype(np.float32),
+            variable=self.variable,
+            units=self.units,
+            long_name=self.long_name,
+            attributes=attributes,
+        )
 
     def stac_fields(self) -> dict[str, object]:
         """Variable, raster and projection fields of the asset."""

@@ -33,6 +33,7 @@ import shapely
 from pyproj import Transformer
 from scipy import ndimage
 
+from citycube.classify import OSM_FUNCTION_TAG_COLUMNS
 from citycube.errors import SourceUnavailableError
 from sources.sample.layers import WGS84, Bounds, GeoPackageLayer, GeoParquetLayer
 from sources.sample.world import (
@@ -154,18 +155,7 @@ FUNCTIONS = (
     "other",
 )
 """Latent function of a building; its OSM tags are drawn from it."""
-TAG_COLUMNS = (
-    "amenity",
-    "shop",
-    "office",
-    "tourism",
-    "leisure",
-    "religion",
-    "healthcare",
-    "public_transport",
-    "railway",
-    "landuse",
-)
+TAG_COLUMNS = OSM_FUNCTION_TAG_COLUMNS
 """OSM function keys written as columns next to ``building`` (null where absent)."""
 
 BUILDING_CAP = 160_000

@@ -32,7 +32,8 @@ from pyproj import CRS, Transformer
 from scipy import ndimage
 
 from citycube.cities import get_city
-from citycube.grids import city_extent
+from citycube.grids import LatticeGrid, city_extent
+from citycube.grids import snapped_grid as lattice_window
 
 try:  # ISA-L inflates the land mask about five times faster; zlib gives the same bytes.
     from isal import isal_zlib as _inflate
@@ -344,23 +345,8 @@ def city_population(city: str) -> int:
 
 
 @dataclass(frozen=True)
-class NativeGrid:
-    """A product's pixel grid in its native CRS (north-up)."""
-
-    crs: CRS
-    """Native CRS of the product."""
-    transform: Affine
-    """Affine transform of the pixel corners."""
-    width: int
-    """Columns."""
-    height: int
-    """Rows."""
-
-    @property
-    def bounds(self) -> tuple[float, float, float, float]:
-        """(xmin, ymin, xmax, ymax) in the native CRS."""
-        t = self.transform
-        return (t.c, t.f + t.e * self.height, t.c + t.a * self.width, t.f)
+class NativeGrid(LatticeGrid):
+    """A product's pixel grid in its native CRS (north-up), with the sample's block helpers."""
 
     def row_window(self, start: int, stop: int) -> NativeGrid:
         """Rows [start, stop) of the grid as a grid of their own."""
@@ -393,15 +379,8 @@ def snapped_grid(
     origin_xy: tuple[float, float],
 ) -> NativeGrid:
     """The smallest grid on a global lattice (origin, pixel size) that contains ``bounds``."""
-    res_x, res_y = res_xy
-    ox, oy = origin_xy
-    xmin, ymin, xmax, ymax = bounds
-    col0 = math.floor((xmin - ox) / res_x + 1e-9)
-    col1 = math.ceil((xmax - ox) / res_x - 1e-9)
-    row0 = math.floor((oy - ymax) / res_y + 1e-9)
-    row1 = math.ceil((oy - ymin) / res_y - 1e-9)
-    transform = Affine(res_x, 0, ox + col0 * res_x, 0, -res_y, oy - row0 * res_y)
-    return NativeGrid(crs, transform, col1 - col0, row1 - row0)
+    grid = lattice_window(crs, bounds, res_xy, origin_xy)
+    return NativeGrid(grid.crs, grid.transform, grid.width, grid.height)
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,11 @@ lattice.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 from affine import Affine
 from pyproj import CRS, Transformer
 
 from citycube.cities import get_city
-from citycube.grids import city_extent
+from citycube.grids import LatticeGrid, city_extent, snapped_grid
 
 PRODUCT_MARGIN_M = 3_000.0
 """Every item covers the city extent plus this margin (as the sample twin's files do)."""
@@ -30,47 +27,8 @@ SOUTHERN_FALSE_NORTHING_M = 10_000_000.0
 """False northing of the southern UTM zones (327xx)."""
 
 
-@dataclass(frozen=True)
-class TargetGrid:
-    """A north-up grid that an item's file fills."""
-
-    crs: CRS
-    """Coordinate reference system."""
-    transform: Affine
-    """Pixel-corner affine transform."""
-    width: int
-    """Columns."""
-    height: int
-    """Rows."""
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(rows, cols)."""
-        return (self.height, self.width)
-
-    @property
-    def bounds(self) -> tuple[float, float, float, float]:
-        """(xmin, ymin, xmax, ymax)."""
-        t = self.transform
-        return (t.c, t.f + t.e * self.height, t.c + t.a * self.width, t.f)
-
-
-def snapped_grid(
-    crs: CRS,
-    bounds: tuple[float, float, float, float],
-    res_xy: tuple[float, float],
-    origin_xy: tuple[float, float],
-) -> TargetGrid:
-    """The smallest grid on a lattice (a corner ``origin_xy``, pixel size) containing bounds."""
-    res_x, res_y = res_xy
-    ox, oy = origin_xy
-    xmin, ymin, xmax, ymax = bounds
-    col0 = math.floor((xmin - ox) / res_x + 1e-9)
-    col1 = math.ceil((xmax - ox) / res_x - 1e-9)
-    row0 = math.floor((oy - ymax) / res_y + 1e-9)
-    row1 = math.ceil((oy - ymin) / res_y - 1e-9)
-    transform = Affine(res_x, 0, ox + col0 * res_x, 0, -res_y, oy - row0 * res_y)
-    return TargetGrid(crs, transform, col1 - col0, row1 - row0)
+TargetGrid = LatticeGrid
+"""The north-up grid an item's file fills (a window of the product's lattice)."""
 
 
 def city_window(city: str) -> tuple[float, float, float, float]:
