@@ -10,6 +10,7 @@ export CITYCUBE_RELEASE ?= sample-0.1.0
 CITIES ?= default
 YEARS ?= default
 WORKERS ?= 2
+TEST_WORKERS ?= 2
 
 .PHONY: install run test dev lint bench fresh-runs clean
 
@@ -26,9 +27,9 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(BIN)/python -m pipelines.cli build --cities '$(CITIES)' --years '$(YEARS)' --workers '$(WORKERS)'
 
-## Run the test suite.
+## Run the test suite, spread over TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0 runs it in one).
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n '$(TEST_WORKERS)'
 
 ## Serve the Dagster UI and daemon offline (http://127.0.0.1:3000); runs use WORKERS dask workers.
 dev: install

@@ -91,7 +91,7 @@ def run_partitions(
             name = f"{asset_key.to_user_string()} {partition_key}"
             owners[name] = (asset_key, partition_key)
             tasks.append((name, plan.arguments(city, period)))
-    record = context.instance.get_run_record_by_id(context.run_id)
+    record = context.instance.get_run_record_by_id(context.run.run_id)
     started = record.start_time if record is not None else None
     outcomes = compute.run(context.log, context.op_def.name, function, tasks, started, first)
     for outcome in outcomes:
