@@ -1,0 +1,170 @@
+"""End to end from a loopback server: `citycube build` with roads (RD) and buildings (POI)
+cut from an OpenStreetMap full-history file by the ``osm`` family, every other product from the
+sample.
+
+The server holds one history PBF written with pyosmium (``tests/osm_fixtures.py``); the
+source-set file points Amsterdam's history at it and names no file for Boston. The cube's RD
+values are the road fractions worked out by hand from the history's geometry, POI's change where
+the history changes a building's tags, both carry the osm family's provenance, Boston is
+unavailable (never zero), and the history is downloaded once for every snapshot and product.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+import xarray as xr
+import yaml
+
+from citycube.grids import city_grid
+from tests.faulty_http_server import FaultyServer
+from tests.osm_fixtures import H_Y, V_X, amsterdam_history
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CITY = "Amsterdam"
+UNCONFIGURED = "Boston"
+YEARS = (2015, 2020)
+ASSETS = (
+    "sources/osm_roads,sources/osm_buildings,derived/rd,derived/poi,modalities/rd,"
+    "modalities/poi,cube"
+)
+HISTORY = "extracts/amsterdam.osh.pbf"
+BUILDINGS_X, BUILDINGS_Y = 620_000.0, 5_802_000.0
+"""South-west corner of the history's first building (``amsterdam_history``), UTM 31N."""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultyServer]:
+    path = tmp_path_factory.mktemp("osh") / "amsterdam.osh.pbf"
+    amsterdam_history().write(path, stamp="2024-06-01T00:00:00Z")
+    with FaultyServer() as running:
+        running.add(HISTORY, path.read_bytes())
+        yield running
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory, server: FaultyServer) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("e2e_osm")
+    source_set = {
+        "name": "osm-loopback",
+        "default": "sample",
+        "products": {"osm_roads": "osm", "osm_buildings": "osm"},
+        "options": {
+            "sample": {"seed": 0},
+            "osm": {
+                "history": {CITY: server.url(HISTORY)},
+                "cache_dir": str(root / "downloads"),
+                "attempts": 2,
+                "wait_initial_s": 0.01,
+                "wait_max_s": 0.05,
+                "timeout_s": 10.0,
+            },
+        },
+    }
+    (root / "source_set.yaml").write_text(yaml.safe_dump(source_set), encoding="utf-8")
+    command = [sys.executable, "-m", "pipelines.cli", "--data", str(root / "data")]
+    command += ["--release", "osm-e2e", "build", "--cities", f"{CITY},{UNCONFIGURED}"]
+    command += ["--years", ",".join(map(str, YEARS)), "--workers", "1", "--assets", ASSETS]
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(root / "dagster_home"),
+        "CITYCUBE_SOURCE_SET": str(root / "source_set.yaml"),
+    }
+    env.pop("CITYCUBE_DASK_SCHEDULER", None)
+    env.pop("CITYCUBE_DOWNLOAD_CACHE", None)
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    release = root / "data" / "releases" / "osm-e2e"
+    return {"release": release, "database": release / "cube.duckdb"}
+
+
+def _rows(database: Path, city: str, modality: str, year: int) -> dict[str, tuple[Any, ...]]:
+    with duckdb.connect(str(database), read_only=True) as con:
+        rows = con.execute(
+            "SELECT tile_id, value, available, reason, source_id, synthetic, temporal_basis, "
+            "source_year FROM observations WHERE city = ? AND modality = ? AND year = ?",
+            [city, modality, year],
+        ).fetchall()
+    return {row[0]: row[1:] for row in rows}
+
+
+def test_road_fractions_are_the_hand_computed_ones_from_the_history(
+    build: dict[str, Any],
+) -> None:
+    rows = _rows(build["database"], CITY, "RD", 2020)
+    assert len(rows) == 152  # 140 tiles of 2 km, 12 of 5 km
+    # In 2020 the east-west road lies on the pixel row centred at H_Y and the north-south trunk
+    # on the pixel column centred at V_X, each across every grid: a tile of n×n 10 m pixels
+    # holds n road pixels per road crossing it, 2n - 1 where both do.
+    for scale in ("2km", "5km"):
+        grid = city_grid(CITY, scale)
+        n = int(grid.tile_size / 10)
+        for tile_id, (value, available, reason, *_) in rows.items():
+            if f"_{scale.upper()}_" not in tile_id:
+                continue
+            r, c = (int(p[1:]) for p in tile_id.split("_")[2:4])
+            left = grid.x_min + c * grid.tile_size
+            top = grid.y_max - r * grid.tile_size
+            h = top - grid.tile_size <= H_Y < top
+            v = left <= V_X < left + grid.tile_size
+            assert available and reason is None, tile_id
+            assert value == pytest.approx((n * h + n * v - (h and v)) / (n * n), abs=1e-12)
+
+
+def test_snapshots_follow_the_history_and_carry_the_osm_provenance(
+    build: dict[str, Any],
+) -> None:
+    database = build["database"]
+    for year in YEARS:
+        for modality, product in (("RD", "osm_roads"), ("POI", "osm_buildings")):
+            rows = _rows(database, CITY, modality, year)
+            assert {r[3:] for r in rows.values()} == {(f"osm:{product}", False, "snapshot", year)}
+    rd = {year: _rows(database, CITY, "RD", year) for year in YEARS}
+    # The trunk (way 102) is residential until 2017: tiles it crosses gain road pixels.
+    gained = [t for t in rd[2020] if rd[2020][t][0] > rd[2015][t][0]]
+    assert gained and all(rd[2015][t][0] is not None for t in gained)
+    # Building classes in the 10 m chips, at the centre of each 20 m footprint (by hand from
+    # the history): way 200 a house (2) throughout; way 201 a plain building (1) that becomes a
+    # school (education 4) in 2016; the supermarket way 202 (commercial 3) deleted in 2018.
+    x0, y0 = BUILDINGS_X + 10.0, BUILDINGS_Y + 10.0
+    expected = {2015: (2, 1, 3), 2020: (2, 4, 0)}
+    for year, classes in expected.items():
+        chips = xr.open_zarr(build["release"] / "chips" / "POI" / CITY / f"{year}.zarr")
+        got = [
+            int(chips["data"].sel(band="dominant_class", x=x0 + dx, y=y0, method="nearest"))
+            for dx in (0.0, 100.0, 200.0)
+        ]
+        assert tuple(got) == classes, year
+
+
+def test_a_city_without_a_history_file_is_unavailable_never_zero(build: dict[str, Any]) -> None:
+    for modality in ("RD", "POI"):
+        for year in YEARS:
+            rows = _rows(build["database"], UNCONFIGURED, modality, year)
+            assert rows, (modality, year)
+            assert {(r[0], r[1], r[2]) for r in rows.values()} == {
+                (None, False, "outside_source_coverage")
+            }
+
+
+def test_the_history_is_downloaded_once_and_the_release_names_the_osm_family(
+    build: dict[str, Any], server: FaultyServer
+) -> None:
+    assert len(server.requests_for(HISTORY)) == 1
+    meta = json.loads((build["release"] / "release.json").read_text(encoding="utf-8"))
+    assert meta["source_set"] == "osm-loopback"
+    assert meta["sources"]["osm_roads"]["source_id"] == "osm:osm_roads"
+    assert meta["sources"]["osm_buildings"]["synthetic"] is False
+    assert meta["sources"]["landsat_c2l2"]["source_id"].startswith("sample:")
