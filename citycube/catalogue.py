@@ -8,6 +8,7 @@ small function.
 from __future__ import annotations
 
 import hashlib
+import math
 from enum import StrEnum
 from functools import cache
 from importlib import resources
@@ -68,13 +69,16 @@ class RenderMode(StrEnum):
     RGB = "rgb"
     GREY = "grey"
     GREY_LOG1P = "grey_log1p"
-    PALETTE = "palette"
     CATEGORICAL = "categorical"
     BINARY = "binary"
     NONE = "none"
 
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+
+MIN_LEGEND_COLOUR_DISTANCE = 20.0
+"""Least RGB distance between two classes of one legend: renderings are decoded back to class
+ids by the nearest legend colour (seed 000), so no two classes may share or nearly share one."""
 
 
 class LegendEntry(BaseModel):
@@ -190,13 +194,12 @@ class RenderSpec(BaseModel):
     mode: RenderMode
     range: tuple[float, float] | None = Field(None, description="Fixed value range.")
     legend: str | None = None
-    palette: str | None = None
     color: tuple[int, int, int] | None = None
     background: tuple[int, int, int] | None = None
 
     @model_validator(mode="after")
     def _needs(self) -> Self:
-        ranged = (RenderMode.GREY, RenderMode.GREY_LOG1P, RenderMode.PALETTE)
+        ranged = (RenderMode.GREY, RenderMode.GREY_LOG1P)
         if self.mode in ranged and (self.range is None or self.range[0] >= self.range[1]):
             raise ValueError(f"render mode {self.mode} needs an increasing fixed range")
         if self.mode == RenderMode.CATEGORICAL and not self.legend:
@@ -344,6 +347,8 @@ class Catalogue(BaseModel):
         dupes = sorted({c for c in codes if codes.count(c) > 1})
         if dupes:
             raise ValueError(f"duplicate modality codes: {dupes}")
+        for name, legend in self.legends.items():
+            _check_distinct_colours(name, legend)
         for m in self.modalities:
             for ref in (m.validity.legend, m.render.legend):
                 if ref and ref not in self.legends:
@@ -370,6 +375,20 @@ class Catalogue(BaseModel):
         if not modality.validity.legend:
             return None
         return frozenset(self.legends[modality.validity.legend])
+
+
+def _check_distinct_colours(name: str, legend: dict[int, LegendEntry]) -> None:
+    ids = sorted(legend)
+    for i, first in enumerate(ids):
+        for second in ids[i + 1 :]:
+            a, b = legend[first].color, legend[second].color
+            distance = math.dist(a, b)
+            if distance < MIN_LEGEND_COLOUR_DISTANCE:
+                raise ValueError(
+                    f"legend {name!r}: classes {first} and {second} have colours {a} and {b}, "
+                    f"{distance:.1f} apart; give each class a colour at least "
+                    f"{MIN_LEGEND_COLOUR_DISTANCE:g} from every other"
+                )
 
 
 SpecModel = TypeVar("SpecModel", bound=BaseModel)

@@ -7,8 +7,6 @@ compared by eye across tiles, cities and years (SPEC §4):
 - ``rgb``: bands 1–3 as supplied (uint8);
 - ``grey``: a fixed linear range mapped to 0–255 and replicated to RGB;
 - ``grey_log1p``: ``log1p`` first, then a fixed linear range;
-- ``palette``: a fixed colour ramp over a fixed range, defined here (not taken from
-  matplotlib's state); values outside the range are clipped for display only;
 - ``categorical``: the legend's colours; a valid pixel whose id is not in the legend gets
   ``UNKNOWN_CLASS_RGB`` so it stands out instead of passing for a class;
 - ``binary``: non-zero pixels in the spec colour on the spec background.
@@ -25,7 +23,6 @@ import math
 import os
 import re
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +39,6 @@ from citycube.temporal import check_year
 
 __all__ = [
     "GRID_LINE_RGBA",
-    "PALETTES",
     "UNKNOWN_CLASS_RGB",
     "legend_image",
     "legend_key",
@@ -59,25 +55,6 @@ UNKNOWN_CLASS_RGB: tuple[int, int, int] = (255, 0, 255)
 
 GRID_LINE_RGBA: tuple[int, int, int, int] = (40, 40, 40, 96)
 """Faint 2 km tile-grid lines on quick-looks: blended at alpha 96/255 over the image."""
-
-PALETTES: dict[str, tuple[tuple[int, int, int], ...]] = {
-    # Red (low) through pale yellow (middle) to green (high): the 11-class ColorBrewer
-    # RdYlGn stops, written out so the ramp cannot drift with a plotting library's version.
-    "ndvi": (
-        (165, 0, 38),
-        (215, 48, 39),
-        (244, 109, 67),
-        (253, 174, 97),
-        (254, 224, 139),
-        (255, 255, 191),
-        (217, 239, 139),
-        (166, 217, 106),
-        (102, 189, 99),
-        (26, 152, 80),
-        (0, 104, 55),
-    ),
-}
-"""Fixed diverging ramps by name; stops are evenly spaced over the render range."""
 
 _TILE_ID = re.compile(r"^(?P<city>[A-Za-z]+)_(?P<scale>2KM|5KM)_r(?P<row>\d+)_c(?P<col>\d+)$")
 
@@ -126,9 +103,6 @@ def render_chip(
             x = np.log1p(np.maximum(x, 0.0))
         grey = _to_byte(_unit(x, spec.range))
         rgb = np.repeat(grey[..., None], 3, axis=2)
-    elif spec.mode == RenderMode.PALETTE:
-        assert spec.range is not None
-        rgb = _ramp(_unit(bands[0].astype(np.float64), spec.range), _palette(spec.palette))
     elif spec.mode == RenderMode.CATEGORICAL:
         assert spec.legend is not None
         rgb = _categorical(bands[0], catalogue, spec.legend)
@@ -173,20 +147,6 @@ def _unit(x: np.ndarray, value_range: tuple[float, float]) -> np.ndarray:
 def _to_byte(unit: np.ndarray) -> np.ndarray:
     """[0, 1] to 0–255, rounding halves up so the mapping is easy to state and test."""
     return np.floor(np.nan_to_num(unit) * 255.0 + 0.5).astype(np.uint8)
-
-
-def _palette(name: str | None) -> tuple[tuple[int, int, int], ...]:
-    if name not in PALETTES:
-        raise SpecError(f"unknown render palette {name!r}; defined palettes: {sorted(PALETTES)}")
-    return PALETTES[name]
-
-
-def _ramp(unit: np.ndarray, stops: Sequence[tuple[int, int, int]]) -> np.ndarray:
-    """(h, w, 3) colours linearly interpolated between evenly spaced stops."""
-    where = np.linspace(0.0, 1.0, len(stops))
-    u = np.nan_to_num(unit)
-    channels = [np.interp(u, where, [s[c] for s in stops]) for c in range(3)]
-    return np.floor(np.stack(channels, axis=-1) + 0.5).astype(np.uint8)
 
 
 def _categorical(ids: np.ndarray, catalogue: Catalogue, legend_name: str) -> np.ndarray:

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from citycube.catalogue import load_catalogue
+from citycube.catalogue import catalogue_text, load_catalogue, parse_catalogue
 from citycube.cube import Release, build_duckdb, release_metadata, tiles_frame
 from citycube.errors import (
     ChipsNotFoundError,
+    SpecError,
     UnknownCityError,
     UnknownModalityError,
     UnknownTileError,
@@ -28,7 +29,6 @@ from citycube.process import process_partition
 from citycube.render import (
     GRID_LINE_RGBA,
     LEGEND_SIZE,
-    PALETTES,
     UNKNOWN_CLASS_RGB,
     legend_image,
     parse_tile_id,
@@ -77,18 +77,34 @@ def test_grey_log1p_applies_log_then_the_fixed_range() -> None:
     assert out[:, 0].tolist() == [0, 128, 255, 255]
 
 
-def test_ndvi_palette_is_fixed_and_clipped_only_when_rendering() -> None:
-    stops = PALETTES[CAT.get("NDVI").render.palette or ""]
-    values = np.array([-1.0, 0.0, 1.0, 1.5, -3.0, 0.2], np.float32)
+def test_ndvi_is_grey_over_the_fixed_range_and_clipped_only_when_rendering() -> None:
+    values = np.array([-1.0, 0.0, 1.0, 1.5, -3.0, 0.5], np.float32)
     before = values.copy()
     out = _render("NDVI", values)
-    assert tuple(out[0, :3]) == stops[0]
-    assert tuple(out[1, :3]) == stops[len(stops) // 2]
-    assert tuple(out[2, :3]) == stops[-1]
-    assert (out[3] == out[2]).all()  # 1.5 renders like 1.0
-    assert (out[4] == out[0]).all()  # −3 renders like −1
-    assert tuple(out[5, :3]) == stops[len(stops) // 2 + 1]  # stops are 0.2 apart
+    # seed 000 Table 12: a fixed grayscale over [-1, 1]; -1 black, 1 white, 0 mid-grey.
+    assert out[:, :3].tolist() == [[0] * 3, [128] * 3, [255] * 3, [255] * 3, [0] * 3, [191] * 3]
     np.testing.assert_array_equal(values, before)  # the data keep their values
+
+
+@pytest.mark.parametrize("code", ["LC", "LU", "POI"])
+def test_every_class_decodes_back_from_its_rendering_by_the_nearest_colour(code: str) -> None:
+    """A rendering's pixels map back to their class ids by the nearest legend colour, the
+    way generated images are scored: no two classes of a legend may share a colour."""
+    legend = CAT.legends[CAT.get(code).render.legend or ""]
+    ids = np.array(sorted(legend), np.uint8)
+    rgb = _render(code, ids)[:, :3].astype(np.float64)
+    colours = np.array([legend[i].color for i in sorted(legend)], np.float64)
+    nearest = np.argmin(((rgb[:, None, :] - colours[None, :, :]) ** 2).sum(axis=2), axis=1)
+    assert ids[nearest].tolist() == ids.tolist()
+
+
+def test_a_legend_with_two_classes_of_one_colour_is_refused_on_load() -> None:
+    text = catalogue_text().replace(
+        "11: {name: herbaceous cover cropland, color: [230, 230, 60]}",
+        "11: {name: herbaceous cover cropland, color: [255, 255, 95]}",
+    )
+    with pytest.raises(SpecError, match=r"classes 10 and 11 .* 5\.0 apart"):
+        parse_catalogue(text)
 
 
 def test_road_network_is_the_spec_colour_on_white() -> None:
