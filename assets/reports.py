@@ -26,7 +26,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         kinds={"python", "csv", "png"},
     )
     def availability_report(cube: CubeResource) -> dg.MaterializeResult:
-        """Availability by modality and by city (CSV + markdown) and a city × year heatmap."""
+        """Availability by modality, field and city (CSV + markdown) and a city × year heatmap."""
         import pandas as pd
         from PIL import Image
 
@@ -36,6 +36,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         release = cube.release()
         paths = write_report(release, catalogue)
         modality_md = paths["modality_md"].read_text(encoding="utf-8")
+        field_md = paths["field_md"].read_text(encoding="utf-8")
         city_md = paths["city_md"].read_text(encoding="utf-8")
         with Image.open(paths["heatmap_png"]) as heatmap:
             heatmap_uri = png_data_uri(heatmap.convert("RGB"), HEATMAP_PREVIEW_PX)
@@ -47,6 +48,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
                 "possible_combinations": int(overall["possible"]),
                 "availability_percent": float(overall["percent"]),
                 "by_modality": dg.MetadataValue.md(modality_md),
+                "by_field": dg.MetadataValue.md(field_md),
                 "by_city": dg.MetadataValue.md(city_md),
                 "heatmap": dg.MetadataValue.md(f"![availability heatmap]({heatmap_uri})"),
             }

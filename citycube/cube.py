@@ -372,12 +372,23 @@ def build_duckdb(
             con.execute(
                 """
                 CREATE VIEW availability AS
+                WITH per_field AS (
+                    SELECT city, year, modality, field, bool_or(available) AS field_available
+                    FROM observations GROUP BY city, year, modality, field
+                )
                 SELECT city, year, modality,
-                       count(*) FILTER (WHERE available) AS available_tiles,
-                       count(*) AS tiles,
-                       bool_or(available) AS available
-                FROM (SELECT DISTINCT city, year, modality, tile_id, available
-                      FROM observations)
+                       count(DISTINCT o.tile_id) FILTER (WHERE o.available) AS available_tiles,
+                       count(DISTINCT o.tile_id) AS tiles,
+                       any_value(f.available_fields) AS available_fields,
+                       any_value(f.fields) AS fields,
+                       any_value(f.all_fields) AS available
+                FROM observations AS o
+                JOIN (SELECT city, year, modality,
+                             count(*) FILTER (WHERE field_available) AS available_fields,
+                             count(*) AS fields,
+                             bool_and(field_available) AS all_fields
+                      FROM per_field GROUP BY city, year, modality) AS f
+                USING (city, year, modality)
                 GROUP BY city, year, modality
                 """
             )

@@ -1,7 +1,10 @@
 """Availability report of a release: per-modality and per-city tables and a heatmap.
 
-A (city, year, modality) combination is available when at least one tile has an available
-observation row (any field) that year (SPEC §3). The report's scope is the set of city-years
+A (city, year, modality, field) combination is available when at least one tile has an
+available value of the field that year (SPEC §3); a (city, year, modality) combination is
+available when every field of the modality is — AQ counts a city-year only when both NO2 and
+PM2.5 are present, as seed 000 Table 10's 240 / 416 implies. Per-field counts are reported
+too, so a modality held back by one field shows which. The report's scope is the set of city-years
 the release holds (any modality); every one of the catalogue's 18 modalities is counted over
 that scope, so a modality the release does not process contributes 0 available combinations and
 is flagged ``not processed`` rather than left out, and the overall percentage stays comparable
@@ -64,7 +67,11 @@ class Availability:
     processed: frozenset[str]
     """Modality codes with at least one observations row."""
     available: frozenset[tuple[str, int, str]]
-    """(city, year, modality) combinations with at least one available tile."""
+    """(city, year, modality) combinations in which every field has an available tile."""
+    fields: Mapping[str, tuple[str, ...]]
+    """Fields of each modality with observation rows, in name order."""
+    available_fields: frozenset[tuple[str, int, str, str]]
+    """(city, year, modality, field) combinations with at least one available tile."""
     release: str | None = None
     """Release version, from the database's ``release`` table when present."""
     synthetic: bool | None = None
@@ -104,10 +111,16 @@ def load_availability(source: Path | duckdb.DuckDBPyConnection) -> Availability:
 def _read_availability(con: duckdb.DuckDBPyConnection) -> Availability:
     rows = con.execute(
         """
-        SELECT city, CAST(year AS INTEGER), modality, bool_or(available)
+        SELECT city, CAST(year AS INTEGER), modality, field, bool_or(available)
         FROM observations GROUP BY ALL
         """
     ).fetchall()
+    fields: dict[str, set[str]] = {}
+    missing_field: set[tuple[str, int, str]] = set()
+    for city, year, modality, field, ok in rows:
+        fields.setdefault(modality, set()).add(field)
+        if not ok:
+            missing_field.add((city, int(year), modality))
     meta: dict[str, object] = {}
     tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     if "release" in tables:
@@ -117,10 +130,13 @@ def _read_availability(con: duckdb.DuckDBPyConnection) -> Availability:
             except (TypeError, json.JSONDecodeError):
                 meta[key] = value
     synthetic = meta.get("synthetic")
+    combinations = {(c, int(y), m) for c, y, m, _, _ in rows}
     return Availability(
-        scope=frozenset((c, int(y)) for c, y, _, _ in rows),
-        processed=frozenset(m for _, _, m, _ in rows),
-        available=frozenset((c, int(y), m) for c, y, m, ok in rows if ok),
+        scope=frozenset((c, y) for c, y, _ in combinations),
+        processed=frozenset(fields),
+        available=frozenset(combinations - missing_field),
+        fields={m: tuple(sorted(f)) for m, f in sorted(fields.items())},
+        available_fields=frozenset((c, int(y), m, f) for c, y, m, f, ok in rows if ok),
         release=str(meta["version"]) if "version" in meta else None,
         synthetic=synthetic if isinstance(synthetic, bool) else None,
     )
@@ -172,6 +188,34 @@ def modality_table(source: AvailabilitySource, catalogue: Catalogue) -> pd.DataF
     return frame
 
 
+def field_table(source: AvailabilitySource, catalogue: Catalogue) -> pd.DataFrame:
+    """Available / possible city-years per field of every processed modality (catalogue order).
+
+    A modality counts as available only where all of its fields are; this table shows which
+    field held it back.
+    """
+    availability = _as_availability(source)
+    possible = len(availability.scope)
+    rows = []
+    for m in catalogue.modalities:
+        for field in availability.fields.get(m.code, ()):
+            count = sum(
+                1
+                for c, y in availability.scope
+                if (c, y, m.code, field) in availability.available_fields
+            )
+            rows.append(
+                {
+                    "code": m.display_code,
+                    "field": field,
+                    "available": count,
+                    "possible": possible,
+                    "percent": _percent(count, possible),
+                }
+            )
+    return pd.DataFrame(rows, columns=["code", "field", "available", "possible", "percent"])
+
+
 def city_table(source: AvailabilitySource, catalogue: Catalogue) -> pd.DataFrame:
     """Available / possible (year, modality) combinations per city over all modalities."""
     availability = _as_availability(source)
@@ -218,9 +262,13 @@ def _fmt_percent(value: float) -> str:
 def markdown_table(frame: pd.DataFrame) -> str:
     """A report table as GitHub markdown, with 'a / p' counts and 3-decimal percentages."""
     by_modality = "modality" in frame.columns
+    by_field = "field" in frame.columns
     if by_modality:
         header = ["Modality", "Code", "Available / possible", "Availability", "Status"]
         align = ["---", "---", "--:", "--:", "---"]
+    elif by_field:
+        header = ["Code", "Field", "Available / possible", "Availability"]
+        align = ["---", "---", "--:", "--:"]
     else:
         header = ["City", "Years", "Available / possible", "Availability"]
         align = ["---", "--:", "--:", "--:"]
@@ -235,6 +283,8 @@ def markdown_table(frame: pd.DataFrame) -> str:
                 else ("processed" if row.processed else "not processed")
             )
             cells = [row.modality, row.code, counts, share, status]
+        elif by_field:
+            cells = [row.code, row.field, counts, share]
         else:
             cells = [row.city, str(row.years), counts, share]
         lines.append("| " + " | ".join(cells) + " |")
@@ -252,9 +302,10 @@ def scope_text(availability: Availability) -> str:
         f"Scope: {len(availability.scope)} city-years held by the release "
         f"({_count(len(cities), 'city', 'cities')}: {', '.join(cities) or 'none'}; "
         f"{_count(len(years), 'year', 'years')}: {', '.join(map(str, years)) or 'none'}). "
-        "A combination is available when at least one tile has an available value that "
-        "year; modalities the release does not process count as unavailable and are marked "
-        "'not processed'."
+        "A field is available in a city-year when at least one tile has an available value of "
+        "it; a modality is available when all of its fields are (per-field counts in "
+        "availability_by_field); modalities the release does not process count as unavailable "
+        "and are marked 'not processed'."
     )
 
 
@@ -360,8 +411,8 @@ def heatmap_png(path: Path, source: AvailabilitySource, catalogue: Catalogue) ->
         fig.text(
             0.01,
             1 - 0.55 / height,
-            "Rows: cities; columns: calendar years. A cell is available when at least one tile "
-            "of the city has an available value for the modality that year.",
+            "Rows: cities; columns: calendar years. A cell is available when, for every field "
+            "of the modality, at least one tile of the city has an available value that year.",
             fontsize=9,
             ha="left",
             va="center",
@@ -410,6 +461,8 @@ def report_paths(release: Release) -> dict[str, Path]:
         "modality_md": d / "availability_by_modality.md",
         "city_csv": d / "availability_by_city.csv",
         "city_md": d / "availability_by_city.md",
+        "field_csv": d / "availability_by_field.csv",
+        "field_md": d / "availability_by_field.md",
         "heatmap_png": d / "availability_heatmap.png",
         "scope_json": d / "availability_scope.json",
     }
@@ -418,8 +471,12 @@ def report_paths(release: Release) -> dict[str, Path]:
 def report_markdown(
     availability: Availability, tables: Mapping[str, pd.DataFrame]
 ) -> dict[str, str]:
-    """The two markdown documents (by modality, by city), keyed like ``tables``."""
-    titles = {"modality": "Availability by modality", "city": "Availability by city"}
+    """The markdown documents (by modality, by field, by city), keyed like ``tables``."""
+    titles = {
+        "modality": "Availability by modality",
+        "field": "Availability by field",
+        "city": "Availability by city",
+    }
     return {
         key: _heading(titles[key], availability) + "\n" + markdown_table(frame) + "\n"
         for key, frame in tables.items()
@@ -436,6 +493,7 @@ def write_report(release: Release, catalogue: Catalogue) -> dict[str, Path]:
     availability = load_availability(release.duckdb_file)
     tables = {
         "modality": modality_table(availability, catalogue),
+        "field": field_table(availability, catalogue),
         "city": city_table(availability, catalogue),
     }
     paths = report_paths(release)

@@ -272,14 +272,14 @@ def render(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    """(Re)write a release's availability report and print its two tables."""
+    """(Re)write a release's availability report and print its tables."""
     from citycube.catalogue import load_catalogue
     from citycube.cube import Release
     from citycube.report import write_report
 
     release = Release(Path(args.data).resolve(), args.release)
     paths = write_report(release, load_catalogue())
-    for key in ("modality_md", "city_md"):
+    for key in ("modality_md", "field_md", "city_md"):
         print(paths[key].read_text(encoding="utf-8"))
     print("written:")
     for path in paths.values():

@@ -19,6 +19,7 @@ from citycube.report import (
     HEATMAP_COLOURS,
     HEATMAP_WIDTH_PX,
     city_table,
+    field_table,
     heatmap_png,
     load_availability,
     modality_table,
@@ -33,7 +34,7 @@ N_MODALITIES = len(CAT.modalities)
 def _tiny_database(path: Path) -> Path:
     """observations + release with the real names: 3 city-years, OPT / AQ / POP processed.
 
-    Amsterdam 2020: OPT (one of two tiles) and AQ (one of its two fields) available.
+    Amsterdam 2020: OPT (one of two tiles) available, AQ not (only one of its two fields).
     Amsterdam 2021: OPT present but unavailable. Boston 2020: OPT available, POP unavailable.
     """
     rows = [
@@ -70,38 +71,53 @@ def test_scope_is_the_city_years_in_the_release(tiny) -> None:
     assert (tiny.release, tiny.synthetic) == ("tiny", True)
 
 
-def test_modality_table_counts_any_tile_any_field(tiny) -> None:
+def test_modality_table_counts_any_tile_but_every_field(tiny) -> None:
     table = modality_table(tiny, CAT).set_index("code")
     assert len(table) == N_MODALITIES + 1
     assert table.loc["OPT", ["available", "possible", "percent"]].tolist() == [2, 3, 66.667]
-    assert table.loc["AQ", ["available", "percent"]].tolist() == [1, 33.333]  # one field is enough
+    # seed 000 Table 10's AQ count: a city-year with NO2 but no PM2.5 (or the reverse) is not
+    # available.
+    assert table.loc["AQ", ["available", "percent", "processed"]].tolist() == [0, 0.0, True]
     assert table.loc["POP", ["available", "processed"]].tolist() == [0, True]
     not_processed = table[table["processed"] == False]  # noqa: E712  (nullable boolean)
     assert len(not_processed) == N_MODALITIES - 3 and (not_processed["available"] == 0).all()
     assert table.loc["H&F", "modality"] == "Building height & footprint"
     overall = table.iloc[-1]
     assert overall["modality"] == "Overall" and pd.isna(overall["processed"])
-    assert (overall["available"], overall["possible"]) == (3, 3 * N_MODALITIES)
-    assert overall["percent"] == round(100 * 3 / (3 * N_MODALITIES), 3)
+    assert (overall["available"], overall["possible"]) == (2, 3 * N_MODALITIES)
+    assert overall["percent"] == round(100 * 2 / (3 * N_MODALITIES), 3)
+
+
+def test_field_table_shows_which_field_holds_a_modality_back(tiny) -> None:
+    table = field_table(tiny, CAT)
+    rows = {(r.code, r.field): (r.available, r.possible) for r in table.itertuples()}
+    assert rows == {
+        ("OPT", "red"): (2, 3),
+        ("AQ", "annual_mean_no2"): (0, 3),
+        ("AQ", "annual_mean_pm25"): (1, 3),
+        ("POP", "population_density"): (0, 3),
+    }
+    order = [m.code for m in CAT.modalities if m.code in {"OPT", "AQ", "POP"}]
+    assert list(dict.fromkeys(table["code"])) == order  # catalogue order, fields by name
 
 
 def test_tables_accept_the_database_path(tmp_path: Path) -> None:
     path = _tiny_database(tmp_path / "cube.duckdb")
     from_path = modality_table(path, CAT)
     pd.testing.assert_frame_equal(from_path, modality_table(load_availability(path), CAT))
-    assert city_table(path, CAT).iloc[-1]["available"] == 3
+    assert city_table(path, CAT).iloc[-1]["available"] == 2
 
 
 def test_city_table_counts_over_all_modalities(tiny) -> None:
     table = city_table(tiny, CAT).set_index("key")
-    assert table.loc["Amsterdam", ["available", "possible"]].tolist() == [2, 2 * N_MODALITIES]
+    assert table.loc["Amsterdam", ["available", "possible"]].tolist() == [1, 2 * N_MODALITIES]
     assert table.loc["Boston", ["available", "possible"]].tolist() == [1, N_MODALITIES]
     assert table.loc["Boston", "percent"] == round(100 / N_MODALITIES, 3)
     assert table.loc["Amsterdam", "city"] == "Amsterdam"
     overall = table.iloc[-1]
     assert (overall["city"], overall["available"], overall["possible"]) == (
         "Overall",
-        3,
+        2,
         3 * N_MODALITIES,
     )
 
@@ -110,7 +126,7 @@ def test_empty_release_reports_zero_possible(tmp_path: Path) -> None:
     con = duckdb.connect(str(tmp_path / "e.duckdb"))
     con.execute(
         "CREATE VIEW observations AS SELECT 'x' AS city, 2020 AS year, 'OPT' AS modality, "
-        "true AS available WHERE false"
+        "'red' AS field, true AS available WHERE false"
     )
     availability = load_availability(con)
     con.close()
@@ -145,6 +161,8 @@ def test_write_report_files(release: Release) -> None:
         "availability_by_modality.md",
         "availability_by_city.csv",
         "availability_by_city.md",
+        "availability_by_field.csv",
+        "availability_by_field.md",
         "availability_heatmap.png",
         "availability_scope.json",
     }
@@ -218,3 +236,18 @@ def test_report_assets_load_alongside_the_pipeline() -> None:
         for k in graph.get(dg.AssetKey(["cube", "availability_report"])).parent_keys
     }
     assert parents == {"cube/database"}
+
+
+def test_the_database_availability_view_follows_the_every_field_rule(release: Release) -> None:
+    with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
+        rows = con.execute(
+            "SELECT year, modality, tiles, available_tiles, fields, available_fields, available "
+            "FROM availability WHERE modality IN ('OPT', 'DEM') ORDER BY modality, year"
+        ).fetchall()
+    # OPT's three bands all come from the 2020 scene; 2021 has no source; DEM is static.
+    assert rows == [
+        (2020, "DEM", 152, 152, 1, 1, True),
+        (2021, "DEM", 152, 152, 1, 1, True),
+        (2020, "OPT", 152, 152, 3, 3, True),
+        (2021, "OPT", 152, 0, 3, 0, False),
+    ]
