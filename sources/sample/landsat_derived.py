@@ -9,17 +9,15 @@ NDVI follows the world's vegetation (high over woodland and fields, low over roo
 over water); a handful of finite values lie just outside [-1, 1] as in real composites, where
 they are valid and only clipped when rendered. Surface temperature follows the city's climate
 (shared with the weather products), a surface urban heat island, cool water and vegetation,
-and elevation. Its record has holes: each city misses a few years, but most cities keep every
-year of 2010–2024 so forecasting cases exist.
+and elevation. Its record has holes: each city misses a few years, but every city except
+Shanghai keeps every year of 2010–2024, as seed 000's 15-city LST forecasting cohort needs.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from citycube.cities import load_cities
+from citycube.cities import get_city
 from citycube.errors import SourceUnavailableError
 from sources.sample.landsat import (
     PIXEL_SIZE_M,
@@ -50,8 +48,9 @@ ST_MISSING_SHARE = 0.14
 """About this share of years is missing from each city's surface-temperature record."""
 ST_CORE_YEARS = range(2010, 2025)
 """Years the forecasting cases need without a hole."""
-ST_CORE_COMPLETE_SHARE = 0.75
-"""Share of cities whose record keeps every core year (the rest may miss some)."""
+ST_CORE_INCOMPLETE = frozenset({"Shanghai"})
+"""Cities whose record may miss core years: seed 000's LST forecasting cohort spans the other
+15 cities, each with tiles valid in every year of 2010-2024."""
 
 _VEG_NDVI = {
     "temperate": 0.62,
@@ -155,13 +154,13 @@ def _out_of_range_values(world: SyntheticCity, year: int, ndvi: np.ndarray) -> N
 def st_years(city: str, seed: int = 0) -> list[int]:
     """Years of a city's surface-temperature record (deterministic per city and seed).
 
-    Cities are ranked by a seeded hash; the top ``ST_CORE_COMPLETE_SHARE`` lose years only
-    outside 2010–2024, the others anywhere. Each city loses 3 or 4 of the 26 years (~14 %).
+    Cities outside ``ST_CORE_INCOMPLETE`` lose years only outside 2010–2024, the others only
+    inside it. Each city loses 3 or 4 of the 26 years (~14 %).
     """
-    cities = sorted(load_cities(), key=lambda c: stable_hash("landsat-st-core", seed, c))
-    complete_core = city in cities[: math.ceil(ST_CORE_COMPLETE_SHARE * len(cities))]
+    get_city(city)
     every = list(range(FIRST_YEAR, LAST_YEAR + 1))
-    pool = [y for y in every if y not in ST_CORE_YEARS] if complete_core else every
+    inside = city in ST_CORE_INCOMPLETE
+    pool = [y for y in every if (y in ST_CORE_YEARS) == inside]
     rng = np.random.default_rng([stable_hash("landsat-st-years", city, seed)])
     count = int(rng.integers(3, 5))
     missing = set(rng.choice(pool, count, replace=False).tolist())
