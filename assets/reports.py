@@ -10,6 +10,7 @@ from citycube.catalogue import Catalogue
 from pipelines.resources import CubeResource
 
 AVAILABILITY_REPORT_KEY = dg.AssetKey(["cube", "availability_report"])
+PAPER_COMPARISON_KEY = dg.AssetKey(["cube", "paper_comparison"])
 MANIFEST_KEY = dg.AssetKey(["cube", "manifest"])
 
 HEATMAP_PREVIEW_PX = 800
@@ -17,7 +18,8 @@ HEATMAP_PREVIEW_PX = 800
 
 
 def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
-    """The availability report of the published release, then its manifest."""
+    """The availability and paper-vs-release reports of the published release, then its
+    manifest."""
 
     @dg.asset(
         key=AVAILABILITY_REPORT_KEY,
@@ -55,8 +57,27 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         )
 
     @dg.asset(
+        key=PAPER_COMPARISON_KEY,
+        deps=[DATABASE_KEY],
+        group_name="reports",
+        kinds={"python", "csv"},
+    )
+    def paper_comparison(cube: CubeResource) -> dg.MaterializeResult:
+        """Seed 000's Tables 10 and 11 beside the release's availability, and every documented
+        departure from the paper with its reason (schemas/paper.yaml)."""
+        from citycube.paper import write_paper_comparison
+
+        paths = write_paper_comparison(cube.release(), catalogue)
+        return dg.MaterializeResult(
+            metadata={
+                **{name: dg.MetadataValue.path(str(p)) for name, p in paths.items()},
+                "report": dg.MetadataValue.md(paths["paper_md"].read_text(encoding="utf-8")),
+            }
+        )
+
+    @dg.asset(
         key=MANIFEST_KEY,
-        deps=[AVAILABILITY_REPORT_KEY],
+        deps=[AVAILABILITY_REPORT_KEY, PAPER_COMPARISON_KEY],
         group_name="reports",
         kinds={"json"},
     )
@@ -81,4 +102,4 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
             }
         )
 
-    return [availability_report, release_manifest]
+    return [availability_report, paper_comparison, release_manifest]

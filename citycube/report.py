@@ -309,7 +309,8 @@ def scope_text(availability: Availability) -> str:
     )
 
 
-def _heading(title: str, availability: Availability) -> str:
+def report_heading(title: str, availability: Availability) -> str:
+    """A report's title, release, synthetic warning and scope paragraph (markdown)."""
     lines = [f"# {title}", ""]
     if availability.release:
         lines += [f"Release `{availability.release}`.", ""]
@@ -442,7 +443,8 @@ def heatmap_png(path: Path, source: AvailabilitySource, catalogue: Catalogue) ->
 # Files
 
 
-def _write_text_atomic(text: str, path: Path) -> Path:
+def write_text_atomic(text: str, path: Path) -> Path:
+    """Write a text file whole or not at all (a reader never sees half a report)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
@@ -478,7 +480,7 @@ def report_markdown(
         "city": "Availability by city",
     }
     return {
-        key: _heading(titles[key], availability) + "\n" + markdown_table(frame) + "\n"
+        key: report_heading(titles[key], availability) + "\n" + markdown_table(frame) + "\n"
         for key, frame in tables.items()
     }
 
@@ -499,8 +501,8 @@ def write_report(release: Release, catalogue: Catalogue) -> dict[str, Path]:
     paths = report_paths(release)
     docs = report_markdown(availability, tables)
     for key, frame in tables.items():
-        _write_text_atomic(frame.to_csv(index=False, float_format="%.3f"), paths[f"{key}_csv"])
-        _write_text_atomic(docs[key], paths[f"{key}_md"])
+        write_text_atomic(frame.to_csv(index=False, float_format="%.3f"), paths[f"{key}_csv"])
+        write_text_atomic(docs[key], paths[f"{key}_md"])
     heatmap_png(paths["heatmap_png"], availability, catalogue)
     scope = {
         "release": availability.release,
@@ -511,5 +513,5 @@ def write_report(release: Release, catalogue: Catalogue) -> dict[str, Path]:
         "processed_modalities": sorted(availability.processed),
         "catalogue_modalities": [m.code for m in catalogue.modalities],
     }
-    _write_text_atomic(json.dumps(scope, indent=2) + "\n", paths["scope_json"])
+    write_text_atomic(json.dumps(scope, indent=2) + "\n", paths["scope_json"])
     return paths

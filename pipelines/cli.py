@@ -272,15 +272,18 @@ def render(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    """(Re)write a release's availability report and print its tables."""
+    """(Re)write a release's availability and paper-vs-release reports; print the first."""
     from citycube.catalogue import load_catalogue
     from citycube.cube import Release
+    from citycube.paper import write_paper_comparison
     from citycube.report import write_report
 
     release = Release(Path(args.data).resolve(), args.release)
-    paths = write_report(release, load_catalogue())
+    catalogue = load_catalogue()
+    paths = write_report(release, catalogue)
     for key in ("modality_md", "field_md", "city_md"):
         print(paths[key].read_text(encoding="utf-8"))
+    paths.update(write_paper_comparison(release, catalogue))
     print("written:")
     for path in paths.values():
         print(f"  {path}")
