@@ -44,6 +44,10 @@ normalised city records."""
 
 _SPACE = re.compile(r"\s+")
 
+SLIVER_SHARE = 1e-9
+"""Overlaps smaller than this share of a tile (a few mm² at 2 km) are slivers of reprojected
+shared edges, not real overlap: a polygon that only touches a tile does not count in it."""
+
 
 def normalise_key(values: pd.Series) -> pd.Series:
     """Join keys compared without case or blanks ('sw1a 1aa' = 'SW1A1AA'); blank keys → NA."""
@@ -298,7 +302,7 @@ def _overlaps(grid: TileGrid, polygons: np.ndarray) -> tuple[np.ndarray, np.ndar
     tree = shapely.STRtree(boxes)
     poly_index, tile_idx = tree.query(polygons, predicate="intersects")
     areas = shapely.area(shapely.intersection(polygons[poly_index], boxes[tile_idx]))
-    keep = areas > 0
+    keep = areas > SLIVER_SHARE * float(grid.tile_size**2)
     return poly_index[keep], tile_idx[keep], areas[keep]
 
 
@@ -306,8 +310,8 @@ def coverage_share(grid: TileGrid, coverage: shapely.Geometry | None) -> np.ndar
     """Exact share of each tile's area inside the coverage (0 everywhere when there is none)."""
     if coverage is None or shapely.is_empty(coverage):
         return np.zeros(grid.n_tiles)
-    areas = shapely.area(shapely.intersection(_tile_boxes(grid), coverage))
-    return areas / float(grid.tile_size**2)
+    share = shapely.area(shapely.intersection(_tile_boxes(grid), coverage)) / grid.tile_size**2
+    return np.where(share > SLIVER_SHARE, share, 0.0)
 
 
 def tile_values(placed: PlacedRecords, grid: TileGrid, *, total: bool) -> TileRecordValues:
