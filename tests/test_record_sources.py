@@ -461,3 +461,25 @@ def test_world_bank_series_are_paged_merged_and_convert_by_hand(
     before = len(portals.seen)
     source["worldbank_indicators"].fetch("NYC", None, tmp_path / "sources")
     assert len(portals.seen) == before
+
+
+# ----------------------------------------------------------- the declared cities and years
+
+
+def test_portals_declare_the_sample_twins_cities_and_years() -> None:
+    """The twin's city-years equal the portals': the availability report compares with
+    Tables 10 and 11 either way (PROP 232, ELEC 111 city-years)."""
+    from citycube.record_spec import load_record_products
+    from sources.sample.property import PROPERTY_RECORDS
+    from sources.sample.records import ELECTRICITY_YEARS
+
+    specs = load_record_products()
+    prop = {c: list(s.years) for (p, c), s in specs.items() if p == "city_property"}
+    elec = {c: list(s.years) for (p, c), s in specs.items() if p == "city_electricity"}
+    assert prop == {c: r.years for c, r in PROPERTY_RECORDS.items()}
+    assert elec == {c: list(y) for c, y in ELECTRICITY_YEARS.items()}
+    assert sum(map(len, prop.values())) == 232 and sum(map(len, elec.values())) == 111
+    currencies = {c: s.currency for (p, c), s in specs.items() if p == "city_property"}
+    assert currencies == {c: r.currency for c, r in PROPERTY_RECORDS.items()}
+    for spec in specs.values():
+        assert spec.licence and spec.portal and spec.attribution, spec.key
