@@ -237,10 +237,11 @@ class RecordProductSpec(BaseModel):
         if self.product == "city_property" and self.currency is None:
             raise ValueError(f"{self.city}/city_property: a currency code is required")
         form, f = self.spatial_form, self.fields
-        arcgis = self.protocol == Protocol.arcgis
-        if form == SpatialForm.point and not (f.geometry or (f.lon and f.lat)) and not arcgis:
+        # ArcGIS features and user GeoJSON/GeoParquet files carry their own geometry.
+        own_geometry = self.protocol in (Protocol.arcgis, Protocol.user_file)
+        if form == SpatialForm.point and not (f.geometry or (f.lon and f.lat)) and not own_geometry:
             raise ValueError(f"{self.city}/{self.product}: point form needs lon/lat fields")
-        if form == SpatialForm.parcel and not f.geometry and self.protocol != Protocol.arcgis:
+        if form == SpatialForm.parcel and not f.geometry and not own_geometry:
             raise ValueError(f"{self.city}/{self.product}: parcel form needs a geometry field")
         if form == SpatialForm.postcode and not (f.postcode and self.points_table):
             raise ValueError(
