@@ -790,11 +790,14 @@ def derive(
                 source_id=group.item.source_id if group.item else group.info.source_id,
                 source_version=group.item.version if group.item else group.info.version,
                 synthetic=group.item.synthetic if group.item else group.info.synthetic,
+                currency=group.item.extra.get("currency") if group.item else None,
             )
         )
     derived = pd.concat(frames, ignore_index=True)
     derived["source_year"] = derived["source_year"].astype("Int16")
-    table = pa.Table.from_pandas(derived[RESULT_COLUMNS + PROVENANCE_COLUMNS], preserve_index=False)
+    derived["currency"] = derived["currency"].astype("string")
+    columns = RESULT_COLUMNS + PROVENANCE_COLUMNS + ["currency"]
+    table = pa.Table.from_pandas(derived[columns], preserve_index=False)
     extra = {"citycube:signature": signature, "citycube:chips": str(chips).lower()}
     if ingested:
         extra["citycube:records"] = json.dumps(ingested, sort_keys=True)
@@ -899,11 +902,24 @@ def read_derived(
     return table.to_pandas(), chips
 
 
+def _row_units(modality: ModalitySpec, derived: pd.DataFrame) -> list[str]:
+    """Each row's unit: the field's, or for money kept in its own currency the item's ISO 4217
+    code and price year (derived results written before currencies were kept have none)."""
+    units = derived["field"].map({f.name: f.unit for f in modality.fields})
+    in_currency = [f.name for f in modality.fields if f.currency_unit]
+    if not in_currency or "currency" not in derived:
+        return units.tolist()
+    currency = derived["currency"].astype("string")
+    rows = derived["field"].isin(in_currency) & currency.notna()
+    years = derived["source_year"].astype("string").fillna("?")
+    named = currency + " (nominal, " + years + ")"
+    return units.where(~rows, named).tolist()
+
+
 def observation_table(
     modality: ModalitySpec, city: str, year: int, derived: pd.DataFrame
 ) -> pa.Table:
     """Rows for one calendar year: values only where available, NULL plus a reason elsewhere."""
-    units = {f.name: f.unit for f in modality.fields}
     n = len(derived)
     available = derived["reason"].isna().to_numpy()
     value = derived["value"].to_numpy(dtype=float)
@@ -917,7 +933,7 @@ def observation_table(
         "modality": pa.array([modality.code] * n, pa.string()),
         "field": pa.array(derived["field"], pa.string()),
         "value": pa.array(value, pa.float64(), mask=~(available & np.isfinite(value))),
-        "unit": pa.array(derived["field"].map(units), pa.string()),
+        "unit": pa.array(_row_units(modality, derived), pa.string()),
         "valid_fraction": pa.array(fraction, pa.float64(), mask=~np.isfinite(fraction)),
         "available": pa.array(available, pa.bool_()),
         "reason": pa.array(derived["reason"].where(~available, None), pa.string()),

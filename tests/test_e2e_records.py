@@ -173,7 +173,7 @@ def observations(database: Path, modality: str, year: int) -> dict[tuple[str, st
     with duckdb.connect(str(database), read_only=True) as con:
         rows = con.execute(
             "SELECT tile_id, field, value, valid_fraction, available, reason, source_id, "
-            "synthetic, temporal_basis, source_year FROM observations "
+            "synthetic, temporal_basis, source_year, unit FROM observations "
             "WHERE city = ? AND modality = ? AND year = ?",
             [CITY, modality, year],
         ).fetchall()
@@ -190,7 +190,15 @@ def test_property_from_arcgis_equals_the_hand_computation(build: dict[str, Any])
     local = prop[(tile_id(5, 5), "property_mean_local")]
     mean = (400_000 * 200 * 200 + 600_000 * 200 * 100) / (200 * 200 + 200 * 100)
     assert local[0] == pytest.approx(mean, rel=1e-4)
-    assert local[2:] == (True, None, "records:city_property", False, "city_record", 2020)
+    assert local[2:] == (
+        True,
+        None,
+        "records:city_property",
+        False,
+        "city_record",
+        2020,
+        "USD (nominal, 2020)",
+    )
     ppp = prop[(tile_id(5, 5), "property_mean_2017ppp")]
     assert ppp[0] == pytest.approx(mean * CPI_2017 / CPI_2020 / 1.0, rel=1e-4)
     assert prop[(tile_id(4, 4), "property_mean_local")][3] == "no_valid_support"

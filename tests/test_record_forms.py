@@ -306,6 +306,8 @@ def test_point_property_means_in_2017_ppp_dollars_by_hand(tmp_path: Path, curren
     rows_out = _rows(release, 2020, "PROP")
     tile = BOSTON.tile(2, 2).tile_id
     assert rows_out[(tile, "property_mean_local")]["value"] == pytest.approx(600_000.0)
+    assert rows_out[(tile, "property_mean_local")]["unit"] == "USD (nominal, 2020)"
+    assert rows_out[(tile, "property_mean_2017ppp")]["unit"] == "2017 PPP international dollars"
     ppp = rows_out[(tile, "property_mean_2017ppp")]["value"]
     assert ppp == pytest.approx(600_000.0 * 245.1 / 258.8 / 1.0)  # = 568,238.02…
     assert ppp == pytest.approx(568_238.02, abs=0.01)
