@@ -483,3 +483,12 @@ def test_portals_declare_the_sample_twins_cities_and_years() -> None:
     assert currencies == {c: r.currency for c, r in PROPERTY_RECORDS.items()}
     for spec in specs.values():
         assert spec.licence and spec.portal and spec.attribution, spec.key
+
+
+def test_the_records_source_set_loads() -> None:
+    from sources import load_source_set
+
+    sources = load_source_set(Path(__file__).parents[1] / "schemas/source_sets/records.yaml")
+    assert sources.product("city_property").info.source_id == "records:city_property"
+    assert sources.product("worldbank_indicators").info.source_id == "worldbank:wdi-api-v2"
+    assert sources.product("landsat_c2l2").info.synthetic
