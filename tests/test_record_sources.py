@@ -492,3 +492,41 @@ def test_the_records_source_set_loads() -> None:
     assert sources.product("city_property").info.source_id == "records:city_property"
     assert sources.product("worldbank_indicators").info.source_id == "worldbank:wdi-api-v2"
     assert sources.product("landsat_c2l2").info.synthetic
+
+
+def test_a_token_sent_as_query_parameter_is_kept_out_of_cache_and_files(
+    tmp_path: Path, portals: RecordPortals, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = "Service%Key/with+odd=chars"
+    monkeypatch.setenv("TEST_SERVICE_KEY", token)
+    x, y = tile_origin(6, 6)
+    lon, lat = lonlat(x + 500, y + 500)
+    portals.datastore["kr"] = [{"dealYear": "2020", "amt": "82,500", "lon": lon, "lat": lat}]
+    portals.files["boston_coverage.geojson"] = coverage_geojson(range(5, 8), range(5, 9))
+    spec = {
+        "city": CITY,
+        "product": "city_property",
+        "protocol": "json_api",
+        "endpoint": portals.url("/api/action/datastore_search"),
+        "params": {"resource_id": "kr"},
+        "paging": {"page_size": 10, "page_param": "pageNo", "size_param": "numOfRows",
+                   "records_path": "result.records"},
+        "token_env": "TEST_SERVICE_KEY",
+        "token_param": "serviceKey",
+        "fields": {"value": "amt", "year": "dealYear", "lon": "lon", "lat": "lat"},
+        "spatial_form": "point",
+        "coverage": portals.url("/files/boston_coverage.geojson"),
+        "value_scale": 10000,
+        "unit": "USD",
+        "currency": "USD",
+        "years": [2020],
+    }  # fmt: skip
+    source = adapters(tmp_path, portals, write_specs(tmp_path / "s.yaml", spec))
+    item = source["city_property"].fetch(CITY, 2020, tmp_path / "sources")
+    (page,) = portals.requests("/api/action/datastore_search")
+    assert page.query["serviceKey"] == token and page.query["pageNo"] == "1"
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert b"Service" not in path.read_bytes(), path
+    tiles = tile_values(place_records(item, EPSG, 2020), GRID, total=False)
+    assert tiles.value[6 * GRID.n_cols + 6] == pytest.approx(825_000_000.0)  # 82,500 x 10,000

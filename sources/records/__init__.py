@@ -10,6 +10,7 @@ and every item is written in one normalised form that the core reads by spatial 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,7 @@ def records_adapters(options: Mapping[str, Any]) -> list[SourceProduct]:
     if unknown:
         raise ValueError(f"records endpoints name undeclared (product/city) pairs {unknown}")
     secrets = SECRET_PARAMS | {s.token_param.lower() for s in specs.values() if s.token_param}
-    settings = parsed.download_settings()
-    manager = DownloadManager(type(settings)(**{**settings.__dict__, "secret_params": secrets}))
+    manager = DownloadManager(replace(parsed.download_settings(), secret_params=secrets))
     adapters: list[SourceProduct] = []
     for product in RECORD_PRODUCTS:
         by_city: dict[str, RecordProductSpec] = {
