@@ -795,8 +795,10 @@ def derive(
         )
     derived = pd.concat(frames, ignore_index=True)
     derived["source_year"] = derived["source_year"].astype("Int16")
-    derived["currency"] = derived["currency"].astype("string")
-    columns = RESULT_COLUMNS + PROVENANCE_COLUMNS + ["currency"]
+    columns = RESULT_COLUMNS + PROVENANCE_COLUMNS
+    if derived["currency"].notna().any():  # money in its own currency: keep the code per row
+        derived["currency"] = derived["currency"].astype("string")
+        columns = [*columns, "currency"]
     table = pa.Table.from_pandas(derived[columns], preserve_index=False)
     extra = {"citycube:signature": signature, "citycube:chips": str(chips).lower()}
     if ingested:
