@@ -530,3 +530,43 @@ def test_a_token_sent_as_query_parameter_is_kept_out_of_cache_and_files(
             assert b"Service" not in path.read_bytes(), path
     tiles = tile_values(place_records(item, EPSG, 2020), GRID, total=False)
     assert tiles.value[6 * GRID.n_cols + 6] == pytest.approx(825_000_000.0)  # 82,500 x 10,000
+
+
+def test_json_api_unpaged_with_expanded_parameters_and_a_single_row_object(
+    tmp_path: Path, portals: RecordPortals
+) -> None:
+    x, y = tile_origin(6, 6)
+    lon, lat = lonlat(x + 500, y + 500)
+    one = {"response": {"body": {"items": {"item": {"p": "10", "lon": lon, "lat": lat}}}}}
+    two = {"response": {"body": {"items": {"item": [{"p": "30", "lon": lon, "lat": lat}] * 2}}}}
+    portals.files["kr.json"] = json.dumps(one).encode()
+    portals.files["boston_coverage.geojson"] = coverage_geojson(range(5, 8), range(5, 9))
+    spec = {
+        "city": CITY,
+        "product": "city_property",
+        "protocol": "json_api",
+        "endpoint": portals.url("/files/kr.json"),
+        "expand": {"month": ["{year}01", "{year}02"]},
+        "paging": {"records_path": "response.body.items.item"},
+        "fields": {"value": "p", "lon": "lon", "lat": "lat"},
+        "spatial_form": "point",
+        "coverage": portals.url("/files/boston_coverage.geojson"),
+        "unit": "USD",
+        "currency": "USD",
+        "years": [2020],
+    }
+    source = adapters(tmp_path, portals, write_specs(tmp_path / "s.yaml", spec))
+    # The static file answers both months; swap in a two-row page after the first request.
+    original = portals._answer
+
+    def answer(path: str, query: dict[str, str]) -> tuple[int, Any]:
+        if query.get("month") == "202002":
+            return 200, two
+        return original(path, query)
+
+    portals._answer = answer  # type: ignore[method-assign]
+    item = source["city_property"].fetch(CITY, 2020, tmp_path / "sources")
+    assert [p.query["month"] for p in portals.requests("/files/kr.json")] == ["202001", "202002"]
+    assert item.extra["records"] == "3"
+    tiles = tile_values(place_records(item, EPSG, 2020), GRID, total=False)
+    assert tiles.value[6 * GRID.n_cols + 6] == pytest.approx((10 + 30 + 30) / 3)

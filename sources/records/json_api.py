@@ -65,6 +65,8 @@ class JsonApi(Connector):
             url = endpoint.format(year=year)
             page = pager.get_json(url, params)
             found = at_path(page, paging.records_path)
+            if isinstance(found, dict) and paging.records_path:
+                found = [found]  # XML-born APIs (data.go.kr) turn a one-row list into an object
             if not isinstance(found, list):
                 pager.discard(url, params)
                 raise SourceReadError(
