@@ -117,6 +117,11 @@ class FieldSpec(BaseModel):
     scale: float = Field(1.0, description="Unit conversion applied after the file's own scale.")
     offset: float = Field(0.0, description="Unit conversion offset (e.g. −273.15 for K → °C).")
     conversion: Conversion | None = Field(None, description="e.g. ppp_2017 for property values.")
+    currency_unit: bool = Field(
+        False,
+        description="Money kept in the source's own currency: each row's unit names the item's "
+        "ISO 4217 code and price year (e.g. 'GBP (nominal, 2020)') when the item declares one.",
+    )
 
     def role_for(self, product: str) -> str:
         """The file role that holds this field in ``product``."""

@@ -16,6 +16,34 @@ from citycube.sources import SourceItem
 
 BASE_YEAR = 2017
 
+COUNTRY_CURRENCIES: dict[str, str] = {
+    "AUS": "AUD",
+    "CHL": "CLP",
+    "CHN": "CNY",
+    "FRA": "EUR",
+    "GBR": "GBP",
+    "JPN": "JPY",
+    "KOR": "KRW",
+    "NLD": "EUR",
+    "NZL": "NZD",
+    "SGP": "SGD",
+    "USA": "USD",
+    "ZAF": "ZAR",
+}
+"""ISO 4217 currency of each country's PPP factor (PA.NUS.PPP is in local currency units)."""
+
+
+def check_currency(currency: str, iso3: str, city: str) -> None:
+    """Refuse money in another currency than the country's: its PPP factor would be wrong."""
+    expected = COUNTRY_CURRENCIES.get(iso3)
+    if expected is not None and currency != expected:
+        raise SourceReadError(
+            f"{city}: property values are in {currency}, but the World Bank PPP factor of "
+            f"{iso3} converts {expected}; declare the records' currency correctly or convert "
+            "them to the local currency first",
+            reason="currency_mismatch",
+        )
+
 
 @cache
 def _series(path: str) -> dict[tuple[str, int], float]:

@@ -61,9 +61,10 @@ from citycube.cube import (
 from citycube.errors import DerivedResultsMissingError, SourceReadError, SourceUnavailableError
 from citycube.grids import PixelGrid, Tile, city_grid, pixel_grid
 from citycube.memory import bound_process_memory
-from citycube.money import ppp_2017_factor
+from citycube.money import check_currency, ppp_2017_factor
 from citycube.products import load_products
 from citycube.readers import open_masked_source
+from citycube.records import is_records_item, place_records, tile_values
 from citycube.sources import SourceInfo, SourceItem, SourceSet
 from citycube.temporal import BASIS, period_label, period_of, resolve
 from citycube.vectors import (
@@ -452,20 +453,73 @@ def _record_sum_results(
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
+def _city_record_results(
+    modality: ModalitySpec, city: str, item: SourceItem, fields: Sequence[FieldSpec]
+) -> pd.DataFrame:
+    """Normalised city records onto both grids by the rule of their spatial form.
+
+    Sums (``sum_per_nominal_area``) are divided by the nominal tile area; means
+    (``area_mean``) are weighted by record or by intersected area. The ingest counts
+    (unusable rows, unmatched postcodes or units) travel in the frame's ``attrs``.
+    """
+    if modality.aggregation not in (Aggregation.SUM_PER_NOMINAL_AREA, Aggregation.AREA_MEAN):
+        raise NotImplementedError(f"{modality.code}: {modality.aggregation} is not a record rule")
+    total = modality.aggregation == Aggregation.SUM_PER_NOMINAL_AREA
+    placed = place_records(item, get_city(city).epsg, item.source_year)
+    threshold = modality.validity.min_valid_fraction
+    rows: list[dict] = []
+    for scale in SCALES:
+        grid = city_grid(city, scale)
+        tiles = tile_values(placed, grid, total=total)
+        for t_index, tile_id in enumerate(grid.tile_ids()):
+            support = float(tiles.support[t_index])
+            for f in fields:
+                value = float(tiles.value[t_index]) * f.scale + (0.0 if total else f.offset)
+                reason = _reason(
+                    float(tiles.covered[t_index]),
+                    support,
+                    threshold,
+                    value,
+                    modality.validity.positive,
+                )
+                rows.append(_result_row(tile_id, scale, f.name, value, support, reason))
+    frame = pd.DataFrame(rows, columns=RESULT_COLUMNS)
+    if placed.ingest is not None:
+        frame.attrs["records"] = placed.ingest.as_dict()
+        if placed.ingest.unmatched:
+            log.warning(
+                "%s %s %s: %d records have a key the declared table lacks (e.g. %s); left out",
+                item.product,
+                city,
+                item.source_year,
+                placed.ingest.unmatched,
+                ", ".join(placed.ingest.unmatched_examples),
+            )
+    return frame
+
+
 def _apply_conversions(
     frame: pd.DataFrame,
     fields: Sequence[FieldSpec],
     city: str,
     source_year: int | None,
     aux: dict[str, SourceItem],
+    currency: str | None = None,
 ) -> pd.DataFrame:
-    """Convert money to 2017 PPP international dollars (keeping the local field as is)."""
+    """Convert money to 2017 PPP international dollars (keeping the local field as is).
+
+    A currency declared by the item must be the country's own: the PPP factor converts that
+    currency only.
+    """
     for f in fields:
         if f.conversion != Conversion.PPP_2017:
             continue
         factor = None
+        iso3 = get_city(city).iso3
+        if currency is not None:
+            check_currency(currency, iso3, city)
         if source_year is not None and "worldbank_indicators" in aux:
-            factor = ppp_2017_factor(aux["worldbank_indicators"], get_city(city).iso3, source_year)
+            factor = ppp_2017_factor(aux["worldbank_indicators"], iso3, source_year)
         rows = frame["field"] == f.name
         if factor is None:
             frame.loc[rows & frame["reason"].isna(), "reason"] = "conversion_factor_missing"
@@ -493,11 +547,14 @@ def _compute(
             frame = _image_results(modality, catalogue, city, item, release, progress)
     elif modality.aggregation == Aggregation.LOG1P_POINT_DENSITY:
         frame = _point_density_results(modality, city, item, fields)
+    elif is_records_item(item):
+        frame = _city_record_results(modality, city, item, fields)
     elif fmt == "records":
         frame = _record_sum_results(modality, city, item, fields)
     else:
         frame = _numeric_results(modality, city, item, fields, release)
-    return _apply_conversions(frame, fields, city, item.source_year, aux)
+    currency = item.extra.get("currency")
+    return _apply_conversions(frame, fields, city, item.source_year, aux, currency)
 
 
 @dataclass(frozen=True)
@@ -622,6 +679,8 @@ class DerivedSummary:
     sources: dict[str, dict[str, object]] = field(default_factory=dict)
     """Per product: source id, version, source year, synthetic flag (or the missing reason)."""
     path: Path | None = None
+    records: dict[str, object] = field(default_factory=dict)
+    """Per records product: rows read, unusable, unmatched keys and records used."""
 
     @property
     def label(self) -> str:
@@ -640,6 +699,7 @@ class DerivedSummary:
             "reasons": json.dumps(self.reason_counts),
             "sources": json.dumps(self.sources, default=str),
             "path": str(self.path),
+            **({"records": json.dumps(self.records)} if self.records else {}),
         }
 
 
@@ -713,6 +773,7 @@ def derive(
         if kept is not None:
             return _derived_summary(modality, city, period, kept, groups, path, True, chips)
     frames = []
+    ingested: dict[str, object] = {}
     for group in groups:
         if group.item is None:
             results = _missing_results(group.fields, city, group.missing_reason or "unavailable")
@@ -720,6 +781,8 @@ def derive(
             results = _compute(
                 modality, catalogue, city, group.item, group.fields, aux, release, progress
             )
+            if "records" in results.attrs:
+                ingested[group.product] = results.attrs["records"]
         frames.append(
             results.assign(
                 product=group.product,
@@ -727,14 +790,23 @@ def derive(
                 source_id=group.item.source_id if group.item else group.info.source_id,
                 source_version=group.item.version if group.item else group.info.version,
                 synthetic=group.item.synthetic if group.item else group.info.synthetic,
+                currency=group.item.extra.get("currency") if group.item else None,
             )
         )
     derived = pd.concat(frames, ignore_index=True)
     derived["source_year"] = derived["source_year"].astype("Int16")
-    table = pa.Table.from_pandas(derived[RESULT_COLUMNS + PROVENANCE_COLUMNS], preserve_index=False)
+    columns = RESULT_COLUMNS + PROVENANCE_COLUMNS
+    if derived["currency"].notna().any():  # money in its own currency: keep the code per row
+        derived["currency"] = derived["currency"].astype("string")
+        columns = [*columns, "currency"]
+    table = pa.Table.from_pandas(derived[columns], preserve_index=False)
     extra = {"citycube:signature": signature, "citycube:chips": str(chips).lower()}
+    if ingested:
+        extra["citycube:records"] = json.dumps(ingested, sort_keys=True)
     write_parquet_atomic(table, path, file_metadata(release, **extra))
-    return _derived_summary(modality, city, period, derived, groups, path, False, chips)
+    return _derived_summary(
+        modality, city, period, derived, groups, path, False, chips, records=ingested
+    )
 
 
 def _kept_results(path: Path, signature: str) -> pd.DataFrame | None:
@@ -762,6 +834,7 @@ def _derived_summary(
     path: Path,
     reused: bool,
     chips: bool,
+    records: dict[str, object] | None = None,
 ) -> DerivedSummary:
     tiles, available_tiles = _tile_counts(results)
     return DerivedSummary(
@@ -776,6 +849,7 @@ def _derived_summary(
         reason_counts=_reason_counts(results),
         sources=_group_sources(groups),
         path=path,
+        records=records or {},
     )
 
 
@@ -830,11 +904,24 @@ def read_derived(
     return table.to_pandas(), chips
 
 
+def _row_units(modality: ModalitySpec, derived: pd.DataFrame) -> list[str]:
+    """Each row's unit: the field's, or for money kept in its own currency the item's ISO 4217
+    code and price year (derived results written before currencies were kept have none)."""
+    units = derived["field"].map({f.name: f.unit for f in modality.fields})
+    in_currency = [f.name for f in modality.fields if f.currency_unit]
+    if not in_currency or "currency" not in derived:
+        return units.tolist()
+    currency = derived["currency"].astype("string")
+    rows = derived["field"].isin(in_currency) & currency.notna()
+    years = derived["source_year"].astype("string").fillna("?")
+    named = currency + " (nominal, " + years + ")"
+    return units.where(~rows, named).tolist()
+
+
 def observation_table(
     modality: ModalitySpec, city: str, year: int, derived: pd.DataFrame
 ) -> pa.Table:
     """Rows for one calendar year: values only where available, NULL plus a reason elsewhere."""
-    units = {f.name: f.unit for f in modality.fields}
     n = len(derived)
     available = derived["reason"].isna().to_numpy()
     value = derived["value"].to_numpy(dtype=float)
@@ -848,7 +935,7 @@ def observation_table(
         "modality": pa.array([modality.code] * n, pa.string()),
         "field": pa.array(derived["field"], pa.string()),
         "value": pa.array(value, pa.float64(), mask=~(available & np.isfinite(value))),
-        "unit": pa.array(derived["field"].map(units), pa.string()),
+        "unit": pa.array(_row_units(modality, derived), pa.string()),
         "valid_fraction": pa.array(fraction, pa.float64(), mask=~np.isfinite(fraction)),
         "available": pa.array(available, pa.bool_()),
         "reason": pa.array(derived["reason"].where(~available, None), pa.string()),

@@ -43,11 +43,18 @@ def _osm(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
     return osm_adapters(options)
 
 
+def _records(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
+    from sources.records import records_adapters
+
+    return records_adapters(options)
+
+
 FAMILIES: dict[str, AdapterFamily] = {
     "sample": _sample,
     "http": _http,
     "planetary-computer": _stac,
     "osm": _osm,
+    "records": _records,
 }
 """Adapter families by name."""
 

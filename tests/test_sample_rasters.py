@@ -188,11 +188,15 @@ def test_surface_temperature_record_has_holes(backend: SampleBackend, tmp_path: 
 
 
 def test_property_city_years(backend: SampleBackend, tmp_path: Path) -> None:
-    assert 8 <= len(PROPERTY_RECORDS) <= 10
+    # Seed 000 Table 8's property cities plus Shanghai; 232 city-years as in Table 10.
+    table_8 = {"Boston", "Busan", "CapeTown", "DC", "London", "Lyon", "NYC", "SanFrancisco"}
+    table_8 |= {"Singapore", "Sydney", "Tokyo"}
+    assert set(PROPERTY_RECORDS) == table_8 | {"Shanghai"}
+    assert sum(len(r.years) for r in PROPERTY_RECORDS.values()) == 232
     assert PROPERTY_RECORDS["London"].years == list(range(2000, 2026))
     assert PROPERTY_RECORDS["Boston"].years == list(range(2005, 2025))
     assert PROPERTY_RECORDS["Shanghai"].years == list(range(2012, 2024))
-    cases = (("Busan", YEAR, "outside_source_coverage"), (BOS, 2004, "source_year_missing"))
+    cases = (("Amsterdam", YEAR, "outside_source_coverage"), (BOS, 2004, "source_year_missing"))
     for city, year, reason in cases:
         with pytest.raises(SourceUnavailableError) as err:
             backend.fetch("city_property", city, year, tmp_path)

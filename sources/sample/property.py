@@ -73,17 +73,22 @@ class PropertyRecords:
 
 
 PROPERTY_RECORDS: dict[str, PropertyRecords] = {
-    "London": PropertyRecords(2000, 2025, "GBP", 190_000, 0.027, 0.035, 0.15),
     "Boston": PropertyRecords(2005, 2024, "USD", 300_000, 0.024, 0.020, 0.15),
+    "Busan": PropertyRecords(2006, 2025, "KRW", 150_000_000, 0.025, 0.030, 0.05),
+    "CapeTown": PropertyRecords(2013, 2024, "ZAR", 900_000, 0.055, 0.020, 0.08),
+    "DC": PropertyRecords(2003, 2025, "USD", 250_000, 0.024, 0.035, 0.15),
+    "London": PropertyRecords(2000, 2025, "GBP", 190_000, 0.027, 0.035, 0.15),
+    "Lyon": PropertyRecords(2014, 2024, "EUR", 160_000, 0.015, 0.035, 0.05),
     "NYC": PropertyRecords(2003, 2024, "USD", 380_000, 0.025, 0.025, 0.12),
     "SanFrancisco": PropertyRecords(2008, 2024, "USD", 450_000, 0.026, 0.040, 0.18),
-    "Amsterdam": PropertyRecords(2006, 2025, "EUR", 170_000, 0.020, 0.035, 0.15),
     "Singapore": PropertyRecords(2000, 2025, "SGD", 500_000, 0.018, 0.020, 0.10),
     "Sydney": PropertyRecords(2001, 2024, "AUD", 300_000, 0.027, 0.040, 0.05),
     "Tokyo": PropertyRecords(2006, 2024, "JPY", 40_000_000, 0.003, 0.005, 0.05),
     "Shanghai": PropertyRecords(2012, 2023, "CNY", 600_000, 0.022, 0.080, 0.02),
 }
-"""Cities with property records; the others publish none."""
+"""Cities with property records, as seed 000 Table 8 lists them plus Shanghai's collected
+listings (232 city-years, Table 10's PROP count); their years equal the record portals' in
+``schemas/record_products.yaml``. The other cities publish none."""
 
 
 @dataclass(frozen=True)
