@@ -78,6 +78,12 @@ BENCHMARKS = (
         False,
     ),
     Benchmark(
+        "incremental",
+        "benchmarks.bench_incremental",
+        "bytes written by rebuilding one city-year of a built release vs its full build",
+        False,
+    ),
+    Benchmark(
         "orchestration",
         "benchmarks.bench_orchestration",
         "Dagster's bookkeeping per partition: citycube build vs the same tasks straight on dask",

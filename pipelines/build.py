@@ -85,6 +85,10 @@ run_coordinator:
     dequeue_interval_seconds: 1
     dequeue_use_threads: true
     dequeue_num_workers: {max_runs}
+    # On a loaded machine the code server can take over 60 s to answer a launch request; the
+    # queue then puts the run back and retries it instead of failing the build.
+    max_user_code_failure_retries: 3
+    user_code_failure_retry_delay: 5
 """
 
 
