@@ -69,7 +69,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         release = cube.release()
         meta_file = release.metadata_file
         meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.exists() else {}
-        path = write_manifest(release, meta)
+        path = write_manifest(release, meta, catalogue)
         totals = read_manifest(release)["totals"]
         return dg.MaterializeResult(
             metadata={

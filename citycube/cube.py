@@ -302,6 +302,11 @@ def _partitions(root: Path) -> list[dict[str, Any]]:
     return found
 
 
+def observation_partitions(release: Release) -> list[dict[str, Any]]:
+    """(city, year, modality) of every observations partition file of a release now."""
+    return _partitions(release.root / "observations")
+
+
 def _glob_view(con: duckdb.DuckDBPyConnection, name: str, root: Path, schema: pa.Schema) -> None:
     """A view over the partitions present now, and only those.
 

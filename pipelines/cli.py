@@ -234,6 +234,25 @@ def verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def releases(args: argparse.Namespace) -> int:
+    """List the releases under the data root, or show how to query one (``--open``)."""
+    from citycube.releases import list_releases, open_release, query_help, releases_text
+
+    data_root = Path(args.data).resolve()
+    if args.open:
+        release = open_release(data_root, args.open)
+        print(query_help(release))
+        print(summary_text(release.duckdb_file))
+        return 0
+    found = list_releases(data_root)
+    if args.json:
+        print(json.dumps([s.as_dict() for s in found], indent=2))
+    else:
+        print(f"releases under {data_root / 'releases'}:")
+        print(releases_text(found))
+    return 0
+
+
 def dagster_home(args: argparse.Namespace) -> int:
     """Create DAGSTER_HOME and its storage, telemetry off (``make dev`` runs this first)."""
     from pipelines.build import ensure_dagster_home
@@ -366,6 +385,20 @@ def parser() -> argparse.ArgumentParser:
         ),
     )
     vf.set_defaults(func=verify)
+    rl = sub.add_parser(
+        "releases",
+        help="list the releases under the data root, or show how to query one (--open)",
+        description=(
+            "One entry per release: published or draft, build time, cities, years and "
+            "modalities published, catalogue digest, engine version, each source's id and "
+            "version, and whether the files match the manifest by list and size (`verify` "
+            "checks hashes). `--open VERSION` prints the path of its cube.duckdb, DuckDB and "
+            "Python one-liners, and a read-only summary."
+        ),
+    )
+    rl.add_argument("--open", metavar="VERSION", type=_release_arg, help="release to query")
+    rl.add_argument("--json", action="store_true", help="print the listing as JSON")
+    rl.set_defaults(func=releases)
     d = sub.add_parser("dagster-home", help="prepare DAGSTER_HOME for offline `dagster dev`")
     d.set_defaults(func=dagster_home)
     r = sub.add_parser(
