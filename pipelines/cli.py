@@ -253,6 +253,18 @@ def releases(args: argparse.Namespace) -> int:
     return 0
 
 
+def diff(args: argparse.Namespace) -> int:
+    """Compare two releases' published observations; exit 0 when identical, 1 when not."""
+    from citycube.diff import diff_releases, diff_text
+
+    result = diff_releases(Path(args.data).resolve(), args.a, args.b)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print(diff_text(result))
+    return 0 if result.identical else 1
+
+
 def dagster_home(args: argparse.Namespace) -> int:
     """Create DAGSTER_HOME and its storage, telemetry off (``make dev`` runs this first)."""
     from pipelines.build import ensure_dagster_home
@@ -399,6 +411,21 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--open", metavar="VERSION", type=_release_arg, help="release to query")
     rl.add_argument("--json", action="store_true", help="print the listing as JSON")
     rl.set_defaults(func=releases)
+    df = sub.add_parser(
+        "diff",
+        help="what changed between two releases: partitions and field values; exit 1 if any",
+        description=(
+            "Compare the published observations of releases A and B under the data root: "
+            "partitions added and removed, and per changed (city, year, modality, field) the "
+            "tiles whose value changed, the largest absolute change, NULL→value and "
+            "value→NULL flips with their reason codes, changed reasons and changed sources. "
+            "Exits 0 when the releases are identical, 1 when they differ, 2 on an error."
+        ),
+    )
+    df.add_argument("a", type=_release_arg, metavar="A", help="release compared from")
+    df.add_argument("b", type=_release_arg, metavar="B", help="release compared to")
+    df.add_argument("--json", action="store_true", help="print the differences as JSON")
+    df.set_defaults(func=diff)
     d = sub.add_parser("dagster-home", help="prepare DAGSTER_HOME for offline `dagster dev`")
     d.set_defaults(func=dagster_home)
     r = sub.add_parser(

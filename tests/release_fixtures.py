@@ -32,12 +32,12 @@ FLIPPED_TILE = "Amsterdam_2KM_r0_c0"
 """The one tile whose POP availability the threshold decides."""
 
 
-def _sources(folder: Path) -> dict[tuple[str, str, int | None], dict[str, Path]]:
+def _sources(folder: Path, ntl_scale: float) -> dict[tuple[str, str, int | None], dict[str, Path]]:
     xmin, _, _, ymax = city_grid(CITY, "2km").bounds
     transform = Affine(100, 0, xmin, 0, -100, ymax)
     pop = np.full((200, 280), 500.0, np.float32)
     pop[0:20, 9:20] = -200.0  # tile r0c0: 9 of its 20 columns valid (45 %)
-    ntl = np.tile(np.linspace(0.0, 60.0, 280, dtype=np.float32), (200, 1))
+    ntl = np.tile(np.linspace(0.0, 60.0 * ntl_scale, 280, dtype=np.float32), (200, 1))
     crs = "EPSG:32631"
     return {
         ("test_pop", CITY, YEAR): {
@@ -64,10 +64,18 @@ def _local(modality: ModalitySpec) -> ModalitySpec:
 
 
 def build_release(
-    data_root: Path, version: str, catalogue: Catalogue = CAT, modalities: tuple[str, ...] = ()
+    data_root: Path,
+    version: str,
+    catalogue: Catalogue = CAT,
+    modalities: tuple[str, ...] = (),
+    ntl_scale: float = 1.0,
 ) -> Release:
-    """Build, publish and manifest a release of Amsterdam 2020 (POP and NTL by default)."""
-    backend = LocalFilesBackend(_sources(data_root / "src"))
+    """Build, publish and manifest a release of Amsterdam 2020 (POP and NTL by default).
+
+    ``ntl_scale`` multiplies the night-time lights source, to make a release whose NTL values
+    all change.
+    """
+    backend = LocalFilesBackend(_sources(data_root / "src" / version, ntl_scale))
     release = Release(data_root, version)
     for code in modalities or ("POP", "NTL"):
         process_partition(_local(catalogue.get(code)), catalogue, CITY, YEAR, backend, release)
