@@ -1,5 +1,5 @@
-"""Report assets: the availability report of the published release (quick-looks are made
-with each source period's chips, by the derived assets)."""
+"""Report assets of the published release: its availability report, its dataset card, then its
+manifest (quick-looks are made with each source period's chips, by the derived assets)."""
 
 import json
 
@@ -10,6 +10,7 @@ from citycube.catalogue import Catalogue
 from pipelines.resources import CubeResource
 
 AVAILABILITY_REPORT_KEY = dg.AssetKey(["cube", "availability_report"])
+DATASET_CARD_KEY = dg.AssetKey(["cube", "dataset_card"])
 MANIFEST_KEY = dg.AssetKey(["cube", "manifest"])
 
 HEATMAP_PREVIEW_PX = 800
@@ -17,7 +18,7 @@ HEATMAP_PREVIEW_PX = 800
 
 
 def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
-    """The availability report of the published release, then its manifest."""
+    """The availability report of the published release, its dataset card, then its manifest."""
 
     @dg.asset(
         key=AVAILABILITY_REPORT_KEY,
@@ -53,8 +54,29 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         )
 
     @dg.asset(
-        key=MANIFEST_KEY,
+        key=DATASET_CARD_KEY,
         deps=[AVAILABILITY_REPORT_KEY],
+        group_name="reports",
+        kinds={"json", "markdown"},
+    )
+    def dataset_card(cube: CubeResource) -> dg.MaterializeResult:
+        """STAC Collection (datacube), Croissant JSON-LD and markdown data card of the release.
+
+        Written before the manifest, so ``citycube verify`` covers them too.
+        """
+        from citycube.card import write_card
+
+        paths = write_card(cube.release(), catalogue)
+        return dg.MaterializeResult(
+            metadata={
+                **{name: dg.MetadataValue.path(str(p)) for name, p in paths.items()},
+                "card": dg.MetadataValue.md(paths["card"].read_text(encoding="utf-8")),
+            }
+        )
+
+    @dg.asset(
+        key=MANIFEST_KEY,
+        deps=[DATASET_CARD_KEY],
         group_name="reports",
         kinds={"json"},
     )
@@ -79,4 +101,4 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
             }
         )
 
-    return [availability_report, release_manifest]
+    return [availability_report, dataset_card, release_manifest]

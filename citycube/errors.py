@@ -126,6 +126,12 @@ class ChipsNotFoundError(CityCubeError):
     code = "CC301"
 
 
+class CardValidationError(CityCubeError):
+    """A release's dataset card (STAC Collection, Croissant, data card) is missing or invalid."""
+
+    code = "CC305"
+
+
 class ReleaseNotFoundError(CityCubeError):
     """A release, or its DuckDB database, is not where the data root and version point."""
 

@@ -265,6 +265,23 @@ def diff(args: argparse.Namespace) -> int:
     return 0 if result.identical else 1
 
 
+def card(args: argparse.Namespace) -> int:
+    """(Re)write a release's dataset card, or validate it (``--validate``)."""
+    from citycube.card import validate_card, write_card
+    from citycube.catalogue import load_catalogue
+    from citycube.releases import open_release
+
+    release = open_release(Path(args.data).resolve(), args.release)
+    if args.validate:
+        for line in validate_card(release):
+            print(line)
+        print(f"the dataset card of release {release.version} is valid")
+        return 0
+    for path in write_card(release, load_catalogue()).values():
+        print(path)
+    return 0
+
+
 def dagster_home(args: argparse.Namespace) -> int:
     """Create DAGSTER_HOME and its storage, telemetry off (``make dev`` runs this first)."""
     from pipelines.build import ensure_dagster_home
@@ -426,6 +443,21 @@ def parser() -> argparse.ArgumentParser:
     df.add_argument("b", type=_release_arg, metavar="B", help="release compared to")
     df.add_argument("--json", action="store_true", help="print the differences as JSON")
     df.set_defaults(func=diff)
+    cd = sub.add_parser(
+        "card",
+        help="(re)write a release's dataset card (STAC, Croissant, README.md); --validate it",
+        description=(
+            "Write collection.json (STAC Collection with the datacube extension), "
+            "croissant.json (Croissant 1.0: observations, tiles, chip index and released "
+            "fields as record sets) and README.md (coverage, availability per modality, "
+            "licences and attribution per source, limitations) into the release root; a "
+            "build writes them before the manifest. --validate checks the STAC Collection "
+            "against STAC's core schema offline plus the datacube fields, and has mlcroissant "
+            "validate croissant.json and read records of every record set (dev extra)."
+        ),
+    )
+    cd.add_argument("--validate", action="store_true", help="validate the written card instead")
+    cd.set_defaults(func=card)
     d = sub.add_parser("dagster-home", help="prepare DAGSTER_HOME for offline `dagster dev`")
     d.set_defaults(func=dagster_home)
     r = sub.add_parser(
