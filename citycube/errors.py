@@ -132,6 +132,12 @@ class CardValidationError(CityCubeError):
     code = "CC305"
 
 
+class ReleaseImmutableError(CityCubeError):
+    """A final (frozen) release was asked to change: rebuilds go into a new version."""
+
+    code = "CC306"
+
+
 class ReleaseNotFoundError(CityCubeError):
     """A release, or its DuckDB database, is not where the data root and version point."""
 

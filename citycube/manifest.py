@@ -28,7 +28,9 @@ MANIFEST_FILE = "manifest.json"
 """The manifest's name in the release directory."""
 MANIFEST_FORMAT = 2
 """Bump when the manifest's layout changes (2: ``package_version`` and ``code_versions``)."""
-EXCLUDED_NAMES = frozenset({MANIFEST_FILE, "cube.duckdb", "cube.duckdb.wal"})
+FINAL_FILE = "final.json"
+"""Written when a release is frozen; it pins the manifest's own SHA-256 (``citycube freeze``)."""
+EXCLUDED_NAMES = frozenset({MANIFEST_FILE, FINAL_FILE, "cube.duckdb", "cube.duckdb.wal"})
 """Files of the release root that the manifest does not cover (see the module docstring)."""
 EXCLUDED_DIRS = frozenset({".staging", "renders"})
 """Folders it does not cover: the staged database, and renders a user asks for later."""

@@ -1,20 +1,36 @@
-"""The releases under a data root: what each holds, where it came from, whether it is intact.
+"""The releases under a data root: what each holds, where it came from, whether it is intact,
+and whether it is final.
 
 Users keep several releases side by side and must tell them apart before citing or comparing
 one: ``list_releases`` reads each release's ``release.json``, its published partitions and its
 manifest (file sizes only, so a listing stays fast however large the releases are).
+
+A release someone cites must not change under them. Releases are drafts until
+``freeze_release`` makes one final: it checks every file against the manifest and writes
+``final.json`` pinning the manifest's SHA-256. From then on ``ensure_writable`` refuses any
+build or rewrite of that version (the fix is a new version), while drafts, such as the
+default ``sample-0.1.0`` that ``make run`` rebuilds, stay rebuildable in place.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shlex
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from citycube.cube import Release, observation_partitions, validate_release_version
-from citycube.errors import InvalidNameError, ReleaseNotFoundError
+from citycube.cube import (
+    Release,
+    observation_partitions,
+    validate_release_version,
+    write_json_atomic,
+)
+from citycube.errors import InvalidNameError, ReleaseImmutableError, ReleaseNotFoundError
+from citycube.manifest import FINAL_FILE, manifest_path, read_manifest, verify_release
 
 PartitionKey = tuple[str, int, str]
 """(city, year, modality) of one observations partition."""
@@ -68,6 +84,10 @@ class ReleaseSummary:
     """'matches' (file list and sizes), 'differs', 'absent' or 'unreadable'."""
     manifest_problems: tuple[str, ...] = field(default=())
     """Up to a few files that differ from the manifest, when it differs."""
+    final: bool = False
+    """True when the release was frozen: immutable, never rebuilt in place."""
+    frozen_at: str | None = None
+    """When it was frozen (UTC)."""
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values."""
@@ -138,8 +158,6 @@ def published_partitions(release: Release) -> tuple[list[PartitionKey], str]:
 
 
 def _manifest_state(release: Release) -> tuple[str, dict[str, Any], tuple[str, ...]]:
-    from citycube.manifest import manifest_path, read_manifest, verify_release
-
     if not manifest_path(release).exists():
         return "absent", {}, ()
     try:
@@ -154,11 +172,99 @@ def _manifest_state(release: Release) -> tuple[str, dict[str, Any], tuple[str, .
     return "differs", manifest, tuple(problems[:5])
 
 
+def final_path(release: Release) -> Path:
+    """Where a frozen release's ``final.json`` lives."""
+    return release.root / FINAL_FILE
+
+
+def final_record(release: Release) -> dict[str, Any] | None:
+    """``final.json`` of a frozen release; None for a draft.
+
+    A damaged record still counts as final: a release once frozen is never silently writable.
+    """
+    path = final_path(release)
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return {"version": release.version, "damaged": True}
+    return record if isinstance(record, dict) else {"version": release.version, "damaged": True}
+
+
+def next_version(version: str) -> str:
+    """A suggested new version: the last number bumped ('sample-0.1.0' → 'sample-0.1.1')."""
+    match = re.search(r"(\d+)(\D*)$", version)
+    if match is None:
+        return f"{version}-2"
+    start, end = match.span(1)
+    return f"{version[:start]}{int(match.group(1)) + 1}{version[end:]}"
+
+
+def ensure_writable(release: Release) -> Release:
+    """``release`` when it is a draft; ``ReleaseImmutableError`` naming a new version if final."""
+    record = final_record(release)
+    if record is None:
+        return release
+    suggestion = next_version(release.version)
+    while Release(release.data_root, suggestion).root.exists():
+        suggestion = next_version(suggestion)
+    raise ReleaseImmutableError(
+        f"release {release.version} is final (frozen {record.get('frozen_at', 'earlier')}) and "
+        f"is never rebuilt or changed in place: build a new version instead, e.g. "
+        f"`make run CITYCUBE_RELEASE={suggestion}` or `citycube --release {suggestion} build`"
+    )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def freeze_release(release: Release) -> dict[str, Any]:
+    """Make a published, intact release final; the ``final.json`` record (kept if already final).
+
+    Every file's hash is checked against the manifest first, so what is frozen is exactly what
+    the manifest lists; the record pins the manifest's own SHA-256.
+    """
+    existing = final_record(release)
+    if existing is not None:
+        return existing
+    if not (release.duckdb_file.exists() and release.metadata_file.exists()):
+        raise ReleaseNotFoundError(
+            f"release {release.version} has no published database: finish its build with "
+            f"`citycube --release {release.version} build` before freezing it"
+        )
+    check = verify_release(release)  # raises, naming the fix, when there is no manifest
+    if not check.ok:
+        raise ReleaseImmutableError(
+            f"release {release.version} differs from its manifest ({'; '.join(check.lines(3))}): "
+            f"rebuild it with `citycube --release {release.version} build`, then freeze it"
+        )
+    record = {
+        "version": release.version,
+        "frozen_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "manifest_sha256": _sha256(manifest_path(release)),
+        "files": check.checked,
+    }
+    write_json_atomic(record, final_path(release))
+    return record
+
+
+def manifest_pinned(release: Release) -> bool | None:
+    """For a final release, whether its manifest is the one it was frozen with; None for a draft."""
+    record = final_record(release)
+    if record is None:
+        return None
+    path = manifest_path(release)
+    return path.exists() and record.get("manifest_sha256") == _sha256(path)
+
+
 def summarise_release(release: Release) -> ReleaseSummary:
     """One release's listing entry."""
     meta = read_release_metadata(release)
     manifest_state, manifest, problems = _manifest_state(release)
     partitions, partitions_from = published_partitions(release)
+    final = final_record(release)
     recorded = meta.get("sources") or manifest.get("sources") or {}
     sources = tuple(
         SourceVersion(product, str(info.get("source_id", "")), str(info.get("version", "")))
@@ -182,6 +288,8 @@ def summarise_release(release: Release) -> ReleaseSummary:
         sources=sources,
         manifest=manifest_state,
         manifest_problems=problems,
+        final=final is not None,
+        frozen_at=(final or {}).get("frozen_at"),
     )
 
 
@@ -213,7 +321,12 @@ def releases_text(summaries: list[ReleaseSummary]) -> str:
         return "no releases"
     out = []
     for s in summaries:
-        state = "published" if s.published else "draft (no published database)"
+        if s.final:
+            state = f"FINAL (immutable, frozen {s.frozen_at or '-'})"
+        elif s.published:
+            state = "published draft (a build replaces it; `citycube freeze` makes it final)"
+        else:
+            state = "draft (no published database)"
         flag = "  SYNTHETIC" if s.synthetic else ""
         out.append(f"{s.version}  {state}  built {s.built_at or '-'}{flag}")
         where = "" if s.partitions_from == "database" else " (counted from files on disk)"
@@ -263,7 +376,12 @@ def query_help(release: Release) -> str:
 __all__ = [
     "ReleaseSummary",
     "SourceVersion",
+    "ensure_writable",
+    "final_record",
+    "freeze_release",
     "list_releases",
+    "manifest_pinned",
+    "next_version",
     "open_release",
     "published_partitions",
     "query_help",

@@ -153,10 +153,13 @@ def summary_text(duckdb_file: Path) -> str:
 
 def build(args: argparse.Namespace) -> int:
     """Build the selected cities and years as a Dagster asset backfill (see pipelines.build)."""
+    from citycube.cube import Release
+    from citycube.releases import ensure_writable
     from pipelines.build import BuildRequest, run_build
 
     cities = _parse_cities(args.cities)
     years = _parse_years(args.years)
+    ensure_writable(Release(Path(args.data).resolve(), args.release))  # before anything is written
     _env_defaults(args)
     total = len(cities) * len(years)
     print(
@@ -218,11 +221,19 @@ def verify(args: argparse.Namespace) -> int:
     """Recompute every file's SHA-256 and compare with the release's manifest."""
     from citycube.cube import Release
     from citycube.manifest import verify_release
+    from citycube.releases import manifest_pinned
 
     release = Release(Path(args.data).resolve(), args.release)
     result = verify_release(release)
     for line in result.lines():
         print(line)
+    if manifest_pinned(release) is False:
+        print(
+            f"release {release.version} is final but its manifest.json is not the one it was "
+            "frozen with (final.json pins its SHA-256): restore the frozen manifest",
+            file=sys.stderr,
+        )
+        return 1
     if result.ok:
         print(f"release {release.version} is intact")
         return 0
@@ -253,6 +264,19 @@ def releases(args: argparse.Namespace) -> int:
     return 0
 
 
+def freeze(args: argparse.Namespace) -> int:
+    """Make a release final: checked against its manifest, then never rebuilt in place."""
+    from citycube.releases import freeze_release, open_release
+
+    release = open_release(Path(args.data).resolve(), args.release)
+    record = freeze_release(release)
+    print(
+        f"release {release.version} is final (frozen {record.get('frozen_at')}): builds into "
+        "it are refused; build later changes into a new version"
+    )
+    return 0
+
+
 def diff(args: argparse.Namespace) -> int:
     """Compare two releases' published observations; exit 0 when identical, 1 when not."""
     from citycube.diff import diff_releases, diff_text
@@ -269,7 +293,7 @@ def card(args: argparse.Namespace) -> int:
     """(Re)write a release's dataset card, or validate it (``--validate``)."""
     from citycube.card import validate_card, write_card
     from citycube.catalogue import load_catalogue
-    from citycube.releases import open_release
+    from citycube.releases import ensure_writable, open_release
 
     release = open_release(Path(args.data).resolve(), args.release)
     if args.validate:
@@ -277,7 +301,7 @@ def card(args: argparse.Namespace) -> int:
             print(line)
         print(f"the dataset card of release {release.version} is valid")
         return 0
-    for path in write_card(release, load_catalogue()).values():
+    for path in write_card(ensure_writable(release), load_catalogue()).values():
         print(path)
     return 0
 
@@ -323,9 +347,10 @@ def report(args: argparse.Namespace) -> int:
     """(Re)write a release's availability report and print its two tables."""
     from citycube.catalogue import load_catalogue
     from citycube.cube import Release
+    from citycube.releases import ensure_writable
     from citycube.report import write_report
 
-    release = Release(Path(args.data).resolve(), args.release)
+    release = ensure_writable(Release(Path(args.data).resolve(), args.release))
     paths = write_report(release, load_catalogue())
     for key in ("modality_md", "city_md"):
         print(paths[key].read_text(encoding="utf-8"))
@@ -418,7 +443,8 @@ def parser() -> argparse.ArgumentParser:
         "releases",
         help="list the releases under the data root, or show how to query one (--open)",
         description=(
-            "One entry per release: published or draft, build time, cities, years and "
+            "One entry per release: final (frozen, immutable), published draft or draft, "
+            "build time, cities, years and "
             "modalities published, catalogue digest, engine version, each source's id and "
             "version, and whether the files match the manifest by list and size (`verify` "
             "checks hashes). `--open VERSION` prints the path of its cube.duckdb, DuckDB and "
@@ -428,6 +454,18 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--open", metavar="VERSION", type=_release_arg, help="release to query")
     rl.add_argument("--json", action="store_true", help="print the listing as JSON")
     rl.set_defaults(func=releases)
+    fz = sub.add_parser(
+        "freeze",
+        help="make a published release final (immutable): later builds of it are refused",
+        description=(
+            "Check every file of --release against its manifest (SHA-256), then write "
+            "final.json pinning the manifest's own hash. A final release is never rebuilt or "
+            "rewritten in place: `build`, `report`, `card` and every asset that writes refuse "
+            "it and name a new version to build instead. Drafts (every release until frozen, "
+            "such as the default sample-0.1.0) stay rebuildable."
+        ),
+    )
+    fz.set_defaults(func=freeze)
     df = sub.add_parser(
         "diff",
         help="what changed between two releases: partitions and field values; exit 1 if any",

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from citycube.cube import Release
+from citycube.errors import ReleaseNotFoundError
 from citycube.manifest import read_manifest
 from citycube.releases import list_releases
 from pipelines.cli import main
@@ -99,3 +100,73 @@ def test_opening_a_missing_or_unpublished_release_says_what_to_do(
     with pytest.raises(SystemExit):
         main(["--data", str(data_root), "releases", "--open", "../v1"])
     assert "is not allowed" in capsys.readouterr().err
+
+
+def test_a_frozen_release_is_final_and_every_write_path_refuses_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagster as dg
+
+    from assets.reports import DATASET_CARD_KEY, build_report_assets
+    from citycube.errors import ReleaseImmutableError
+    from citycube.releases import ensure_writable, freeze_release
+    from pipelines.resources import CubeResource
+
+    release = build_release(tmp_path, "rel-1.0.0")
+    ensure_writable(release)  # a draft: rebuilt in place freely
+    build_release(tmp_path, "rel-1.0.0")
+    data = ["--data", str(tmp_path), "--release", "rel-1.0.0"]
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    assert main([*data, "freeze"]) == 0
+    assert "release rel-1.0.0 is final" in capsys.readouterr().out
+    assert freeze_release(release)["manifest_sha256"]  # freezing again keeps the record
+    (summary,) = list_releases(tmp_path)
+    assert summary.final and summary.frozen_at and summary.manifest == "matches"
+    assert main(["--data", str(tmp_path), "releases"]) == 0
+    assert "rel-1.0.0  FINAL (immutable, frozen" in capsys.readouterr().out
+
+    fix = "build a new version instead, e.g. `make run CITYCUBE_RELEASE=rel-1.0.1`"
+    for command in (["build", "--cities", "Amsterdam", "--years", "2020"], ["report"], ["card"]):
+        assert main([*data, *command]) == 2
+        err = capsys.readouterr().err
+        assert "[CC306] release rel-1.0.0 is final" in err and fix in err
+    assert not (tmp_path / "dagster_home").exists()  # refused before anything was written
+    with pytest.raises(ReleaseImmutableError, match=r"rel-1\.0\.1"):
+        CubeResource(data_root=str(tmp_path), release_version="rel-1.0.0").release()
+    (card_asset,) = [a for a in build_report_assets(CAT) if a.key == DATASET_CARD_KEY]
+    result = dg.materialize(
+        [card_asset],
+        resources={"cube": CubeResource(data_root=str(tmp_path), release_version="rel-1.0.0")},
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+    assert not result.success  # a run launched from the UI cannot change it either
+    assert main([*data, "views"]) == 0  # the database (views only) may be rebuilt after a move
+    assert main([*data, "verify"]) == 0
+    capsys.readouterr()
+
+    manifest = release.root / "manifest.json"
+    manifest.write_text(manifest.read_text(encoding="utf-8") + " ", encoding="utf-8")
+    assert main([*data, "verify"]) == 1
+    assert "not the one it was frozen with" in capsys.readouterr().err
+
+
+def test_only_an_intact_published_release_can_be_frozen(tmp_path: Path) -> None:
+    from citycube.errors import ReleaseImmutableError
+    from citycube.releases import freeze_release, next_version
+
+    release = build_release(tmp_path, "v1", modalities=("NTL",))
+    path = release.observations_file("Amsterdam", 2020, "NTL")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(ReleaseImmutableError, match="differs from its manifest"):
+        freeze_release(release)
+    with pytest.raises(ReleaseNotFoundError, match="no published database"):
+        freeze_release(Release(tmp_path, "never-built"))
+    assert [next_version(v) for v in ("sample-0.1.0", "v9", "2026.12", "draft")] == [
+        "sample-0.1.1",
+        "v10",
+        "2026.13",
+        "draft-2",
+    ]
