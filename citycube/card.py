@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,11 +25,10 @@ import pyarrow.parquet as pq
 
 from citycube.catalogue import Catalogue, ModalitySpec
 from citycube.cities import SCALES, load_cities
-from citycube.cube import CHIP_INDEX_SCHEMA, OBSERVATION_SCHEMA, Release
+from citycube.cube import CHIP_INDEX_SCHEMA, OBSERVATION_SCHEMA, Release, write_text_atomic
 from citycube.errors import CardValidationError, ReleaseNotFoundError
 from citycube.products import load_products
 from citycube.releases import published_partitions, read_release_metadata
-from citycube.scratch import owned_name
 
 STAC_FILE = "collection.json"
 """The STAC Collection, in the release root."""
@@ -436,8 +434,10 @@ def stac_collection(facts: CardFacts) -> dict[str, Any]:
 
 
 def _croissant_fields(
-    record_set: str, file_set: str, columns: Mapping[str, tuple[str, str]]
+    record_set: str, source: tuple[str, str], columns: Mapping[str, tuple[str, str]]
 ) -> list[dict[str, Any]]:
+    """One field per column, read from ``source``: ('fileSet' or 'fileObject', its @id)."""
+    kind, source_id = source
     return [
         {
             "@type": "cr:Field",
@@ -445,10 +445,7 @@ def _croissant_fields(
             "name": name,
             "description": description,
             "dataType": data_type,
-            "source": {
-                "fileSet" if file_set.endswith("-files") else "fileObject": {"@id": file_set},
-                "extract": {"column": name},
-            },
+            "source": {kind: {"@id": source_id}, "extract": {"column": name}},
         }
         for name, (data_type, description) in columns.items()
     ]
@@ -509,7 +506,9 @@ def croissant_metadata(facts: CardFacts, release: Release) -> dict[str, Any]:
             "name": "observations",
             "description": "Long-form tile values: one row per tile, year, modality and field.",
             "key": [{"@id": f"observations/{k}"} for k in ("tile_id", "year", "modality", "field")],
-            "field": _croissant_fields("observations", "observations-files", observation_columns),
+            "field": _croissant_fields(
+                "observations", ("fileSet", "observations-files"), observation_columns
+            ),
         },
         {
             "@type": "cr:RecordSet",
@@ -517,7 +516,7 @@ def croissant_metadata(facts: CardFacts, release: Release) -> dict[str, Any]:
             "name": "tiles",
             "description": "The tiles: id, city, grid position, UTM and WGS84 bounds.",
             "key": {"@id": "tiles/tile_id"},
-            "field": _croissant_fields("tiles", "tiles.parquet", TILE_COLUMNS),
+            "field": _croissant_fields("tiles", ("fileObject", "tiles.parquet"), TILE_COLUMNS),
         },
         {
             "@type": "cr:RecordSet",
@@ -579,7 +578,7 @@ def croissant_metadata(facts: CardFacts, release: Release) -> dict[str, Any]:
                 "description": "Image chips: the Zarr store and pixel window of each tile.",
                 "field": _croissant_fields(
                     "chip_index",
-                    "chip_index-files",
+                    ("fileSet", "chip_index-files"),
                     _schema_columns(CHIP_INDEX_SCHEMA, {**OBSERVATION_COLUMNS, **descriptions}),
                 ),
             }
@@ -782,26 +781,16 @@ def card_paths(release: Release) -> dict[str, Path]:
     }
 
 
-def _write_text_atomic(text: str, path: Path) -> Path:
-    tmp = owned_name(path)
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 def write_card(release: Release, catalogue: Catalogue) -> dict[str, Path]:
     """Write the STAC Collection, the Croissant JSON-LD and the data card of a published release."""
     facts = card_facts(release, catalogue)
     paths = card_paths(release)
-    _write_text_atomic(json.dumps(stac_collection(facts), indent=2) + "\n", paths["stac"])
+    write_text_atomic(json.dumps(stac_collection(facts), indent=2) + "\n", paths["stac"])
     croissant = croissant_metadata(facts, release)
-    _write_text_atomic(
+    write_text_atomic(
         json.dumps(croissant, indent=2, ensure_ascii=False) + "\n", paths["croissant"]
     )
-    _write_text_atomic(data_card_markdown(facts, catalogue), paths["card"])
+    write_text_atomic(data_card_markdown(facts, catalogue), paths["card"])
     return paths
 
 

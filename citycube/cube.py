@@ -195,6 +195,18 @@ def write_json_atomic(data: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
+def write_text_atomic(text: str, path: Path) -> Path:
+    """Write text (UTF-8) to a temporary name, then move it over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = owned_name(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def tiles_frame(cities: Iterable[str] | None = None) -> gpd.GeoDataFrame:
     """The tiles table: ids, grid position, parent, UTM bounds and WGS84 geometry.
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from citycube.catalogue import Catalogue
 from citycube.cities import load_cities
-from citycube.cube import Release
+from citycube.cube import Release, write_text_atomic
 from citycube.errors import ReleaseNotFoundError
 from citycube.temporal import CALENDAR
 
@@ -391,17 +391,6 @@ def heatmap_png(path: Path, source: AvailabilitySource, catalogue: Catalogue) ->
 # Files
 
 
-def _write_text_atomic(text: str, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 def report_paths(release: Release) -> dict[str, Path]:
     """Where ``write_report`` puts each file, under ``<release>/reports/``."""
     d = release.root / "reports"
@@ -441,8 +430,8 @@ def write_report(release: Release, catalogue: Catalogue) -> dict[str, Path]:
     paths = report_paths(release)
     docs = report_markdown(availability, tables)
     for key, frame in tables.items():
-        _write_text_atomic(frame.to_csv(index=False, float_format="%.3f"), paths[f"{key}_csv"])
-        _write_text_atomic(docs[key], paths[f"{key}_md"])
+        write_text_atomic(frame.to_csv(index=False, float_format="%.3f"), paths[f"{key}_csv"])
+        write_text_atomic(docs[key], paths[f"{key}_md"])
     heatmap_png(paths["heatmap_png"], availability, catalogue)
     scope = {
         "release": availability.release,
@@ -453,5 +442,5 @@ def write_report(release: Release, catalogue: Catalogue) -> dict[str, Path]:
         "processed_modalities": sorted(availability.processed),
         "catalogue_modalities": [m.code for m in catalogue.modalities],
     }
-    _write_text_atomic(json.dumps(scope, indent=2) + "\n", paths["scope_json"])
+    write_text_atomic(json.dumps(scope, indent=2) + "\n", paths["scope_json"])
     return paths
