@@ -1,5 +1,5 @@
-"""Report assets: the availability report of the published release (quick-looks are made
-with each source period's chips, by the derived assets)."""
+"""Report assets of the published release: its availability report, its dataset card, then its
+manifest (quick-looks are made with each source period's chips, by the derived assets)."""
 
 import json
 
@@ -11,6 +11,7 @@ from pipelines.resources import CubeResource
 
 AVAILABILITY_REPORT_KEY = dg.AssetKey(["cube", "availability_report"])
 PAPER_COMPARISON_KEY = dg.AssetKey(["cube", "paper_comparison"])
+DATASET_CARD_KEY = dg.AssetKey(["cube", "dataset_card"])
 MANIFEST_KEY = dg.AssetKey(["cube", "manifest"])
 
 HEATMAP_PREVIEW_PX = 800
@@ -18,8 +19,8 @@ HEATMAP_PREVIEW_PX = 800
 
 
 def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
-    """The availability and paper-vs-release reports of the published release, then its
-    manifest."""
+    """The availability and paper-vs-release reports of the published release, its dataset
+    card, then its manifest."""
 
     @dg.asset(
         key=AVAILABILITY_REPORT_KEY,
@@ -28,7 +29,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         kinds={"python", "csv", "png"},
     )
     def availability_report(cube: CubeResource) -> dg.MaterializeResult:
-        """Availability by modality, field and city (CSV + markdown) and a city × year heatmap."""
+        """Availability by modality and by city (CSV + markdown) and a city × year heatmap."""
         import pandas as pd
         from PIL import Image
 
@@ -38,7 +39,6 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         release = cube.release()
         paths = write_report(release, catalogue)
         modality_md = paths["modality_md"].read_text(encoding="utf-8")
-        field_md = paths["field_md"].read_text(encoding="utf-8")
         city_md = paths["city_md"].read_text(encoding="utf-8")
         with Image.open(paths["heatmap_png"]) as heatmap:
             heatmap_uri = png_data_uri(heatmap.convert("RGB"), HEATMAP_PREVIEW_PX)
@@ -50,7 +50,6 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
                 "possible_combinations": int(overall["possible"]),
                 "availability_percent": float(overall["percent"]),
                 "by_modality": dg.MetadataValue.md(modality_md),
-                "by_field": dg.MetadataValue.md(field_md),
                 "by_city": dg.MetadataValue.md(city_md),
                 "heatmap": dg.MetadataValue.md(f"![availability heatmap]({heatmap_uri})"),
             }
@@ -76,8 +75,29 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         )
 
     @dg.asset(
+        key=DATASET_CARD_KEY,
+        deps=[AVAILABILITY_REPORT_KEY],
+        group_name="reports",
+        kinds={"json", "markdown"},
+    )
+    def dataset_card(cube: CubeResource) -> dg.MaterializeResult:
+        """STAC Collection (datacube), Croissant JSON-LD and markdown data card of the release.
+
+        Written before the manifest, so ``citycube verify`` covers them too.
+        """
+        from citycube.card import write_card
+
+        paths = write_card(cube.release(), catalogue)
+        return dg.MaterializeResult(
+            metadata={
+                **{name: dg.MetadataValue.path(str(p)) for name, p in paths.items()},
+                "card": dg.MetadataValue.md(paths["card"].read_text(encoding="utf-8")),
+            }
+        )
+
+    @dg.asset(
         key=MANIFEST_KEY,
-        deps=[AVAILABILITY_REPORT_KEY, PAPER_COMPARISON_KEY],
+        deps=[DATASET_CARD_KEY, PAPER_COMPARISON_KEY],
         group_name="reports",
         kinds={"json"},
     )
@@ -92,7 +112,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         release = cube.release()
         meta_file = release.metadata_file
         meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.exists() else {}
-        path = write_manifest(release, meta)
+        path = write_manifest(release, meta, catalogue)
         totals = read_manifest(release)["totals"]
         return dg.MaterializeResult(
             metadata={
@@ -102,4 +122,4 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
             }
         )
 
-    return [availability_report, paper_comparison, release_manifest]
+    return [availability_report, paper_comparison, dataset_card, release_manifest]

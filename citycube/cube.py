@@ -195,6 +195,18 @@ def write_json_atomic(data: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
+def write_text_atomic(text: str, path: Path) -> Path:
+    """Write text (UTF-8) to a temporary name, then move it over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = owned_name(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def tiles_frame(cities: Iterable[str] | None = None) -> gpd.GeoDataFrame:
     """The tiles table: ids, grid position, parent, UTM bounds and WGS84 geometry.
 
@@ -300,6 +312,11 @@ def _partitions(root: Path) -> list[dict[str, Any]]:
             city, year, modality = match.groups()
             found.append({"city": city, "year": int(year), "modality": modality})
     return found
+
+
+def observation_partitions(release: Release) -> list[dict[str, Any]]:
+    """(city, year, modality) of every observations partition file of a release now."""
+    return _partitions(release.root / "observations")
 
 
 def _glob_view(con: duckdb.DuckDBPyConnection, name: str, root: Path, schema: pa.Schema) -> None:

@@ -126,6 +126,18 @@ class ChipsNotFoundError(CityCubeError):
     code = "CC301"
 
 
+class CardValidationError(CityCubeError):
+    """A release's dataset card (STAC Collection, Croissant, data card) is missing or invalid."""
+
+    code = "CC305"
+
+
+class ReleaseImmutableError(CityCubeError):
+    """A final (frozen) release was asked to change: rebuilds go into a new version."""
+
+    code = "CC306"
+
+
 class ReleaseNotFoundError(CityCubeError):
     """A release, or its DuckDB database, is not where the data root and version point."""
 

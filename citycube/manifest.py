@@ -19,15 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from citycube.catalogue import Catalogue
 from citycube.cube import Release, write_json_atomic
 from citycube.errors import ReleaseNotFoundError
-from citycube.versions import ENGINE_VERSION
+from citycube.versions import ENGINE_VERSION, modality_code_version
 
 MANIFEST_FILE = "manifest.json"
 """The manifest's name in the release directory."""
-MANIFEST_FORMAT = 1
-"""Bump when the manifest's layout changes."""
-EXCLUDED_NAMES = frozenset({MANIFEST_FILE, "cube.duckdb", "cube.duckdb.wal"})
+MANIFEST_FORMAT = 2
+"""Bump when the manifest's layout changes (2: ``package_version`` and ``code_versions``)."""
+FINAL_FILE = "final.json"
+"""Written when a release is frozen; it pins the manifest's own SHA-256 (``citycube freeze``)."""
+EXCLUDED_NAMES = frozenset({MANIFEST_FILE, FINAL_FILE, "cube.duckdb", "cube.duckdb.wal"})
 """Files of the release root that the manifest does not cover (see the module docstring)."""
 EXCLUDED_DIRS = frozenset({".staging", "renders"})
 """Folders it does not cover: the staged database, and renders a user asks for later."""
@@ -55,8 +58,24 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def build_manifest(release: Release, metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """The manifest of a release as it is on disk now."""
+def package_version() -> str | None:
+    """The installed citycube package's version, if it is installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("citycube")
+    except PackageNotFoundError:
+        return None
+
+
+def build_manifest(
+    release: Release, metadata: Mapping[str, Any], catalogue: Catalogue | None = None
+) -> dict[str, Any]:
+    """The manifest of a release as it is on disk now.
+
+    With ``catalogue``, each modality's code version (engine version + spec digest) is recorded
+    too, so a cited release names the exact rules its values came from.
+    """
     if not release.root.is_dir():
         raise ReleaseNotFoundError(f"no release at {release.root}")
     files: dict[str, dict[str, Any]] = {}
@@ -70,6 +89,12 @@ def build_manifest(release: Release, metadata: Mapping[str, Any]) -> dict[str, A
         "release": release.version,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "engine_version": ENGINE_VERSION,
+        "package_version": package_version(),
+        "code_versions": (
+            {m.code: modality_code_version(m, catalogue) for m in catalogue.modalities}
+            if catalogue is not None
+            else {}
+        ),
         "catalogue_digest": metadata.get("catalogue_digest"),
         "source_set": metadata.get("source_set"),
         "synthetic": metadata.get("synthetic"),
@@ -80,9 +105,11 @@ def build_manifest(release: Release, metadata: Mapping[str, Any]) -> dict[str, A
     }
 
 
-def write_manifest(release: Release, metadata: Mapping[str, Any]) -> Path:
+def write_manifest(
+    release: Release, metadata: Mapping[str, Any], catalogue: Catalogue | None = None
+) -> Path:
     """Hash every file of the release and write the manifest atomically."""
-    return write_json_atomic(build_manifest(release, metadata), manifest_path(release))
+    return write_json_atomic(build_manifest(release, metadata, catalogue), manifest_path(release))
 
 
 @dataclass
@@ -136,8 +163,12 @@ def read_manifest(release: Release) -> dict[str, Any]:
     return manifest
 
 
-def verify_release(release: Release) -> Verification:
-    """Recompute every file's hash and compare it, and the file list, with the manifest."""
+def verify_release(release: Release, *, hashes: bool = True) -> Verification:
+    """Recompute every file's hash and compare it, and the file list, with the manifest.
+
+    ``hashes=False`` compares only the file list and sizes: a check in milliseconds that
+    catches missing, extra, truncated or grown files (not a same-size change), for listings.
+    """
     listed: dict[str, Any] = read_manifest(release)["files"]
     result = Verification()
     on_disk = {p.relative_to(release.root).as_posix(): p for p in release_files(release)}
@@ -147,7 +178,9 @@ def verify_release(release: Release) -> Verification:
             result.missing.append(name)
             continue
         result.checked += 1
-        if path.stat().st_size != entry.get("bytes") or file_sha256(path) != entry.get("sha256"):
+        if path.stat().st_size != entry.get("bytes") or (
+            hashes and file_sha256(path) != entry.get("sha256")
+        ):
             result.changed.append(name)
     result.unexpected = sorted(set(on_disk) - set(listed))
     return result

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from citycube.catalogue import Catalogue, parse_yaml_spec
 from citycube.cities import load_cities
-from citycube.cube import Release
+from citycube.cube import Release, write_text_atomic
 from citycube.errors import ReleaseNotFoundError, SpecError
 from citycube.report import (
     Availability,
@@ -27,7 +27,6 @@ from citycube.report import (
     load_availability,
     modality_table,
     report_heading,
-    write_text_atomic,
 )
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)

@@ -27,7 +27,7 @@ import pandas as pd
 
 from citycube.catalogue import Catalogue
 from citycube.cities import load_cities
-from citycube.cube import Release
+from citycube.cube import Release, write_text_atomic
 from citycube.errors import ReleaseNotFoundError
 from citycube.temporal import CALENDAR
 
@@ -441,18 +441,6 @@ def heatmap_png(path: Path, source: AvailabilitySource, catalogue: Catalogue) ->
 
 # --------------------------------------------------------------------------------------------
 # Files
-
-
-def write_text_atomic(text: str, path: Path) -> Path:
-    """Write a text file whole or not at all (a reader never sees half a report)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 def report_paths(release: Release) -> dict[str, Path]:

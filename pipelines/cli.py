@@ -153,10 +153,13 @@ def summary_text(duckdb_file: Path) -> str:
 
 def build(args: argparse.Namespace) -> int:
     """Build the selected cities and years as a Dagster asset backfill (see pipelines.build)."""
+    from citycube.cube import Release
+    from citycube.releases import ensure_writable
     from pipelines.build import BuildRequest, run_build
 
     cities = _parse_cities(args.cities)
     years = _parse_years(args.years)
+    ensure_writable(Release(Path(args.data).resolve(), args.release))  # before anything is written
     _env_defaults(args)
     total = len(cities) * len(years)
     print(
@@ -218,11 +221,19 @@ def verify(args: argparse.Namespace) -> int:
     """Recompute every file's SHA-256 and compare with the release's manifest."""
     from citycube.cube import Release
     from citycube.manifest import verify_release
+    from citycube.releases import manifest_pinned
 
     release = Release(Path(args.data).resolve(), args.release)
     result = verify_release(release)
     for line in result.lines():
         print(line)
+    if manifest_pinned(release) is False:
+        print(
+            f"release {release.version} is final but its manifest.json is not the one it was "
+            "frozen with (final.json pins its SHA-256): restore the frozen manifest",
+            file=sys.stderr,
+        )
+        return 1
     if result.ok:
         print(f"release {release.version} is intact")
         return 0
@@ -232,6 +243,67 @@ def verify(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def releases(args: argparse.Namespace) -> int:
+    """List the releases under the data root, or show how to query one (``--open``)."""
+    from citycube.releases import list_releases, open_release, query_help, releases_text
+
+    data_root = Path(args.data).resolve()
+    if args.open:
+        release = open_release(data_root, args.open)
+        print(query_help(release))
+        print(summary_text(release.duckdb_file))
+        return 0
+    found = list_releases(data_root)
+    if args.json:
+        print(json.dumps([s.as_dict() for s in found], indent=2))
+    else:
+        print(f"releases under {data_root / 'releases'}:")
+        print(releases_text(found))
+    return 0
+
+
+def freeze(args: argparse.Namespace) -> int:
+    """Make a release final: checked against its manifest, then never rebuilt in place."""
+    from citycube.releases import freeze_release, open_release
+
+    release = open_release(Path(args.data).resolve(), args.release)
+    record = freeze_release(release)
+    print(
+        f"release {release.version} is final (frozen {record.get('frozen_at')}): builds into "
+        "it are refused; build later changes into a new version"
+    )
+    return 0
+
+
+def diff(args: argparse.Namespace) -> int:
+    """Compare two releases' published observations; exit 0 when identical, 1 when not."""
+    from citycube.diff import diff_releases, diff_text
+
+    result = diff_releases(Path(args.data).resolve(), args.a, args.b)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print(diff_text(result))
+    return 0 if result.identical else 1
+
+
+def card(args: argparse.Namespace) -> int:
+    """(Re)write a release's dataset card, or validate it (``--validate``)."""
+    from citycube.card import validate_card, write_card
+    from citycube.catalogue import load_catalogue
+    from citycube.releases import ensure_writable, open_release
+
+    release = open_release(Path(args.data).resolve(), args.release)
+    if args.validate:
+        for line in validate_card(release):
+            print(line)
+        print(f"the dataset card of release {release.version} is valid")
+        return 0
+    for path in write_card(ensure_writable(release), load_catalogue()).values():
+        print(path)
+    return 0
 
 
 def dagster_home(args: argparse.Namespace) -> int:
@@ -276,9 +348,10 @@ def report(args: argparse.Namespace) -> int:
     from citycube.catalogue import load_catalogue
     from citycube.cube import Release
     from citycube.paper import write_paper_comparison
+    from citycube.releases import ensure_writable
     from citycube.report import write_report
 
-    release = Release(Path(args.data).resolve(), args.release)
+    release = ensure_writable(Release(Path(args.data).resolve(), args.release))
     catalogue = load_catalogue()
     paths = write_report(release, catalogue)
     for key in ("modality_md", "field_md", "city_md"):
@@ -369,6 +442,63 @@ def parser() -> argparse.ArgumentParser:
         ),
     )
     vf.set_defaults(func=verify)
+    rl = sub.add_parser(
+        "releases",
+        help="list the releases under the data root, or show how to query one (--open)",
+        description=(
+            "One entry per release: final (frozen, immutable), published draft or draft, "
+            "build time, cities, years and "
+            "modalities published, catalogue digest, engine version, each source's id and "
+            "version, and whether the files match the manifest by list and size (`verify` "
+            "checks hashes). `--open VERSION` prints the path of its cube.duckdb, DuckDB and "
+            "Python one-liners, and a read-only summary."
+        ),
+    )
+    rl.add_argument("--open", metavar="VERSION", type=_release_arg, help="release to query")
+    rl.add_argument("--json", action="store_true", help="print the listing as JSON")
+    rl.set_defaults(func=releases)
+    fz = sub.add_parser(
+        "freeze",
+        help="make a published release final (immutable): later builds of it are refused",
+        description=(
+            "Check every file of --release against its manifest (SHA-256), then write "
+            "final.json pinning the manifest's own hash. A final release is never rebuilt or "
+            "rewritten in place: `build`, `report`, `card` and every asset that writes refuse "
+            "it and name a new version to build instead. Drafts (every release until frozen, "
+            "such as the default sample-0.1.0) stay rebuildable."
+        ),
+    )
+    fz.set_defaults(func=freeze)
+    df = sub.add_parser(
+        "diff",
+        help="what changed between two releases: partitions and field values; exit 1 if any",
+        description=(
+            "Compare the published observations of releases A and B under the data root: "
+            "partitions added and removed, and per changed (city, year, modality, field) the "
+            "tiles whose value changed, the largest absolute change, NULL→value and "
+            "value→NULL flips with their reason codes, changed reasons and changed sources. "
+            "Exits 0 when the releases are identical, 1 when they differ, 2 on an error."
+        ),
+    )
+    df.add_argument("a", type=_release_arg, metavar="A", help="release compared from")
+    df.add_argument("b", type=_release_arg, metavar="B", help="release compared to")
+    df.add_argument("--json", action="store_true", help="print the differences as JSON")
+    df.set_defaults(func=diff)
+    cd = sub.add_parser(
+        "card",
+        help="(re)write a release's dataset card (STAC, Croissant, README.md); --validate it",
+        description=(
+            "Write collection.json (STAC Collection with the datacube extension), "
+            "croissant.json (Croissant 1.0: observations, tiles, chip index and released "
+            "fields as record sets) and README.md (coverage, availability per modality, "
+            "licences and attribution per source, limitations) into the release root; a "
+            "build writes them before the manifest. --validate checks the STAC Collection "
+            "against STAC's core schema offline plus the datacube fields, and has mlcroissant "
+            "validate croissant.json and read records of every record set (dev extra)."
+        ),
+    )
+    cd.add_argument("--validate", action="store_true", help="validate the written card instead")
+    cd.set_defaults(func=card)
     d = sub.add_parser("dagster-home", help="prepare DAGSTER_HOME for offline `dagster dev`")
     d.set_defaults(func=dagster_home)
     r = sub.add_parser(

@@ -73,8 +73,14 @@ class CubeResource(dg.ConfigurableResource):
     the packaged default, every product from the offline sample family."""
 
     def release(self) -> Release:
-        """The release being built."""
-        return Release(Path(self.data_root).resolve(), self.release_version)
+        """The release being built; a final (frozen) release is refused, naming a new version.
+
+        Every asset that asks for it writes into it (or, for sources, for it), so a run
+        launched from the UI cannot change a release someone cites either.
+        """
+        from citycube.releases import ensure_writable
+
+        return ensure_writable(Release(Path(self.data_root).resolve(), self.release_version))
 
     def sources(self) -> SourceSet:
         """One adapter per product, as the source-set spec says."""

@@ -1,0 +1,98 @@
+"""Small real releases for the release tools (listing, diff, dataset card): Amsterdam 2020,
+POP and NTL from hand-made GeoTIFFs, built through the core, published and with a manifest.
+
+POP's source leaves tile r0c0 of the 2 km grid with 45 % valid support, so POP's
+``min_valid_fraction`` decides that tile alone: 0.5 (the catalogue's) makes it unavailable,
+0.4 makes it available. NTL does not depend on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from affine import Affine
+
+from citycube.catalogue import Catalogue, ModalitySpec, load_catalogue
+from citycube.cube import (
+    Release,
+    build_duckdb,
+    publish_database,
+    release_metadata,
+    tiles_frame,
+)
+from citycube.grids import city_grid
+from citycube.manifest import write_manifest
+from citycube.process import process_partition
+from tests.conftest import LocalFilesBackend, write_tif
+
+CITY, YEAR = "Amsterdam", 2020
+CAT = load_catalogue()
+FLIPPED_TILE = "Amsterdam_2KM_r0_c0"
+"""The one tile whose POP availability the threshold decides."""
+
+
+def _sources(folder: Path, ntl_scale: float) -> dict[tuple[str, str, int | None], dict[str, Path]]:
+    xmin, _, _, ymax = city_grid(CITY, "2km").bounds
+    transform = Affine(100, 0, xmin, 0, -100, ymax)
+    pop = np.full((200, 280), 500.0, np.float32)
+    pop[0:20, 9:20] = -200.0  # tile r0c0: 9 of its 20 columns valid (45 %)
+    ntl = np.tile(np.linspace(0.0, 60.0 * ntl_scale, 280, dtype=np.float32), (200, 1))
+    crs = "EPSG:32631"
+    return {
+        ("test_pop", CITY, YEAR): {
+            "data": write_tif(folder / "pop.tif", pop, crs=crs, transform=transform, nodata=-200.0)
+        },
+        ("test_ntl", CITY, YEAR): {
+            "data": write_tif(folder / "ntl.tif", ntl, crs=crs, transform=transform, nodata=-9999)
+        },
+    }
+
+
+def pop_threshold(catalogue: Catalogue, threshold: float) -> Catalogue:
+    """A copy of the catalogue with POP's ``min_valid_fraction`` changed."""
+    pop = catalogue.get("POP")
+    validity = pop.validity.model_copy(update={"min_valid_fraction": threshold})
+    changed = pop.model_copy(update={"validity": validity})
+    modalities = tuple(changed if m.code == "POP" else m for m in catalogue.modalities)
+    return catalogue.model_copy(update={"modalities": modalities})
+
+
+def _local(modality: ModalitySpec) -> ModalitySpec:
+    """The modality reading the hand-made file (city CRS) instead of its real product."""
+    return modality.model_copy(update={"product": f"test_{modality.code.lower()}"})
+
+
+def build_release(
+    data_root: Path,
+    version: str,
+    catalogue: Catalogue = CAT,
+    modalities: tuple[str, ...] = (),
+    ntl_scale: float = 1.0,
+) -> Release:
+    """Build, publish and manifest a release of Amsterdam 2020 (POP and NTL by default).
+
+    ``ntl_scale`` multiplies the night-time lights source, to make a release whose NTL values
+    all change.
+    """
+    backend = LocalFilesBackend(_sources(data_root / "src" / version, ntl_scale))
+    release = Release(data_root, version)
+    for code in modalities or ("POP", "NTL"):
+        process_partition(_local(catalogue.get(code)), catalogue, CITY, YEAR, backend, release)
+    release.root.mkdir(parents=True, exist_ok=True)
+    tiles_frame([CITY]).to_parquet(release.tiles_file)
+    sources = {
+        product: {
+            "source_id": f"test:{product}",
+            "version": "t1",
+            "synthetic": True,
+            "licence": "test fixture",
+            "attribution": "tests",
+        }
+        for product in ("test_ntl", "test_pop")
+    }
+    meta = release_metadata(release, source_set="local-test", synthetic=True, sources=sources)
+    build_duckdb(release, catalogue, meta, path=release.staged_duckdb_file)
+    publish_database(release, meta)
+    write_manifest(release, meta, catalogue)
+    return release
