@@ -2,6 +2,7 @@
 manifest (quick-looks are made with each source period's chips, by the derived assets)."""
 
 import json
+from pathlib import Path
 
 import dagster as dg
 
@@ -16,6 +17,16 @@ MANIFEST_KEY = dg.AssetKey(["cube", "manifest"])
 
 HEATMAP_PREVIEW_PX = 800
 """Longest side of the heatmap preview embedded in the Dagster UI (the file is full size)."""
+
+
+def _files_written(paths: dict[str, Path], shown: str, as_name: str) -> dg.MaterializeResult:
+    """A materialisation listing the files an asset wrote, one markdown file shown in the UI."""
+    return dg.MaterializeResult(
+        metadata={
+            **{name: dg.MetadataValue.path(str(p)) for name, p in paths.items()},
+            as_name: dg.MetadataValue.md(paths[shown].read_text(encoding="utf-8")),
+        }
+    )
 
 
 def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
@@ -67,12 +78,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         from citycube.paper import write_paper_comparison
 
         paths = write_paper_comparison(cube.release(), catalogue)
-        return dg.MaterializeResult(
-            metadata={
-                **{name: dg.MetadataValue.path(str(p)) for name, p in paths.items()},
-                "report": dg.MetadataValue.md(paths["paper_md"].read_text(encoding="utf-8")),
-            }
-        )
+        return _files_written(paths, shown="paper_md", as_name="report")
 
     @dg.asset(
         key=DATASET_CARD_KEY,
@@ -88,12 +94,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         from citycube.card import write_card
 
         paths = write_card(cube.release(), catalogue)
-        return dg.MaterializeResult(
-            metadata={
-                **{name: dg.MetadataValue.path(str(p)) for name, p in paths.items()},
-                "card": dg.MetadataValue.md(paths["card"].read_text(encoding="utf-8")),
-            }
-        )
+        return _files_written(paths, shown="card", as_name="card")
 
     @dg.asset(
         key=MANIFEST_KEY,

@@ -141,6 +141,24 @@ def _full_calendar(availability: Availability, paper: PaperTables) -> bool:
     )
 
 
+def _counts(
+    paper_count: int, paper_possible: int, release_count: int, release_possible: int, full: bool
+) -> dict[str, object]:
+    """One comparison row's figures: both shares and their differences."""
+    paper_pct = _percent(paper_count, paper_possible)
+    release_pct = _percent(release_count, release_possible)
+    return {
+        "paper_available": paper_count,
+        "paper_possible": paper_possible,
+        "paper_percent": paper_pct,
+        "release_available": release_count,
+        "release_possible": release_possible,
+        "release_percent": release_pct,
+        "difference_pp": _difference(release_pct, paper_pct),
+        "difference_count": release_count - paper_count if full else None,
+    }
+
+
 def modality_comparison(
     availability: Availability, catalogue: Catalogue, paper: PaperTables
 ) -> pd.DataFrame:
@@ -150,26 +168,9 @@ def modality_comparison(
     full = _full_calendar(availability, paper)
     rows = []
     for m in catalogue.modalities:
-        release_count, possible = (
-            int(v) for v in ours.loc[m.display_code, ["available", "possible"]]
-        )
-        paper_count = paper.by_modality[m.code]
-        paper_pct = _percent(paper_count, paper.city_years)
-        release_pct = _percent(release_count, possible)
-        rows.append(
-            {
-                "code": m.display_code,
-                "modality": m.name,
-                "paper_available": paper_count,
-                "paper_possible": paper.city_years,
-                "paper_percent": paper_pct,
-                "release_available": release_count,
-                "release_possible": possible,
-                "release_percent": release_pct,
-                "difference_pp": _difference(release_pct, paper_pct),
-                "difference_count": release_count - paper_count if full else None,
-            }
-        )
+        count, possible = (int(v) for v in ours.loc[m.display_code, ["available", "possible"]])
+        figures = _counts(paper.by_modality[m.code], paper.city_years, count, possible, full)
+        rows.append({"code": m.display_code, "modality": m.name, **figures})
     return pd.DataFrame(rows)
 
 
@@ -184,24 +185,10 @@ def city_comparison(
     rows = []
     for city, paper_count in paper.by_city.items():
         held = city in ours.index
-        release_count = int(ours.loc[city, "available"]) if held else 0
+        count = int(ours.loc[city, "available"]) if held else 0
         possible = int(ours.loc[city, "possible"]) if held else 0
-        paper_pct = _percent(paper_count, paper.combinations_per_city)
-        release_pct = _percent(release_count, possible)
-        rows.append(
-            {
-                "key": city,
-                "city": names.get(city, city),
-                "paper_available": paper_count,
-                "paper_possible": paper.combinations_per_city,
-                "paper_percent": paper_pct,
-                "release_available": release_count,
-                "release_possible": possible,
-                "release_percent": release_pct,
-                "difference_pp": _difference(release_pct, paper_pct),
-                "difference_count": release_count - paper_count if full else None,
-            }
-        )
+        figures = _counts(paper_count, paper.combinations_per_city, count, possible, full)
+        rows.append({"key": city, "city": names.get(city, city), **figures})
     return pd.DataFrame(rows)
 
 

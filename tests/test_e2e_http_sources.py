@@ -13,9 +13,7 @@ file, while other partitions and the previously published cube stay as they were
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,12 +21,12 @@ from typing import Any
 import duckdb
 import numpy as np
 import pytest
-import yaml
 from pyproj import Geod, Transformer
 
 from citycube.http_spec import load_http_products
 from sources.http import http_adapters
 from sources.http.base import HttpSource
+from tests.e2e_builds import run_build, write_source_set
 from tests.faulty_http_server import Fault, FaultyServer
 from tests.http_products_fixtures import (
     Patch,
@@ -42,7 +40,6 @@ from tests.http_products_fixtures import (
 
 pytestmark = pytest.mark.e2e
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CITY = "Amsterdam"
 YEARS = (2020, 2023)  # ODIAC over HTTP publishes 2000-2023 ...
 MISSING_YEAR = 2024  # ... so 2024 is unavailable; GHS-POP serves epoch 2020 to all three
@@ -211,24 +208,12 @@ def root(
             },
         },
     }
-    (base / "source_set.yaml").write_text(yaml.safe_dump(source_set), encoding="utf-8")
+    write_source_set(base, source_set)
     return base
 
 
 def _build(root: Path, years: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "pipelines.cli", "--data", str(root / "data")]
-    command += ["--release", "http-e2e", "build", "--cities", CITY, "--years", years]
-    command += ["--workers", "1", "--assets", ASSETS]
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(root / "dagster_home"),
-        "CITYCUBE_SOURCE_SET": str(root / "source_set.yaml"),
-    }
-    env.pop("CITYCUBE_DASK_SCHEDULER", None)
-    env.pop("CITYCUBE_DOWNLOAD_CACHE", None)
-    return subprocess.run(
-        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900
-    )
+    return run_build(root, "http-e2e", CITY, years, ASSETS)
 
 
 @pytest.fixture(scope="module")

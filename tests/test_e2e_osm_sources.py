@@ -12,9 +12,6 @@ unavailable (never zero), and the history is downloaded once for every snapshot 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,15 +19,14 @@ from typing import Any
 import duckdb
 import pytest
 import xarray as xr
-import yaml
 
 from citycube.grids import city_grid
+from tests.e2e_builds import run_build, write_source_set
 from tests.faulty_http_server import FaultyServer
 from tests.osm_fixtures import H_Y, V_X, amsterdam_history
 
 pytestmark = pytest.mark.e2e
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CITY = "Amsterdam"
 UNCONFIGURED = "Boston"
 YEARS = (2015, 2020)
@@ -71,20 +67,9 @@ def build(tmp_path_factory: pytest.TempPathFactory, server: FaultyServer) -> dic
             },
         },
     }
-    (root / "source_set.yaml").write_text(yaml.safe_dump(source_set), encoding="utf-8")
-    command = [sys.executable, "-m", "pipelines.cli", "--data", str(root / "data")]
-    command += ["--release", "osm-e2e", "build", "--cities", f"{CITY},{UNCONFIGURED}"]
-    command += ["--years", ",".join(map(str, YEARS)), "--workers", "1", "--assets", ASSETS]
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(root / "dagster_home"),
-        "CITYCUBE_SOURCE_SET": str(root / "source_set.yaml"),
-    }
-    env.pop("CITYCUBE_DASK_SCHEDULER", None)
-    env.pop("CITYCUBE_DOWNLOAD_CACHE", None)
-    done = subprocess.run(
-        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900
-    )
+    write_source_set(root, source_set)
+    years = ",".join(map(str, YEARS))
+    done = run_build(root, "osm-e2e", f"{CITY},{UNCONFIGURED}", years, ASSETS)
     assert done.returncode == 0, done.stdout + done.stderr
     release = root / "data" / "releases" / "osm-e2e"
     return {"release": release, "database": release / "cube.duckdb"}

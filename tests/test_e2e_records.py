@@ -12,9 +12,6 @@ tile's kWh over its nominal area; tiles outside the declared coverage are NULL w
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ import duckdb
 import pytest
 import yaml
 
+from tests.e2e_builds import run_build, write_source_set
 from tests.record_portals import Layer, RecordPortals, esri_polygon
 from tests.test_record_sources import (
     CITY,
@@ -36,7 +34,6 @@ from tests.test_record_sources import (
 
 pytestmark = pytest.mark.e2e
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 ASSETS = "sources/city_property,sources/city_electricity,derived/prop,derived/elec,"
 ASSETS += "modalities/prop,modalities/elec,cube"
 CPI_2017, CPI_2020 = 245.12, 258.81
@@ -150,20 +147,8 @@ def build(tmp_path_factory: pytest.TempPathFactory, portals: RecordPortals) -> d
             },
         },
     }
-    (root / "source_set.yaml").write_text(yaml.safe_dump(source_set), encoding="utf-8")
-    command = [sys.executable, "-m", "pipelines.cli", "--data", str(root / "data")]
-    command += ["--release", "records-e2e", "build", "--cities", CITY, "--years", "2020,2021"]
-    command += ["--workers", "1", "--assets", ASSETS]
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(root / "dagster_home"),
-        "CITYCUBE_SOURCE_SET": str(root / "source_set.yaml"),
-    }
-    env.pop("CITYCUBE_DASK_SCHEDULER", None)
-    env.pop("CITYCUBE_DOWNLOAD_CACHE", None)
-    done = subprocess.run(
-        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900
-    )
+    write_source_set(root, source_set)
+    done = run_build(root, "records-e2e", CITY, "2020,2021", ASSETS)
     assert done.returncode == 0, done.stdout + done.stderr
     release = root / "data" / "releases" / "records-e2e"
     return {"release": release, "database": release / "cube.duckdb"}
