@@ -272,14 +272,7 @@ def submit_backfill(
     from pipelines.selection import build_selection
 
     graph = defs.resolve_asset_graph()
-    keys = [
-        key
-        for key in graph.materializable_asset_keys
-        if not request.assets
-        or any(key.to_user_string().startswith(prefix) for prefix in request.assets)
-    ]
-    if not keys:
-        raise ValueError(f"no asset key starts with any of {request.assets}")
+    keys = selected_asset_keys(request.assets)
     subset = build_selection(graph, request.cities, request.years, keys)
     backfill_id = make_new_backfill_id()
     backfill = PartitionBackfill.from_asset_graph_subset(
@@ -294,6 +287,27 @@ def submit_backfill(
     )
     instance.add_backfill(backfill)
     return backfill_id
+
+
+def selected_asset_keys(prefixes: Sequence[str]) -> list[Any]:
+    """Keys of the assets whose key starts with one of ``prefixes`` (all when none is given).
+
+    A prefix that matches nothing is refused with the prefixes that exist: a typo would
+    otherwise build nothing of what was meant, or everything.
+    """
+    from citycube.errors import UnknownAssetError
+    from pipelines.definitions import defs
+
+    keys = list(defs.resolve_asset_graph().materializable_asset_keys)
+    names = {key: key.to_user_string() for key in keys}
+    unmatched = [p for p in prefixes if not any(n.startswith(p) for n in names.values())]
+    if unmatched:
+        groups = sorted({name.split("/")[0] for name in names.values()})
+        raise UnknownAssetError(
+            f"--assets {','.join(unmatched)} matches no asset; give prefixes of asset keys such "
+            f"as {', '.join(groups)} or e.g. derived/opt (see `make dev` for every key)"
+        )
+    return [k for k in keys if not prefixes or any(names[k].startswith(p) for p in prefixes)]
 
 
 def _describe(request: BuildRequest) -> str:

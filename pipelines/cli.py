@@ -153,10 +153,12 @@ def summary_text(duckdb_file: Path) -> str:
 
 def build(args: argparse.Namespace) -> int:
     """Build the selected cities and years as a Dagster asset backfill (see pipelines.build)."""
-    from pipelines.build import BuildRequest, run_build
+    from pipelines.build import BuildRequest, run_build, selected_asset_keys
 
     cities = _parse_cities(args.cities)
     years = _parse_years(args.years)
+    assets = [a.strip() for a in args.assets.split(",") if a.strip()] if args.assets else []
+    selected_asset_keys(assets)  # refused here, before anything is written or started
     _env_defaults(args)
     total = len(cities) * len(years)
     print(
@@ -172,7 +174,7 @@ def build(args: argparse.Namespace) -> int:
         data_root=os.environ["CITYCUBE_DATA"],
         workers=args.workers,
         scheduler=os.environ.get("CITYCUBE_DASK_SCHEDULER", ""),
-        assets=[a.strip() for a in args.assets.split(",") if a.strip()] if args.assets else [],
+        assets=assets,
     )
     return run_build(request)
 
