@@ -142,6 +142,12 @@ class DatabaseBusyError(CityCubeError):
     code = "CC304"
 
 
+class BuildBusyError(CityCubeError):
+    """Another build is building the same release, or drives the same Dagster instance."""
+
+    code = "CC305"
+
+
 class DerivedResultsMissingError(CityCubeError):
     """Observations were asked for a year whose source period has not been derived yet."""
 

@@ -171,10 +171,52 @@ class BuildRequest:
 # --------------------------------------------------------------------------------------------
 
 
-def run_build(request: BuildRequest) -> int:
-    """Start the driver in its own session and relay stop requests to it; its exit code."""
+@contextlib.contextmanager
+def build_locks(request: BuildRequest, home: Path) -> Iterator[tuple[int, ...]]:
+    """Hold the release's and the Dagster instance's build locks; their file descriptors.
+
+    Two builds of one release would write the same files and the same staged database, and
+    two builds driving one instance would each run the other's backfill (and the second would
+    take the first's runs for a killed build's). The second build is refused instead, naming
+    the first. The driver inherits the descriptors, so the locks last as long as it does.
+    """
+    from citycube.cube import Release
+    from citycube.errors import BuildBusyError
+    from pipelines.lifetime import LOCK_FILE, exclusive, lock_holder
+
+    release = Release(Path(request.data_root), request.release)
+    holder = (
+        f"citycube build of release {request.release} ({_describe(request)}) into "
+        f"{request.data_root} with DAGSTER_HOME {home}, pid {os.getpid()}, started "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}"
+    )
+    places = [
+        (release.root / LOCK_FILE, f"release {request.release} in {request.data_root}"),
+        (home / LOCK_FILE, f"DAGSTER_HOME {home}"),
+    ]
+    with contextlib.ExitStack() as stack:
+        fds = []
+        for path, what in places:
+            fd = stack.enter_context(exclusive(path, holder))
+            if fd is None:
+                raise BuildBusyError(
+                    f"{what} is in use by another build: {lock_holder(path)}. Wait for it to "
+                    "end (or stop it with Ctrl-C in its terminal) and run the command again, "
+                    "or build into another --release / DAGSTER_HOME"
+                )
+            fds.append(fd)
+        yield tuple(fds)
+
+
+def run_build(request: BuildRequest, keep_fds: Sequence[int] = ()) -> int:
+    """Start the driver in its own session and relay stop requests to it; its exit code.
+
+    ``keep_fds`` (the build locks) are handed to the driver, which holds them to its end.
+    """
     command = [sys.executable, "-m", "pipelines.build", request.to_json()]
-    driver = subprocess.Popen(command, cwd=REPO_ROOT, start_new_session=True)
+    driver = subprocess.Popen(
+        command, cwd=REPO_ROOT, start_new_session=True, pass_fds=tuple(keep_fds)
+    )
     requests = 0
 
     def relay(signo: int, _frame: object) -> None:
@@ -198,12 +240,23 @@ def run_build(request: BuildRequest) -> int:
     try:
         while True:
             try:
-                return driver.wait()
+                code = driver.wait()
+                break
             except KeyboardInterrupt:  # pragma: no cover - the handler takes SIGINT
                 continue
     finally:
         for signo, handler in previous.items():
             signal.signal(signo, handler)
+    if code < 0:  # killed: it could not say so itself
+        print(
+            f"\nThe build was killed ({signal.Signals(-code).name}); its processes ended with "
+            "it and every partition finished before is kept. Run the same command again to "
+            "build the rest (it closes the runs the killed build left open).",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 - code
+    return code
 
 
 # --------------------------------------------------------------------------------------------
@@ -618,15 +671,60 @@ def _mark_unfinished_canceled(instance: Any, printer: ProgressPrinter) -> None:
             instance.report_run_canceled(run, message="forced stop of citycube build")
 
 
+def close_abandoned_builds(instance: Any, build_id: str) -> tuple[int, int]:
+    """Close the runs and backfills that earlier builds left open; (runs, backfills).
+
+    A build killed with SIGKILL cannot record its end: its runs stay STARTED (or QUEUED)
+    and its backfill in progress forever, and this build's own iterations would even carry
+    that backfill on and start its queued runs. The caller holds the instance's build lock,
+    so no other build is alive, and the killed build's processes ended with it
+    (``pipelines.lifetime``): started runs are marked failed, queued ones canceled, and the
+    backfill canceled, each with a message that says why.
+    """
+    import dagster as dg
+    from dagster._core.execution.backfill import BulkActionStatus
+
+    queued = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED}
+    running = {
+        dg.DagsterRunStatus.STARTING,
+        dg.DagsterRunStatus.STARTED,
+        dg.DagsterRunStatus.CANCELING,
+    }
+    runs = 0
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=[*queued, *running])):
+        owner = run.tags.get(BUILD_TAG)
+        if owner is None or owner == build_id:
+            continue
+        message = (
+            f"citycube build {owner} ended (killed) without ending this run; closed by "
+            f"build {build_id}"
+        )
+        if run.status in queued:
+            instance.report_run_canceled(run, message=message)
+        else:
+            instance.report_run_failed(run, message=message)
+        runs += 1
+    backfills = 0
+    for status in (BulkActionStatus.REQUESTED, BulkActionStatus.CANCELING):
+        for backfill in instance.get_backfills(status=status):
+            owner = backfill.tags.get(BUILD_TAG)
+            if owner is not None and owner != build_id:
+                instance.update_backfill(backfill.with_status(BulkActionStatus.CANCELED))
+                backfills += 1
+    return runs, backfills
+
+
 def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     """The driver's work: cluster, backfill, progress, summary; the command's exit code."""
     import dagster as dg
 
+    from pipelines.lifetime import mark_build_process
     from pipelines.resources import SCHEDULER_ENV, WORKERS_ENV
 
     stop = StopFlags()
     stop.install()
     _stop_with_parent()
+    mark_build_process()  # the cluster, the code server and the runs end with this process
     os.environ.update(DAGSTER_SETTINGS)
     started = time.monotonic()
     build_id = f"{os.getpid()}-{time.time_ns()}"
@@ -638,6 +736,15 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     served = daemon_serves(instance)
     if served:  # its runs start from its own code server, which this process cannot configure
         request = replace(request, workers=1)
+    else:
+        runs, backfills = close_abandoned_builds(instance, build_id)
+        if runs or backfills:
+            print(
+                f"closed {runs} run(s) and {backfills} backfill(s) that a killed earlier build "
+                "left open (runs marked failed or canceled)",
+                file=out,
+                flush=True,
+            )
     try:
         with sqlite_kept_open(home), dask_cluster(request, out) as scheduler:
             # The code server and the runs it launches inherit these.

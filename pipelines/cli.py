@@ -153,20 +153,13 @@ def summary_text(duckdb_file: Path) -> str:
 
 def build(args: argparse.Namespace) -> int:
     """Build the selected cities and years as a Dagster asset backfill (see pipelines.build)."""
-    from pipelines.build import BuildRequest, run_build, selected_asset_keys
+    from pipelines.build import BuildRequest, build_locks, run_build, selected_asset_keys
 
     cities = _parse_cities(args.cities)
     years = _parse_years(args.years)
     assets = [a.strip() for a in args.assets.split(",") if a.strip()] if args.assets else []
     selected_asset_keys(assets)  # refused here, before anything is written or started
     _env_defaults(args)
-    total = len(cities) * len(years)
-    print(
-        f"Building release {args.release} for {len(cities)} cities × {len(years)} years = "
-        f"{total} city-years into {os.environ['CITYCUBE_DATA']} with {args.workers} worker(s); "
-        f"sources: {_source_set_label()}",
-        flush=True,
-    )
     request = BuildRequest(
         cities=cities,
         years=years,
@@ -176,7 +169,15 @@ def build(args: argparse.Namespace) -> int:
         scheduler=os.environ.get("CITYCUBE_DASK_SCHEDULER", ""),
         assets=assets,
     )
-    return run_build(request)
+    with build_locks(request, Path(os.environ["DAGSTER_HOME"])) as locks:
+        total = len(cities) * len(years)
+        print(
+            f"Building release {args.release} for {len(cities)} cities × {len(years)} years = "
+            f"{total} city-years into {os.environ['CITYCUBE_DATA']} with {args.workers} "
+            f"worker(s); sources: {_source_set_label()}",
+            flush=True,
+        )
+        return run_build(request, keep_fds=locks)
 
 
 def _source_set_label() -> str:
