@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -27,6 +29,18 @@ class CityCubeError(Exception):
     def __reduce__(self) -> tuple[type, tuple[object, ...], dict[str, object]]:
         """Pickle by message and attributes, so errors cross process boundaries intact."""
         return (type(self), (self.message,), dict(self.__dict__))
+
+
+@contextmanager
+def in_context(context: str) -> Iterator[None]:
+    """Put ``context`` (what is being worked on: modality, city, period, source) in front of
+    the message of any CityCube error raised inside, so that an error from a step working on
+    many partitions says which one failed."""
+    try:
+        yield
+    except CityCubeError as exc:
+        exc.add_context(context)
+        raise
 
 
 class SpecError(CityCubeError):

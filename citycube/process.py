@@ -19,8 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -60,10 +59,10 @@ from citycube.cube import (
     write_parquet_atomic,
 )
 from citycube.errors import (
-    CityCubeError,
     DerivedResultsMissingError,
     SourceReadError,
     SourceUnavailableError,
+    in_context,
 )
 from citycube.grids import PixelGrid, Tile, city_grid, pixel_grid
 from citycube.memory import bound_process_memory
@@ -493,7 +492,7 @@ def _apply_conversions(
         factor = None
         if source_year is not None and "worldbank_indicators" in aux:
             series = aux["worldbank_indicators"]
-            with _naming(
+            with in_context(
                 f"auxiliary source {series.product} ({series.source_id} {series.version})"
             ):
                 factor = ppp_2017_factor(series, get_city(city).iso3, source_year)
@@ -733,7 +732,7 @@ def derive(
         raise ValueError(f"{modality.code} is {modality.temporal.value}; period {period} is wrong")
     bound_process_memory()
     label = period_label(period)
-    with _naming(f"{modality.code} {city} {label}"):
+    with in_context(f"{modality.code} {city} {label}"):
         groups = _field_groups(modality, city, period, sources, release)
         aux = _fetch_aux(modality, city, sources, release)
     signature = _signature(modality, catalogue, groups, aux)
@@ -749,7 +748,7 @@ def derive(
         if group.item is None:
             results = _missing_results(group.fields, city, group.missing_reason or "unavailable")
         else:
-            with _naming(_source_context(modality, city, label, group.item)):
+            with in_context(_source_context(modality, city, label, group.item)):
                 results = _compute(
                     modality, catalogue, city, group.item, group.fields, aux, release, progress
                 )
@@ -766,23 +765,9 @@ def derive(
     derived["source_year"] = derived["source_year"].astype("Int16")
     table = pa.Table.from_pandas(derived[RESULT_COLUMNS + PROVENANCE_COLUMNS], preserve_index=False)
     extra = {"citycube:signature": signature, "citycube:chips": str(chips).lower()}
-    with _naming(f"{modality.code} {city} {label}"):
+    with in_context(f"{modality.code} {city} {label}"):
         write_parquet_atomic(table, path, file_metadata(release, **extra))
     return _derived_summary(modality, city, period, derived, groups, path, False, chips)
-
-
-@contextmanager
-def _naming(context: str) -> Iterator[None]:
-    """Put ``context`` in front of the message of any CityCube error raised inside.
-
-    Readers know the file; this names the partition and source it was read for, so an error
-    from a step that works on many partitions says which one failed.
-    """
-    try:
-        yield
-    except CityCubeError as exc:
-        exc.add_context(context)
-        raise
 
 
 def _source_context(modality: ModalitySpec, city: str, label: str, item: SourceItem) -> str:
@@ -977,7 +962,7 @@ def write_observations(
     synthetic = bool(pc.all(table["synthetic"]).as_py()) if table.num_rows else True
     meta = file_metadata(release, **{"citycube:synthetic": str(synthetic).lower()})
     index_file = release.chip_index_file(city, year, modality.code)
-    with _naming(f"{modality.code} {city} {year}"):
+    with in_context(f"{modality.code} {city} {year}"):
         if modality.is_image and chips:
             index = chip_index_table(modality, city, year, period, derived, release)
             write_parquet_atomic(index, index_file, meta)

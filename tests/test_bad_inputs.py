@@ -693,3 +693,27 @@ def test_a_dagster_home_that_is_a_file_is_refused(
     err = capsys.readouterr().err
     assert f"DAGSTER_HOME {home} is a file, not a directory; point DAGSTER_HOME at a" in err
     assert home.read_text() == "a file"
+
+
+def test_a_failed_fetch_names_the_source_city_and_year(tmp_path: Path) -> None:
+    """Adapters name the file or URL; the fetch task adds what the item was for."""
+    from citycube.errors import SourceFetchError
+    from pipelines.tasks import fetch_source
+
+    class Refusing(ServedItems):
+        def source_years(self, city: str) -> list[int] | None:
+            return [YEAR]
+
+        def fetch(self, city: str, source_year: int | None, dest: Path) -> SourceItem:
+            raise SourceFetchError("https://example.org/odiac.tif answered 503; retry later")
+
+    sources = SourceSet([Refusing("odiac", [])], name="refusing")
+    with pytest.raises(SourceFetchError) as raised:
+        fetch_source(
+            sources, "odiac", CAT.get("CO2").temporal, AMS, YEAR, True, Release(tmp_path, "t")
+        )
+    assert str(raised.value) == (
+        "[CC202] source odiac (test:odiac) for Amsterdam, source year 2020: "
+        "https://example.org/odiac.tif answered 503; retry later"
+    )
+    assert raised.value.transient  # still retried by the source assets' policy
