@@ -514,7 +514,10 @@ def root_cause(error: Any) -> str:
     theirs = [e for e in chain if not (e.cls_name or "").startswith("Dagster")]
     chosen = (ours or theirs or chain)[0]
     lines = [line.strip() for line in (chosen.message or "").strip().splitlines() if line.strip()]
-    return lines[0] if lines else chosen.cls_name or "failed"
+    if not lines:
+        return chosen.cls_name or "failed"
+    # Ours in full: a library's message quoted inside can span lines, and the fix comes last.
+    return " ".join(lines) if ours else lines[0]
 
 
 def _run_scope(run: Any) -> str:

@@ -326,8 +326,10 @@ def parser() -> argparse.ArgumentParser:
         epilog=(
             "Ctrl-C or SIGTERM once: the backfill is canceled and Dagster terminates its runs; "
             "finished partitions stay and the published cube is left as it was (exit 130). "
-            "Twice: every run is forced down at once. Run the same command again to build the "
-            "rest: finished sources and derived results are reused."
+            "Twice: every run is forced down at once. Killed outright (SIGKILL), the build's "
+            "processes end with it and the next build closes its open runs. Run the same "
+            "command again to build the rest: finished sources and derived results are reused. "
+            "One build at a time per release and per DAGSTER_HOME: a second is refused."
         ),
     )
     b.add_argument(
