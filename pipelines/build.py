@@ -44,6 +44,8 @@ WORKSPACE_FILE = REPO_ROOT / "workspace.yaml"
 BUILD_TAG = "citycube/build"
 RELEASE_TAG = "citycube/release"
 BACKFILL_TAG = "dagster/backfill"
+DRIVER_TAG = "citycube/driver"
+"""Who runs a build's backfill: 'build' (the build's own driver) or 'daemon' (``make dev``)."""
 TICK_S = 1.0
 """Seconds between run-queue iterations when the build drives the backfill itself."""
 BACKFILL_TICK_S = 5.0
@@ -315,7 +317,11 @@ def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[str]:
 
 
 def submit_backfill(
-    instance: Any, request: BuildRequest, build_id: str, title: str | None = None
+    instance: Any,
+    request: BuildRequest,
+    build_id: str,
+    title: str | None = None,
+    driver: str = "build",
 ) -> str:
     """Add the asset backfill of the request's cities and years to the instance."""
     from dagster._core.execution.backfill import PartitionBackfill
@@ -331,7 +337,7 @@ def submit_backfill(
     backfill = PartitionBackfill.from_asset_graph_subset(
         backfill_id=backfill_id,
         backfill_timestamp=time.time(),
-        tags={BUILD_TAG: build_id, RELEASE_TAG: request.release},
+        tags={BUILD_TAG: build_id, RELEASE_TAG: request.release, DRIVER_TAG: driver},
         dynamic_partitions_store=instance,
         asset_graph_subset=subset,
         title=title or f"citycube build {_describe(request)}",
@@ -682,7 +688,8 @@ def close_abandoned_builds(instance: Any, build_id: str) -> tuple[int, int]:
     that backfill on and start its queued runs. The caller holds the instance's build lock,
     so no other build is alive, and the killed build's processes ended with it
     (``pipelines.lifetime``): started runs are marked failed, queued ones canceled, and the
-    backfill canceled, each with a message that says why.
+    backfill canceled, each with a message that says why. Backfills a daemon ran for a build
+    (``make dev``) are the daemon's to finish and are left alone.
     """
     import dagster as dg
     from dagster._core.execution.backfill import BulkActionStatus
@@ -696,7 +703,7 @@ def close_abandoned_builds(instance: Any, build_id: str) -> tuple[int, int]:
     runs = 0
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=[*queued, *running])):
         owner = run.tags.get(BUILD_TAG)
-        if owner is None or owner == build_id:
+        if owner is None or owner == build_id or run.tags.get(DRIVER_TAG) == "daemon":
             continue
         message = (
             f"citycube build {owner} ended (killed) without ending this run; closed by "
@@ -711,7 +718,8 @@ def close_abandoned_builds(instance: Any, build_id: str) -> tuple[int, int]:
     for status in (BulkActionStatus.REQUESTED, BulkActionStatus.CANCELING):
         for backfill in instance.get_backfills(status=status):
             owner = backfill.tags.get(BUILD_TAG)
-            if owner is not None and owner != build_id:
+            daemon = backfill.tags.get(DRIVER_TAG) == "daemon"
+            if owner is not None and owner != build_id and not daemon:
                 instance.update_backfill(backfill.with_status(BulkActionStatus.CANCELED))
                 backfills += 1
     return runs, backfills
@@ -753,7 +761,8 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
             # The code server and the runs it launches inherit these.
             os.environ[SCHEDULER_ENV] = scheduler
             os.environ[WORKERS_ENV] = str(request.workers)
-            backfill_id = submit_backfill(instance, request, build_id)
+            driver = "daemon" if served else "build"
+            backfill_id = submit_backfill(instance, request, build_id, driver=driver)
             print(
                 f"Dagster backfill {backfill_id} on {os.environ['DAGSTER_HOME']} "
                 "(see it in `make dev`: Runs → Backfills)",

@@ -14,7 +14,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from pipelines.build import BUILD_TAG, close_abandoned_builds, ensure_dagster_home
+from pipelines.build import BUILD_TAG, DRIVER_TAG, close_abandoned_builds, ensure_dagster_home
 from pipelines.cli import main
 from pipelines.lifetime import BUILD_PROCESS_ENV, LOCK_FILE, exclusive, process_identity
 
@@ -144,6 +144,11 @@ def test_the_next_build_closes_what_a_killed_build_left_open(tmp_path: Path) -> 
         instance.add_run(
             dg.DagsterRun(job_name="j", run_id="ui-run", status=dg.DagsterRunStatus.STARTED)
         )
+        daemons = {BUILD_TAG: "watching-build", DRIVER_TAG: "daemon"}  # `make dev` runs it
+        started = dg.DagsterRunStatus.STARTED
+        instance.add_run(
+            dg.DagsterRun(job_name="j", run_id="daemon-run", status=started, tags=daemons)
+        )
         backfill = PartitionBackfill(
             backfill_id="deadbf",
             status=BulkActionStatus.REQUESTED,
@@ -161,5 +166,6 @@ def test_the_next_build_closes_what_a_killed_build_left_open(tmp_path: Path) -> 
         assert after["not-started-run"] == dg.DagsterRunStatus.CANCELED
         assert after["done-run"] == dg.DagsterRunStatus.SUCCESS
         assert after["ui-run"] == dg.DagsterRunStatus.STARTED  # not a build's: left alone
+        assert after["daemon-run"] == dg.DagsterRunStatus.STARTED  # the daemon's to finish
         assert instance.get_backfill("deadbf").status == BulkActionStatus.CANCELED
         assert close_abandoned_builds(instance, "new-build") == (0, 0)
