@@ -538,10 +538,16 @@ class ChipStoreWriter:
         self._committed = False
 
     def __enter__(self) -> ChipStoreWriter:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._remove_leftovers()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._remove_leftovers()
+        except OSError as exc:
+            raise CubeWriteError.writing(self.path, exc) from exc
         try:
             self._write_template()
+        except OSError as exc:
+            self._discard()
+            raise CubeWriteError.writing(self.path, exc) from exc
         except BaseException:
             self._discard()
             raise
@@ -715,7 +721,7 @@ class ChipStoreWriter:
         except OSError as exc:
             if old is not None:
                 os.replace(old, self.path)
-            raise CubeWriteError(f"could not move the new store into {self.path}: {exc}") from exc
+            raise CubeWriteError.writing(self.path, exc) from exc
         self._committed = True
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

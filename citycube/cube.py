@@ -8,6 +8,7 @@ the previous version of each partition stays readable until its replacement is c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -171,27 +172,33 @@ def write_parquet_atomic(
     table: pa.Table, path: Path, metadata: Mapping[bytes, bytes] | None = None
 ) -> Path:
     """Write a Parquet file to a temporary name, then move it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_dead_leftovers(path)  # left by a killed earlier write
     if metadata:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     tmp = owned_name(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_leftovers(path)  # left by a killed earlier write
         # Page checksums: a flipped bit in a data page is an error on read, not a new value.
         pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
         os.replace(tmp, path)
     except Exception as exc:
-        tmp.unlink(missing_ok=True)
-        raise CubeWriteError(f"could not write {path}: {exc}") from exc
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise CubeWriteError.writing(path, exc) from exc
     return path
 
 
 def write_json_atomic(data: Mapping[str, Any], path: Path) -> Path:
     """Write JSON to a temporary name, then move it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = owned_name(path)
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise CubeWriteError.writing(path, exc) from exc
     return path
 
 

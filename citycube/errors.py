@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 
 class CityCubeError(Exception):
     """Base class; ``code`` is stable so logs and tests can match on it."""
@@ -12,9 +16,31 @@ class CityCubeError(Exception):
         super().__init__(f"[{self.code}] {message}")
         self.message = message
 
+    def add_context(self, context: str) -> None:
+        """Put what the error concerns (modality, city, period, source) in front of its message.
+
+        Readers name the file; the caller knows which partition and source it belongs to. The
+        error keeps its type, code, attributes, cause and traceback, so it is re-raised as is.
+        """
+        if context and not self.message.startswith(context):
+            self.message = f"{context}: {self.message}"
+            self.args = (f"[{self.code}] {self.message}",)
+
     def __reduce__(self) -> tuple[type, tuple[object, ...], dict[str, object]]:
         """Pickle by message and attributes, so errors cross process boundaries intact."""
         return (type(self), (self.message,), dict(self.__dict__))
+
+
+@contextmanager
+def in_context(context: str) -> Iterator[None]:
+    """Put ``context`` (what is being worked on: modality, city, period, source) in front of
+    the message of any CityCube error raised inside, so that an error from a step working on
+    many partitions says which one failed."""
+    try:
+        yield
+    except CityCubeError as exc:
+        exc.add_context(context)
+        raise
 
 
 class SpecError(CityCubeError):
@@ -57,6 +83,12 @@ class InvalidNameError(CityCubeError):
     """A name that becomes part of a path or query (a release version) is not allowed."""
 
     code = "CC106"
+
+
+class UnknownAssetError(CityCubeError):
+    """A selection of assets (``--assets`` prefixes) that names no asset of the build."""
+
+    code = "CC107"
 
 
 class SourceUnavailableError(CityCubeError):
@@ -107,11 +139,27 @@ class CubeWriteError(CityCubeError):
 
     code = "CC300"
 
+    @classmethod
+    def writing(cls, path: Path, exc: Exception) -> CubeWriteError:
+        """A failed write of ``path``: why, and what to change (the old version is kept)."""
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return cls(
+            f"could not write {path} ({why}); the previous version, if any, is unchanged. Make "
+            f"{path.parent} a writable directory (a file, a folder in the file's place or a "
+            "read-only or full disk is in the way) and run the same command again"
+        )
+
 
 class DatabaseBusyError(CityCubeError):
     """A release database is locked by another process (a DuckDB shell, a running build)."""
 
     code = "CC304"
+
+
+class BuildBusyError(CityCubeError):
+    """Another build is building the same release, or drives the same Dagster instance."""
+
+    code = "CC305"
 
 
 class DerivedResultsMissingError(CityCubeError):

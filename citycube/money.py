@@ -13,6 +13,7 @@ from pathlib import Path
 
 from citycube.errors import SourceReadError
 from citycube.sources import SourceItem
+from citycube.staging import repair_hint
 
 BASE_YEAR = 2017
 
@@ -53,7 +54,7 @@ def _series(path: str) -> dict[tuple[str, int], float]:
         records = payload[1]
     except (OSError, ValueError, IndexError, KeyError, TypeError) as exc:
         raise SourceReadError(
-            f"{path} is not a World Bank API v2 JSON response ({exc}); fetch it again"
+            f"{path} is not a World Bank API v2 JSON response ({exc}); {repair_hint(path)}"
         ) from exc
     series: dict[tuple[str, int], float] = {}
     for record in records or []:

@@ -58,7 +58,12 @@ from citycube.cube import (
     file_metadata,
     write_parquet_atomic,
 )
-from citycube.errors import DerivedResultsMissingError, SourceReadError, SourceUnavailableError
+from citycube.errors import (
+    DerivedResultsMissingError,
+    SourceReadError,
+    SourceUnavailableError,
+    in_context,
+)
 from citycube.grids import PixelGrid, Tile, city_grid, pixel_grid
 from citycube.memory import bound_process_memory
 from citycube.money import check_currency, ppp_2017_factor
@@ -66,6 +71,7 @@ from citycube.products import load_products
 from citycube.readers import open_masked_source
 from citycube.records import is_records_item, place_records, tile_values
 from citycube.sources import SourceInfo, SourceItem, SourceSet
+from citycube.staging import repair_hint
 from citycube.temporal import BASIS, period_label, period_of, resolve
 from citycube.vectors import (
     check_declared_counts,
@@ -137,8 +143,25 @@ def _image_results(
             release_block()
             if progress:
                 progress(summaries.progress(modality.code, city, row_stop, col_stop))
-    return pd.DataFrame(
-        _summary_rows(modality, summaries.ordered(), categorical), columns=RESULT_COLUMNS
+        ordered = summaries.ordered()
+        # Inside the writer: a refused item leaves the chips of the last good run in place.
+        _require_valid_pixels(sum(s.valid_pixels for _, s in ordered), city, item.href("data"))
+    return pd.DataFrame(_summary_rows(modality, ordered, categorical), columns=RESULT_COLUMNS)
+
+
+def _require_valid_pixels(valid: float, city: str, href: str) -> None:
+    """Refuse a raster without a single valid pixel over the whole city.
+
+    All NaN, all nodata or a file of another place: such a file is broken or mislabelled, and
+    taken as it is it would only look like a gap in the source (every tile unavailable).
+    """
+    if valid > 0:
+        return
+    raise SourceReadError(
+        f"{href} has no valid pixel over {city}: every cell under the city is nodata, NaN or "
+        "outside the file, so the file is empty, wrongly masked or of another place; "
+        f"{repair_hint(href)}",
+        reason="no_valid_pixels_in_source",
     )
 
 
@@ -365,9 +388,11 @@ def _numeric_results(
         bands = [f.band for f in role_fields]
         names = [f.name for f in role_fields]
         with open_masked_source(item, modality, bands, role=role, names=names) as source:
+            valid_support = 0.0
             for scale in SCALES:
                 grid = city_grid(city, scale)
                 stats = aggregate_tiles(source, grid, cache_dir=release.cache_dir / "coverage")
+                valid_support += float(np.nansum(stats.valid_fraction))
                 nominal_km2 = grid.tile_size**2 / 1e6
                 for t_index, tile_id in enumerate(grid.tile_ids()):
                     fraction = float(stats.valid_fraction[t_index])
@@ -385,6 +410,7 @@ def _numeric_results(
                             covered, fraction, threshold, value, modality.validity.positive
                         )
                         rows.append(_result_row(tile_id, scale, f.name, value, fraction, reason))
+            _require_valid_pixels(valid_support, city, item.href(role))
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
@@ -519,7 +545,11 @@ def _apply_conversions(
         if currency is not None:
             check_currency(currency, iso3, city)
         if source_year is not None and "worldbank_indicators" in aux:
-            factor = ppp_2017_factor(aux["worldbank_indicators"], iso3, source_year)
+            series = aux["worldbank_indicators"]
+            with in_context(
+                f"auxiliary source {series.product} ({series.source_id} {series.version})"
+            ):
+                factor = ppp_2017_factor(series, iso3, source_year)
         rows = frame["field"] == f.name
         if factor is None:
             frame.loc[rows & frame["reason"].isna(), "reason"] = "conversion_factor_missing"
@@ -762,8 +792,9 @@ def derive(
         raise ValueError(f"{modality.code} is {modality.temporal.value}; period {period} is wrong")
     bound_process_memory()
     label = period_label(period)
-    groups = _field_groups(modality, city, period, sources, release)
-    aux = _fetch_aux(modality, city, sources, release)
+    with in_context(f"{modality.code} {city} {label}"):
+        groups = _field_groups(modality, city, period, sources, release)
+        aux = _fetch_aux(modality, city, sources, release)
     signature = _signature(modality, catalogue, groups, aux)
     path = release.derived_file(modality.code, city, label)
     chips = modality.is_image and any(g.item is not None for g in groups)
@@ -778,9 +809,10 @@ def derive(
         if group.item is None:
             results = _missing_results(group.fields, city, group.missing_reason or "unavailable")
         else:
-            results = _compute(
-                modality, catalogue, city, group.item, group.fields, aux, release, progress
-            )
+            with in_context(_source_context(modality, city, label, group.item)):
+                results = _compute(
+                    modality, catalogue, city, group.item, group.fields, aux, release, progress
+                )
             if "records" in results.attrs:
                 ingested[group.product] = results.attrs["records"]
         frames.append(
@@ -803,9 +835,19 @@ def derive(
     extra = {"citycube:signature": signature, "citycube:chips": str(chips).lower()}
     if ingested:
         extra["citycube:records"] = json.dumps(ingested, sort_keys=True)
-    write_parquet_atomic(table, path, file_metadata(release, **extra))
+    with in_context(f"{modality.code} {city} {label}"):
+        write_parquet_atomic(table, path, file_metadata(release, **extra))
     return _derived_summary(
         modality, city, period, derived, groups, path, False, chips, records=ingested
+    )
+
+
+def _source_context(modality: ModalitySpec, city: str, label: str, item: SourceItem) -> str:
+    """'CO2 Amsterdam 2020, source odiac (sample:odiac v1, source year 2020)'."""
+    year = "static" if item.source_year is None else f"source year {item.source_year}"
+    return (
+        f"{modality.code} {city} {label}, source {item.product} "
+        f"({item.source_id} {item.version}, {year})"
     )
 
 
@@ -1007,12 +1049,14 @@ def write_observations(
     synthetic = bool(pc.all(table["synthetic"]).as_py()) if table.num_rows else True
     meta = file_metadata(release, **{"citycube:synthetic": str(synthetic).lower()})
     index_file = release.chip_index_file(city, year, modality.code)
-    if modality.is_image and chips:
-        index = chip_index_table(modality, city, year, period, derived, release)
-        write_parquet_atomic(index, index_file, meta)
-    else:
-        index_file.unlink(missing_ok=True)
-    path = write_parquet_atomic(table, release.observations_file(city, year, modality.code), meta)
+    with in_context(f"{modality.code} {city} {year}"):
+        if modality.is_image and chips:
+            index = chip_index_table(modality, city, year, period, derived, release)
+            write_parquet_atomic(index, index_file, meta)
+        else:
+            index_file.unlink(missing_ok=True)
+        observations = release.observations_file(city, year, modality.code)
+        path = write_parquet_atomic(table, observations, meta)
     tiles, available_tiles = _tile_counts(derived)
     first_year = table["source_year"][0].as_py() if table.num_rows else None
     return PartitionSummary(

@@ -15,6 +15,7 @@ from citycube.errors import SourceReadError
 from citycube.products import load_products
 from citycube.rasters import MaskedSource, RasterGrid, open_raster, read_checked
 from citycube.sources import SourceItem
+from citycube.staging import repair_hint
 
 
 def _same_crs(a: CRS, b: CRS) -> bool:
@@ -66,6 +67,18 @@ def _pixel_validity(
     return valid
 
 
+def _require_real_bands(ds: rasterio.DatasetReader, bands: Sequence[int]) -> None:
+    """Refuse bands that do not hold real numbers (complex values, or no numeric type at all):
+    no product is published that way, and numpy would silently drop the imaginary part."""
+    for band in bands:
+        dtype = np.dtype(ds.dtypes[band - 1])
+        if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+            raise SourceReadError(
+                f"{ds.name} band {band} holds {dtype.name} values, not real numbers: the file is "
+                f"not a product file; {repair_hint(ds.name)}"
+            )
+
+
 @contextmanager
 def open_masked_source(
     item: SourceItem,
@@ -88,13 +101,19 @@ def open_masked_source(
         missing = [b for b in bands if b > data.count]
         if missing:
             raise SourceReadError(
-                f"{data.name} has {data.count} bands; {modality.code} needs band(s) {missing}"
+                f"{data.name} has {data.count} band(s); {modality.code} reads band(s) "
+                f"{list(bands)} of {item.product}, so the file is not that product's: "
+                f"{repair_hint(data.name)}"
             )
+        _require_real_bands(data, bands)
         qa = None
         if modality.validity.qa_invalid_bits:
             qa = stack.enter_context(open_raster(item.href("qa")))
             if qa.transform != data.transform or qa.shape != data.shape:
-                raise SourceReadError(f"{qa.name} is not on the same grid as {data.name}")
+                raise SourceReadError(
+                    f"{qa.name} is not on the same grid as {data.name} (QA bits must match the "
+                    f"data pixel for pixel): {repair_hint(qa.name)}"
+                )
         qa_mask = sum(1 << b for b in modality.validity.qa_invalid_bits)
         file_nodata = data.nodata
         band_list = list(bands)

@@ -21,7 +21,10 @@ EPOCH_LENGTH = 5
 def check_year(year: int) -> int:
     """Reject years outside the calendar with an error that says what is allowed."""
     if year not in CALENDAR:
-        raise UnknownYearError(f"year {year} is outside the calendar {FIRST_YEAR}–{LAST_YEAR}")
+        raise UnknownYearError(
+            f"year {year} is outside the calendar {FIRST_YEAR}–{LAST_YEAR}; choose a year in "
+            "that range"
+        )
     return year
 
 
@@ -39,7 +42,9 @@ def parse_years(text: str) -> list[int]:
             if "-" in part:
                 lo, hi = (int(p) for p in part.split("-", 1))
                 if lo > hi:
-                    raise UnknownYearError(f"year range {part!r} is reversed")
+                    raise UnknownYearError(
+                        f"year range {part!r} is reversed; write it as {hi}-{lo}"
+                    )
                 span = range(lo, hi + 1)
             else:
                 span = range(int(part), int(part) + 1)

@@ -7,6 +7,7 @@ a time, so memory follows the block or batch, not the city (SPEC §9 "Memory").
 
 from __future__ import annotations
 
+import csv
 import gc
 import json
 from collections.abc import Iterator, Mapping
@@ -55,7 +56,7 @@ def _require_crs(actual: object, expected: CRS, path: Path) -> CRS:
     if not crs.equals(expected):
         raise SourceReadError(
             f"{path} is in {crs.to_string()} but the product is published in "
-            f"{expected.to_string()}; the file is wrong or mislabelled"
+            f"{expected.to_string()}; the file is wrong or mislabelled: {repair_hint(path)}"
         )
     return crs
 
@@ -118,7 +119,10 @@ def open_vector_layer(
     fields = set(info["fields"])
     for column in (spec.filter_column, spec.burn_column):
         if column and column not in fields:
-            raise SourceReadError(f"{path} layer {spec.layer} has no column {column!r}")
+            raise SourceReadError(
+                f"{path} layer {spec.layer} has no column {column!r}, which the product's "
+                f"features carry: the file is not that product's; {repair_hint(path)}"
+            )
     needed = {spec.filter_column, spec.burn_column} - {None}
     if spec.classify:
         needed |= CLASSIFIER_COLUMNS.get(spec.classify, fields)
@@ -361,7 +365,7 @@ def iter_points(
     if Path(path).suffix != ".parquet":
         frame = _read(path)
         check_crs(frame, expected_crs, path)
-        yield _xy(frame.geometry.to_numpy(), frame.crs, city_epsg)
+        yield _xy(frame.geometry.to_numpy(), frame.crs, city_epsg, path)
         return
     _require_file(path)
     try:
@@ -370,7 +374,7 @@ def iter_points(
         _require_crs(crs, expected_crs, path)
         for batch in parquet.iter_batches(batch_size=POINT_BATCH_ROWS, columns=[column]):
             geometry = shapely.from_wkb(batch.column(0).to_numpy(zero_copy_only=False))
-            yield _xy(geometry, crs, city_epsg)
+            yield _xy(geometry, crs, city_epsg, path)
     except SourceReadError:
         raise
     except Exception as exc:  # pyarrow/shapely raise many types for damaged files
@@ -381,7 +385,10 @@ def _geoparquet_geometry(parquet: pq.ParquetFile, path: Path) -> tuple[str, CRS]
     """The primary geometry column of a GeoParquet file and its CRS (OGC:CRS84 when unset)."""
     meta = (parquet.schema_arrow.metadata or {}).get(b"geo")
     if meta is None:
-        raise SourceReadError(f"{path} is Parquet without GeoParquet metadata")
+        raise SourceReadError(
+            f"{path} is Parquet without GeoParquet metadata (no 'geo' key), so its points have no "
+            f"declared geometry column or CRS; {repair_hint(path)}"
+        )
     geo = json.loads(meta)
     column = geo["primary_column"]
     spec = geo["columns"][column]
@@ -400,7 +407,9 @@ def _crs_from_projjson(text: str) -> CRS:
     return CRS.from_json(text)
 
 
-def _xy(geometry: np.ndarray, crs: object, city_epsg: int) -> tuple[np.ndarray, np.ndarray]:
+def _xy(
+    geometry: np.ndarray, crs: object, city_epsg: int, path: Path
+) -> tuple[np.ndarray, np.ndarray]:
     """Coordinates of the present points in the city CRS (NaN for an empty point).
 
     Projected straight from the coordinate arrays: a GeoSeries would build a CRS and a new
@@ -408,7 +417,10 @@ def _xy(geometry: np.ndarray, crs: object, city_epsg: int) -> tuple[np.ndarray, 
     """
     points = geometry[~shapely.is_missing(geometry)]
     if not (shapely.get_type_id(points) == _POINT).all():
-        raise ValueError("x attribute access only provided for Point geometries")
+        raise SourceReadError(
+            f"{path} holds geometries other than points, and its product holds points only: the "
+            f"file is not that product's; {repair_hint(path)}"
+        )
     x, y = np.full(len(points), np.nan), np.full(len(points), np.nan)
     present = ~shapely.is_empty(points)
     to_city = transformer(CRS.from_user_input(crs), f"EPSG:{city_epsg}")
@@ -456,7 +468,18 @@ def load_records(path: Path, column: str, year: int | None) -> Records:
         ) from exc
     missing = {"lon", "lat", column} - set(frame.columns)
     if missing:
-        raise SourceReadError(f"{path} lacks columns {sorted(missing)}")
+        raise SourceReadError(
+            f"{path} lacks columns {sorted(missing)} (has {sorted(map(str, frame.columns))}): "
+            f"the file is not a records file of its product; {repair_hint(path)}"
+        )
+    ragged = _ragged_record(path)
+    if ragged is not None:
+        line, fields, expected = ragged
+        raise SourceReadError(
+            f"{path} line {line} has {fields} fields where the header has {expected}: the file "
+            f"is cut or garbled, and its values would land in the wrong columns; "
+            f"{repair_hint(path)}"
+        )
     rows = len(frame)
     if year is not None and "year" in frame:
         frame = frame[frame["year"] == year]
@@ -465,6 +488,19 @@ def load_records(path: Path, column: str, year: int | None) -> Records:
     lat = pd.to_numeric(frame["lat"], errors="coerce").to_numpy(float)
     usable = np.isfinite(values) & np.isfinite(lon) & np.isfinite(lat)
     return Records(lon[usable], lat[usable], values[usable], rows, int((~usable).sum()))
+
+
+def _ragged_record(path: Path) -> tuple[int, int, int] | None:
+    """(line, fields, header fields) of the first record whose field count is not the
+    header's, or None. pandas fills a short record with blanks, so a record cut at the end of a
+    truncated file, or with a separator lost, would otherwise be read with shifted values."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, [])
+        for row in reader:
+            if row and len(row) != len(header):
+                return reader.line_num, len(row), len(header)
+    return None
 
 
 def check_declared_counts(records: Records, declared: Mapping[str, str], path: Path) -> None:
@@ -494,6 +530,26 @@ def coverage_fractions(grid: TileGrid, coverage: shapely.Geometry) -> np.ndarray
 
 
 def load_coverage(path: Path, city_epsg: int) -> shapely.Geometry:
-    """The union of a coverage file's polygons in the city CRS."""
+    """The union of a coverage file's polygons in the city CRS.
+
+    A coverage decides where a tile is unavailable rather than zero, so one that is empty,
+    not made of polygons or invalid (self-intersecting rings) is refused, never guessed at.
+    """
     frame = _read(path)
-    return shapely.union_all(frame.to_crs(epsg=city_epsg).geometry.to_numpy())
+    geometry = frame.to_crs(epsg=city_epsg).geometry.to_numpy()
+    present = geometry[~shapely.is_missing(geometry) & ~shapely.is_empty(geometry)]
+    problem = None
+    if len(present) == 0:
+        problem = "holds no polygon"
+    elif not np.isin(shapely.get_type_id(present), (_POLYGON, _MULTI_POLYGON)).all():
+        problem = "holds geometries other than polygons"
+    else:
+        invalid = present[~shapely.is_valid(present)]
+        if len(invalid):
+            problem = f"holds an invalid polygon ({shapely.is_valid_reason(invalid[0])})"
+    if problem is not None:
+        raise SourceReadError(
+            f"coverage file {path} {problem}; it must outline the area the source reports on "
+            f"with valid polygons: {repair_hint(path)}"
+        )
+    return shapely.union_all(present)

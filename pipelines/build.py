@@ -44,6 +44,8 @@ WORKSPACE_FILE = REPO_ROOT / "workspace.yaml"
 BUILD_TAG = "citycube/build"
 RELEASE_TAG = "citycube/release"
 BACKFILL_TAG = "dagster/backfill"
+DRIVER_TAG = "citycube/driver"
+"""Who runs a build's backfill: 'build' (the build's own driver) or 'daemon' (``make dev``)."""
 TICK_S = 1.0
 """Seconds between run-queue iterations when the build drives the backfill itself."""
 BACKFILL_TICK_S = 5.0
@@ -175,10 +177,52 @@ class BuildRequest:
 # --------------------------------------------------------------------------------------------
 
 
-def run_build(request: BuildRequest) -> int:
-    """Start the driver in its own session and relay stop requests to it; its exit code."""
+@contextlib.contextmanager
+def build_locks(request: BuildRequest, home: Path) -> Iterator[tuple[int, ...]]:
+    """Hold the release's and the Dagster instance's build locks; their file descriptors.
+
+    Two builds of one release would write the same files and the same staged database, and
+    two builds driving one instance would each run the other's backfill (and the second would
+    take the first's runs for a killed build's). The second build is refused instead, naming
+    the first. The driver inherits the descriptors, so the locks last as long as it does.
+    """
+    from citycube.cube import Release
+    from citycube.errors import BuildBusyError
+    from pipelines.lifetime import LOCK_FILE, exclusive, lock_holder
+
+    release = Release(Path(request.data_root), request.release)
+    holder = (
+        f"citycube build of release {request.release} ({_describe(request)}) into "
+        f"{request.data_root} with DAGSTER_HOME {home}, pid {os.getpid()}, started "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}"
+    )
+    places = [
+        (release.root / LOCK_FILE, f"release {request.release} in {request.data_root}"),
+        (home / LOCK_FILE, f"DAGSTER_HOME {home}"),
+    ]
+    with contextlib.ExitStack() as stack:
+        fds = []
+        for path, what in places:
+            fd = stack.enter_context(exclusive(path, holder))
+            if fd is None:
+                raise BuildBusyError(
+                    f"{what} is in use by another build: {lock_holder(path)}. Wait for it to "
+                    "end (or stop it with Ctrl-C in its terminal) and run the command again, "
+                    "or build into another --release / DAGSTER_HOME"
+                )
+            fds.append(fd)
+        yield tuple(fds)
+
+
+def run_build(request: BuildRequest, keep_fds: Sequence[int] = ()) -> int:
+    """Start the driver in its own session and relay stop requests to it; its exit code.
+
+    ``keep_fds`` (the build locks) are handed to the driver, which holds them to its end.
+    """
     command = [sys.executable, "-m", "pipelines.build", request.to_json()]
-    driver = subprocess.Popen(command, cwd=REPO_ROOT, start_new_session=True)
+    driver = subprocess.Popen(
+        command, cwd=REPO_ROOT, start_new_session=True, pass_fds=tuple(keep_fds)
+    )
     requests = 0
 
     def relay(signo: int, _frame: object) -> None:
@@ -202,12 +246,23 @@ def run_build(request: BuildRequest) -> int:
     try:
         while True:
             try:
-                return driver.wait()
+                code = driver.wait()
+                break
             except KeyboardInterrupt:  # pragma: no cover - the handler takes SIGINT
                 continue
     finally:
         for signo, handler in previous.items():
             signal.signal(signo, handler)
+    if code < 0:  # killed: it could not say so itself
+        print(
+            f"\nThe build was killed ({signal.Signals(-code).name}); its processes ended with "
+            "it and every partition finished before is kept. Run the same command again to "
+            "build the rest (it closes the runs the killed build left open).",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 - code
+    return code
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,7 +321,11 @@ def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[str]:
 
 
 def submit_backfill(
-    instance: Any, request: BuildRequest, build_id: str, title: str | None = None
+    instance: Any,
+    request: BuildRequest,
+    build_id: str,
+    title: str | None = None,
+    driver: str = "build",
 ) -> str:
     """Add the asset backfill of the request's cities and years to the instance."""
     from dagster._core.execution.backfill import PartitionBackfill
@@ -276,20 +335,13 @@ def submit_backfill(
     from pipelines.selection import build_selection
 
     graph = defs.resolve_asset_graph()
-    keys = [
-        key
-        for key in graph.materializable_asset_keys
-        if not request.assets
-        or any(key.to_user_string().startswith(prefix) for prefix in request.assets)
-    ]
-    if not keys:
-        raise ValueError(f"no asset key starts with any of {request.assets}")
+    keys = selected_asset_keys(request.assets)
     subset = build_selection(graph, request.cities, request.years, keys)
     backfill_id = make_new_backfill_id()
     backfill = PartitionBackfill.from_asset_graph_subset(
         backfill_id=backfill_id,
         backfill_timestamp=time.time(),
-        tags={BUILD_TAG: build_id, RELEASE_TAG: request.release},
+        tags={BUILD_TAG: build_id, RELEASE_TAG: request.release, DRIVER_TAG: driver},
         dynamic_partitions_store=instance,
         asset_graph_subset=subset,
         title=title or f"citycube build {_describe(request)}",
@@ -298,6 +350,27 @@ def submit_backfill(
     )
     instance.add_backfill(backfill)
     return backfill_id
+
+
+def selected_asset_keys(prefixes: Sequence[str]) -> list[Any]:
+    """Keys of the assets whose key starts with one of ``prefixes`` (all when none is given).
+
+    A prefix that matches nothing is refused with the prefixes that exist: a typo would
+    otherwise build nothing of what was meant, or everything.
+    """
+    from citycube.errors import UnknownAssetError
+    from pipelines.definitions import defs
+
+    keys = list(defs.resolve_asset_graph().materializable_asset_keys)
+    names = {key: key.to_user_string() for key in keys}
+    unmatched = [p for p in prefixes if not any(n.startswith(p) for n in names.values())]
+    if unmatched:
+        groups = sorted({name.split("/")[0] for name in names.values()})
+        raise UnknownAssetError(
+            f"--assets {','.join(unmatched)} matches no asset; give prefixes of asset keys such "
+            f"as {', '.join(groups)} or e.g. derived/opt (see `make dev` for every key)"
+        )
+    return [k for k in keys if not prefixes or any(names[k].startswith(p) for p in prefixes)]
 
 
 def _describe(request: BuildRequest) -> str:
@@ -451,7 +524,10 @@ def root_cause(error: Any) -> str:
     theirs = [e for e in chain if not (e.cls_name or "").startswith("Dagster")]
     chosen = (ours or theirs or chain)[0]
     lines = [line.strip() for line in (chosen.message or "").strip().splitlines() if line.strip()]
-    return lines[0] if lines else chosen.cls_name or "failed"
+    if not lines:
+        return chosen.cls_name or "failed"
+    # Ours in full: a library's message quoted inside can span lines, and the fix comes last.
+    return " ".join(lines) if ours else lines[0]
 
 
 def _run_scope(run: Any) -> str:
@@ -608,15 +684,62 @@ def _mark_unfinished_canceled(instance: Any, printer: ProgressPrinter) -> None:
             instance.report_run_canceled(run, message="forced stop of citycube build")
 
 
+def close_abandoned_builds(instance: Any, build_id: str) -> tuple[int, int]:
+    """Close the runs and backfills that earlier builds left open; (runs, backfills).
+
+    A build killed with SIGKILL cannot record its end: its runs stay STARTED (or QUEUED)
+    and its backfill in progress forever, and this build's own iterations would even carry
+    that backfill on and start its queued runs. The caller holds the instance's build lock,
+    so no other build is alive, and the killed build's processes ended with it
+    (``pipelines.lifetime``): started runs are marked failed, queued ones canceled, and the
+    backfill canceled, each with a message that says why. Backfills a daemon ran for a build
+    (``make dev``) are the daemon's to finish and are left alone.
+    """
+    import dagster as dg
+    from dagster._core.execution.backfill import BulkActionStatus
+
+    queued = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED}
+    running = {
+        dg.DagsterRunStatus.STARTING,
+        dg.DagsterRunStatus.STARTED,
+        dg.DagsterRunStatus.CANCELING,
+    }
+    runs = 0
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=[*queued, *running])):
+        owner = run.tags.get(BUILD_TAG)
+        if owner is None or owner == build_id or run.tags.get(DRIVER_TAG) == "daemon":
+            continue
+        message = (
+            f"citycube build {owner} ended (killed) without ending this run; closed by "
+            f"build {build_id}"
+        )
+        if run.status in queued:
+            instance.report_run_canceled(run, message=message)
+        else:
+            instance.report_run_failed(run, message=message)
+        runs += 1
+    backfills = 0
+    for status in (BulkActionStatus.REQUESTED, BulkActionStatus.CANCELING):
+        for backfill in instance.get_backfills(status=status):
+            owner = backfill.tags.get(BUILD_TAG)
+            daemon = backfill.tags.get(DRIVER_TAG) == "daemon"
+            if owner is not None and owner != build_id and not daemon:
+                instance.update_backfill(backfill.with_status(BulkActionStatus.CANCELED))
+                backfills += 1
+    return runs, backfills
+
+
 def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     """The driver's work: cluster, backfill, progress, summary; the command's exit code."""
     import dagster as dg
 
+    from pipelines.lifetime import mark_build_process
     from pipelines.resources import SCHEDULER_ENV, WORKERS_ENV
 
     stop = StopFlags()
     stop.install()
     _stop_with_parent()
+    mark_build_process()  # the cluster, the code server and the runs end with this process
     os.environ.update(DAGSTER_SETTINGS)
     started = time.monotonic()
     build_id = f"{os.getpid()}-{time.time_ns()}"
@@ -628,12 +751,22 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     served = daemon_serves(instance)
     if served:  # its runs start from its own code server, which this process cannot configure
         request = replace(request, workers=1)
+    else:
+        runs, backfills = close_abandoned_builds(instance, build_id)
+        if runs or backfills:
+            print(
+                f"closed {runs} run(s) and {backfills} backfill(s) that a killed earlier build "
+                "left open (runs marked failed or canceled)",
+                file=out,
+                flush=True,
+            )
     try:
         with sqlite_kept_open(home), dask_cluster(request, out) as scheduler:
             # The code server and the runs it launches inherit these.
             os.environ[SCHEDULER_ENV] = scheduler
             os.environ[WORKERS_ENV] = str(request.workers)
-            backfill_id = submit_backfill(instance, request, build_id)
+            driver = "daemon" if served else "build"
+            backfill_id = submit_backfill(instance, request, build_id, driver=driver)
             print(
                 f"Dagster backfill {backfill_id} on {os.environ['DAGSTER_HOME']} "
                 "(see it in `make dev`: Runs → Backfills)",

@@ -155,19 +155,14 @@ def build(args: argparse.Namespace) -> int:
     """Build the selected cities and years as a Dagster asset backfill (see pipelines.build)."""
     from citycube.cube import Release
     from citycube.releases import ensure_writable
-    from pipelines.build import BuildRequest, run_build
+    from pipelines.build import BuildRequest, build_locks, run_build, selected_asset_keys
 
     cities = _parse_cities(args.cities)
     years = _parse_years(args.years)
     ensure_writable(Release(Path(args.data).resolve(), args.release))  # before anything is written
+    assets = [a.strip() for a in args.assets.split(",") if a.strip()] if args.assets else []
+    selected_asset_keys(assets)  # refused here, before anything is written or started
     _env_defaults(args)
-    total = len(cities) * len(years)
-    print(
-        f"Building release {args.release} for {len(cities)} cities × {len(years)} years = "
-        f"{total} city-years into {os.environ['CITYCUBE_DATA']} with {args.workers} worker(s); "
-        f"sources: {_source_set_label()}",
-        flush=True,
-    )
     request = BuildRequest(
         cities=cities,
         years=years,
@@ -175,9 +170,17 @@ def build(args: argparse.Namespace) -> int:
         data_root=os.environ["CITYCUBE_DATA"],
         workers=args.workers,
         scheduler=os.environ.get("CITYCUBE_DASK_SCHEDULER", ""),
-        assets=[a.strip() for a in args.assets.split(",") if a.strip()] if args.assets else [],
+        assets=assets,
     )
-    return run_build(request)
+    with build_locks(request, Path(os.environ["DAGSTER_HOME"])) as locks:
+        total = len(cities) * len(years)
+        print(
+            f"Building release {args.release} for {len(cities)} cities × {len(years)} years = "
+            f"{total} city-years into {os.environ['CITYCUBE_DATA']} with {args.workers} "
+            f"worker(s); sources: {_source_set_label()}",
+            flush=True,
+        )
+        return run_build(request, keep_fds=locks)
 
 
 def _source_set_label() -> str:
@@ -399,8 +402,10 @@ def parser() -> argparse.ArgumentParser:
         epilog=(
             "Ctrl-C or SIGTERM once: the backfill is canceled and Dagster terminates its runs; "
             "finished partitions stay and the published cube is left as it was (exit 130). "
-            "Twice: every run is forced down at once. Run the same command again to build the "
-            "rest: finished sources and derived results are reused."
+            "Twice: every run is forced down at once. Killed outright (SIGKILL), the build's "
+            "processes end with it and the next build closes its open runs. Run the same "
+            "command again to build the rest: finished sources and derived results are reused. "
+            "One build at a time per release and per DAGSTER_HOME: a second is refused."
         ),
     )
     b.add_argument(

@@ -13,6 +13,7 @@ from assets.modalities import build_modality_assets
 from assets.reports import build_report_assets
 from assets.sources import build_source_assets
 from citycube.catalogue import Catalogue, load_catalogue
+from pipelines.lifetime import follow_build_process
 from pipelines.resources import ComputeResource, default_cube_resource
 from pipelines.schedules import yearly_backfill
 
@@ -49,3 +50,6 @@ def build_definitions(
 
 
 defs = build_definitions()
+
+# Loaded by the code server and by every run process a build starts: they end with its driver.
+follow_build_process()

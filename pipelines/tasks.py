@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from citycube.catalogue import Catalogue, ModalitySpec, Temporal
-from citycube.errors import SourceUnavailableError
+from citycube.errors import SourceUnavailableError, in_context
 from citycube.temporal import resolve
 from sources import SourceSetSpecFile, resolve_sources
 
@@ -51,8 +51,10 @@ def fetch_source(
         if not resolution.available:
             return {**base, "available": False, "reason": resolution.missing_reason}
         source_year = resolution.source_year
+    year = "static" if source_year is None else f"source year {source_year}"
     try:
-        item = adapter.fetch(city, source_year, release.sources_dir)
+        with in_context(f"source {product} ({adapter.info.source_id}) for {city}, {year}"):
+            item = adapter.fetch(city, source_year, release.sources_dir)
     except SourceUnavailableError as exc:
         return {**base, "available": False, "reason": exc.reason}
     return {

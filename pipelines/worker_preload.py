@@ -7,3 +7,6 @@ imports it while the build is still submitting its backfill has it ready for its
 import citycube.process
 import citycube.render  # noqa: F401
 import sources.sample  # noqa: F401
+from pipelines.lifetime import follow_build_process
+
+follow_build_process()  # a worker of a killed build stops instead of finishing its task

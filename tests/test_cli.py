@@ -285,6 +285,15 @@ def test_a_step_failure_shows_the_cause_not_dagsters_wrapper() -> None:
     )
     plain = SerializableErrorInfo("Dagster wrapper\n", [], "DagsterError", cause=library)
     assert root_cause(plain) == "RasterioIOError: not a TIFF file"
+    quoting = SerializableErrorInfo(
+        "SourceReadError: [CC201] cannot read x.csv (C error: line 3\n); delete x.csv\n",
+        [],
+        "SourceReadError",
+    )  # a library message with a line break inside: the fix after it is still shown
+    assert (
+        root_cause(quoting)
+        == "SourceReadError: [CC201] cannot read x.csv (C error: line 3 ); delete x.csv"
+    )
 
 
 def test_a_failing_error_level_check_fails_the_build(tmp_path: Path) -> None:

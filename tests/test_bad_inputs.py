@@ -1,0 +1,719 @@
+"""A catalogue of malformed inputs: each is refused with a coded error that names what it
+concerns (source, city, year, file) and the action that fixes it, and nothing else is lost.
+
+Source files are small real files made from the sample family's items in tmp dirs and then
+broken (cut, garbled, mislabelled, emptied); each is processed through the public partition
+API (``process_partition``) on a copy of a data root that already holds good partitions, which
+must come through unchanged. Command-line arguments go through ``citycube`` itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import rasterio
+from affine import Affine
+
+from citycube.catalogue import ModalitySpec, load_catalogue
+from citycube.cube import Release
+from citycube.errors import (
+    CityCubeError,
+    CubeWriteError,
+    SourceReadError,
+    SourceUnavailableError,
+    UnknownCityError,
+    UnknownYearError,
+)
+from citycube.grids import pixel_grid
+from citycube.process import process_partition
+from citycube.rasters import write_netcdf_variable
+from citycube.sources import SourceInfo, SourceItem, SourceProduct, SourceSet
+from pipelines.cli import main
+from sources import load_source_set
+
+CAT = load_catalogue()
+AMS, BOS, YEAR = "Amsterdam", "Boston", 2020
+FIX = "re-run its source asset"
+"""The action a broken source file's error names (after the item directory to delete)."""
+
+SAMPLE_ITEMS = {
+    "odiac": (AMS, YEAR),
+    "landsat_c2l2": (AMS, YEAR),
+    "acag_pm25": (AMS, YEAR),
+    "city_electricity": (BOS, YEAR),
+    "osm_roads": (AMS, YEAR),
+    "osm_gps_traces": (AMS, YEAR),
+    "city_property": (AMS, YEAR),
+    "worldbank_indicators": (AMS, None),
+}
+"""Sample items the broken files are made from: one per format the engine reads."""
+
+
+def _modality(code: str) -> ModalitySpec:
+    """The catalogue's modality; DEM reads a hand-made DEM on its chip grid (no warp: fast)."""
+    if code == "DEM":
+        return CAT.get("DEM").model_copy(update={"product": "test_dem"})
+    return CAT.get(code)
+
+
+class ServedItems(SourceProduct):
+    """Serves given items of one product as they are (extra metadata included)."""
+
+    def __init__(self, product: str, items: list[SourceItem]) -> None:
+        self.items = {(i.city, i.source_year): i for i in items}
+        self.info = SourceInfo(
+            product_id=product,
+            source_id=f"test:{product}",
+            version="t1",
+            synthetic=True,
+            licence="test fixture",
+            attribution="tests",
+        )
+
+    def source_years(self, city: str) -> list[int] | None:
+        years = [y for c, y in self.items if c == city]
+        return None if years == [None] else sorted(y for y in years if y is not None)
+
+    def fetch(self, city: str, source_year: int | None, dest: Path) -> SourceItem:
+        if (city, source_year) not in self.items:
+            raise SourceUnavailableError(f"no test item {self.product_id} {city} {source_year}")
+        return self.items[(city, source_year)]
+
+
+def _source_set(items: list[SourceItem]) -> SourceSet:
+    """Every product the modalities below read, serving ``items`` (others publish nothing)."""
+    products = {"acag_no2", "test_dem"} | set(SAMPLE_ITEMS)
+    served = {p: [i for i in items if i.product == p] for p in products}
+    return SourceSet([ServedItems(p, served[p]) for p in sorted(products)], name="bad-inputs")
+
+
+def _dem_item(folder: Path, value: float, *, nodata: float = -32767) -> SourceItem:
+    grid = pixel_grid(AMS, 25)
+    data = np.full((1, grid.height, grid.width), value, np.float32)
+    path = folder / f"dem-{value}.tif"
+    folder.mkdir(parents=True, exist_ok=True)
+    profile = {"driver": "GTiff", "width": grid.width, "height": grid.height, "count": 1}
+    profile |= {"dtype": "float32", "crs": "EPSG:32631", "transform": grid.transform}
+    with rasterio.open(path, "w", nodata=nodata, **profile) as ds:
+        ds.write(data)
+    return _test_item("test_dem", AMS, None, {"data": path})
+
+
+def _test_item(
+    product: str,
+    city: str,
+    year: int | None,
+    files: dict[str, Path],
+    extra: dict[str, str] | None = None,
+) -> SourceItem:
+    return SourceItem(
+        product=product,
+        city=city,
+        source_year=year,
+        files=files,
+        source_id=f"test:{product}",
+        version="t1",
+        synthetic=True,
+        extra=extra or {},
+    )
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SourceItem]:
+    """One item per format, fetched from the sample family once for the module."""
+    sources = load_source_set(None)
+    dest = tmp_path_factory.mktemp("sample-items")
+    return {p: sources.fetch(p, city, year, dest) for p, (city, year) in SAMPLE_ITEMS.items()}
+
+
+@pytest.fixture(scope="module")
+def baseline(
+    tmp_path_factory: pytest.TempPathFactory, sample: dict[str, SourceItem]
+) -> tuple[Path, list[SourceItem]]:
+    """A data root holding good partitions (CO2 and DEM of Amsterdam 2020, ELEC of Boston
+    2020) that every case below must leave exactly as they are; and the good items."""
+    root = tmp_path_factory.mktemp("baseline")
+    items = [sample["odiac"], sample["city_electricity"], _dem_item(root / "good", 5.0)]
+    release = Release(root / "data", "t")
+    sources = _source_set(items)
+    for code, city in (("CO2", AMS), ("ELEC", BOS), ("DEM", AMS)):
+        process_partition(_modality(code), CAT, city, YEAR, sources, release)
+    return root / "data", items
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Ways to break a file
+
+
+def _cut(keep: float) -> Callable[[Path], None]:
+    def cut(path: Path) -> None:
+        data = path.read_bytes()
+        path.write_bytes(data[: int(len(data) * keep)])
+
+    return cut
+
+
+def _content(data: bytes) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        path.write_bytes(data)
+
+    return write
+
+
+def _zero_header(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[:16] = bytes(16)
+    path.write_bytes(bytes(data))
+
+
+def _raster(
+    values: Callable[[np.ndarray], np.ndarray] = lambda a: a, **profile: object
+) -> Callable[[Path], None]:
+    """Rewrite a GeoTIFF with changed values and/or profile (CRS, transform, dtype, …)."""
+
+    def rewrite(path: Path) -> None:
+        with rasterio.open(path) as ds:
+            data = values(ds.read())
+            base = {"crs": ds.crs, "transform": ds.transform, "nodata": ds.nodata}
+        base |= {"driver": "GTiff", "width": data.shape[2], "height": data.shape[1]}
+        base |= {"count": data.shape[0], "dtype": data.dtype}
+        with rasterio.open(path, "w", **(base | profile)) as out:
+            out.write(data)
+
+    return rewrite
+
+
+def _netcdf_without_cf(path: Path) -> None:
+    """The same values as a bare NetCDF variable: no grid mapping, no coordinates."""
+    with rasterio.open(path) as ds:
+        values = ds.read(1)
+    path.unlink()
+    profile = {"width": values.shape[1], "height": values.shape[0], "count": 1}
+    write_netcdf_variable(
+        path,
+        profile | {"dtype": values.dtype},
+        values,
+        variable="pm25",
+        units="",
+        long_name="",
+        attributes={},
+    )
+
+
+def _csv(edit: Callable[[list[str]], list[str]]) -> Callable[[Path], None]:
+    def rewrite(path: Path) -> None:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        path.write_text("\n".join(edit(lines)) + "\n", encoding="utf-8")
+
+    return rewrite
+
+
+def _cut_last_record(path: Path) -> None:
+    """The file ends inside its last record (a download cut short)."""
+    text = path.read_bytes().rstrip(b"\n")
+    path.write_bytes(text[: text.rindex(b",", 0, text.rindex(b",") - 1)])
+
+
+def _garble_values(path: Path) -> None:
+    frame = pd.read_csv(path, dtype=str)
+    frame.loc[::5, "kwh"] = "n/a"
+    frame.to_csv(path, index=False)
+
+
+def _drop_column(column: str) -> Callable[[Path], None]:
+    def drop(path: Path) -> None:
+        pd.read_csv(path).drop(columns=[column]).to_csv(path, index=False)
+
+    return drop
+
+
+def _geojson(*geometries: dict) -> Callable[[Path], None]:
+    features = [{"type": "Feature", "properties": {}, "geometry": g} for g in geometries]
+    return _content(json.dumps({"type": "FeatureCollection", "features": features}).encode())
+
+
+BOWTIE = {
+    "type": "Polygon",
+    "coordinates": [[[-71.2, 42.2], [-70.9, 42.5], [-70.9, 42.2], [-71.2, 42.5], [-71.2, 42.2]]],
+}
+
+
+def _layer(edit: Callable[[gpd.GeoDataFrame], gpd.GeoDataFrame]) -> Callable[[Path], None]:
+    def rewrite(path: Path) -> None:
+        frame = edit(gpd.read_file(path, layer="roads"))
+        path.unlink()
+        frame.to_file(path, layer="roads", driver="GPKG")
+
+    return rewrite
+
+
+def _parquet_without_geo(path: Path) -> None:
+    table = pq.read_table(path)
+    pq.write_table(table.replace_schema_metadata({}), path)
+
+
+def _points_as_polygons(path: Path) -> None:
+    frame = gpd.read_parquet(path)
+    frame["geometry"] = frame.geometry.buffer(1e-4)
+    frame.to_parquet(path)
+
+
+# --------------------------------------------------------------------------------------------
+# The catalogue
+
+
+@dataclass(frozen=True)
+class BadFile:
+    """One source file broken one way, and what its refusal must say."""
+
+    modality: str
+    city: str
+    product: str
+    """The sample item whose file is broken ('test_dem': the hand-made DEM)."""
+    role: str
+    """Which of its files."""
+    damage: Callable[[Path], None]
+    error: type[CityCubeError]
+    says: tuple[str, ...]
+    """Fragments the message holds besides the code, the partition and the source."""
+    extra: dict[str, str] = field(default_factory=dict)
+    """Item metadata replacing the sample's (e.g. declared record counts)."""
+
+
+ODIAC, LANDSAT, ELEC, ROADS, GPS = (
+    "odiac",
+    "landsat_c2l2",
+    "city_electricity",
+    "osm_roads",
+    "osm_gps_traces",
+)
+CORRUPT = ("the file is corrupt or truncated", FIX)
+NO_VALID = ("has no valid pixel over", FIX)
+OTHER_PLACE = Affine(1 / 120, 0, -70.0, 0, -1 / 120, -30.0)  # Chile, not Amsterdam
+
+BAD_FILES: dict[str, BadFile] = {
+    # GeoTIFF / COG (CO2 from ODIAC)
+    "tif_header_zeroed": BadFile("CO2", AMS, ODIAC, "data", _zero_header, SourceReadError, CORRUPT),
+    "cog_truncated": BadFile("CO2", AMS, ODIAC, "data", _cut(0.6), SourceReadError, CORRUPT),
+    "tif_zero_bytes": BadFile("CO2", AMS, ODIAC, "data", _content(b""), SourceReadError, CORRUPT),
+    "tif_is_an_html_login_page": BadFile(
+        "CO2", AMS, ODIAC, "data", _content(b"<html>log in</html>"), SourceReadError, CORRUPT
+    ),
+    "tif_without_crs": BadFile(
+        "CO2", AMS, ODIAC, "data", _raster(crs=None), SourceReadError, ("has no CRS", FIX)
+    ),
+    "tif_in_web_mercator": BadFile(
+        "CO2",
+        AMS,
+        ODIAC,
+        "data",
+        _raster(crs="EPSG:3857"),
+        SourceReadError,
+        ("is in EPSG:3857 but odiac is published in EPSG:4326", "fetch it again"),
+    ),
+    "tif_all_nan": BadFile(
+        "CO2", AMS, ODIAC, "data", _raster(lambda a: a * np.nan), SourceReadError, NO_VALID
+    ),
+    "tif_all_nodata": BadFile(
+        "CO2",
+        AMS,
+        ODIAC,
+        "data",
+        _raster(lambda a: np.full_like(a, -9999.0)),
+        SourceReadError,
+        NO_VALID,
+    ),
+    "tif_of_another_place": BadFile(
+        "CO2", AMS, ODIAC, "data", _raster(transform=OTHER_PLACE), SourceReadError, NO_VALID
+    ),
+    "tif_complex_band": BadFile(
+        "CO2",
+        AMS,
+        ODIAC,
+        "data",
+        _raster(lambda a: a.astype(np.complex64)),
+        SourceReadError,
+        ("holds complex64 values, not real numbers", FIX),
+    ),
+    "tif_missing": BadFile(
+        "CO2", AMS, ODIAC, "data", lambda p: p.unlink(), SourceReadError, ("does not exist", FIX)
+    ),
+    # Multi-band image with QA (OPT from Landsat)
+    "rgb_with_one_band": BadFile(
+        "OPT",
+        AMS,
+        LANDSAT,
+        "data",
+        _raster(lambda a: a[:1]),
+        SourceReadError,
+        ("has 1 band(s); OPT reads band(s) [1, 2, 3]", FIX),
+    ),
+    "qa_on_another_grid": BadFile(
+        "OPT",
+        AMS,
+        LANDSAT,
+        "qa",
+        _raster(lambda a: a[:, :, :-3]),
+        SourceReadError,
+        ("is not on the same grid as", FIX),
+    ),
+    # An image whose chips already exist: the last good chips must stay
+    "dem_all_nodata": BadFile(
+        "DEM",
+        AMS,
+        "test_dem",
+        "data",
+        _raster(lambda a: np.full_like(a, -32767.0)),
+        SourceReadError,
+        NO_VALID,
+    ),
+    # NetCDF (AQ from ACAG SatPM2.5)
+    "netcdf_without_cf_attributes": BadFile(
+        "AQ",
+        AMS,
+        "acag_pm25",
+        "data",
+        _netcdf_without_cf,
+        SourceReadError,
+        ("has no CRS or geotransform", FIX),
+    ),
+    "netcdf_truncated": BadFile(
+        "AQ", AMS, "acag_pm25", "data", _cut(0.5), SourceReadError, CORRUPT
+    ),
+    # Record CSVs (ELEC) and their reporting-area GeoJSON
+    "csv_last_record_cut": BadFile(
+        "ELEC", BOS, ELEC, "data", _cut_last_record, SourceReadError, ("fields where", FIX)
+    ),
+    "csv_separator_lost": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _csv(lambda lines: [line.replace(",", ";", 1) for line in lines]),
+        SourceReadError,
+        ("lacks columns", FIX),
+    ),
+    "csv_separator_lost_in_some_rows": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _csv(lambda lines: lines[:2] + [x.replace(",", ";", 1) for x in lines[2:]]),
+        SourceReadError,
+        ("line 3 has 5 fields where the header has 6", FIX),
+    ),
+    "csv_values_garbled": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _garble_values,
+        SourceReadError,
+        ("records without a usable value or position", "declares 367 blank", FIX),
+    ),
+    "csv_missing_column": BadFile(
+        "ELEC", BOS, ELEC, "data", _drop_column("lat"), SourceReadError, ("lacks columns", FIX)
+    ),
+    "csv_zero_bytes": BadFile(
+        "ELEC", BOS, ELEC, "data", _content(b""), SourceReadError, ("as CSV records", FIX)
+    ),
+    "csv_header_only": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _csv(lambda lines: lines[:1]),
+        SourceReadError,
+        ("holds 0 records, its source declares", FIX),
+    ),
+    "csv_is_binary": BadFile(
+        "ELEC", BOS, ELEC, "data", _content(bytes(range(256)) * 8), SourceReadError, (FIX,)
+    ),
+    "geojson_self_intersecting": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "coverage",
+        _geojson(BOWTIE),
+        SourceReadError,
+        ("invalid polygon (Self-intersection", FIX),
+    ),
+    "geojson_without_features": BadFile(
+        "ELEC", BOS, ELEC, "coverage", _geojson(), SourceReadError, ("holds no polygon", FIX)
+    ),
+    "geojson_of_points": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "coverage",
+        _geojson({"type": "Point", "coordinates": [-71.06, 42.36]}),
+        SourceReadError,
+        ("geometries other than polygons", FIX),
+    ),
+    "geojson_truncated": BadFile(
+        "ELEC", BOS, ELEC, "coverage", _cut(0.5), SourceReadError, CORRUPT
+    ),
+    # GeoPackage lines (RD from OSM roads)
+    "gpkg_truncated": BadFile("RD", AMS, ROADS, "data", _cut(0.5), SourceReadError, CORRUPT),
+    "gpkg_zero_bytes": BadFile("RD", AMS, ROADS, "data", _content(b""), SourceReadError, CORRUPT),
+    "gpkg_in_utm": BadFile(
+        "RD",
+        AMS,
+        ROADS,
+        "data",
+        _layer(lambda f: f.to_crs(32631)),
+        SourceReadError,
+        ("is in EPSG:32631 but the product is published in EPSG:4326", FIX),
+    ),
+    "gpkg_without_highway_column": BadFile(
+        "RD",
+        AMS,
+        ROADS,
+        "data",
+        _layer(lambda f: f.drop(columns=["highway"])),
+        SourceReadError,
+        ("has no column 'highway'", FIX),
+    ),
+    # GeoParquet points (GPS)
+    "geoparquet_truncated": BadFile("GPS", AMS, GPS, "data", _cut(0.5), SourceReadError, CORRUPT),
+    "parquet_without_geo_metadata": BadFile(
+        "GPS",
+        AMS,
+        GPS,
+        "data",
+        _parquet_without_geo,
+        SourceReadError,
+        ("without GeoParquet metadata", FIX),
+    ),
+    "geoparquet_of_polygons": BadFile(
+        "GPS",
+        AMS,
+        GPS,
+        "data",
+        _points_as_polygons,
+        SourceReadError,
+        ("geometries other than points", FIX),
+    ),
+    # JSON (PROP's CPI and PPP series)
+    "json_zero_bytes": BadFile(
+        "PROP",
+        AMS,
+        "worldbank_indicators",
+        "cpi",
+        _content(b""),
+        SourceReadError,
+        ("is not a World Bank API v2 JSON response", FIX),
+    ),
+}
+
+
+def _broken_item(case: BadFile, good: SourceItem, folder: Path) -> SourceItem:
+    """A copy of ``good`` in ``folder`` with the case's file damaged."""
+    folder.mkdir(parents=True)
+    files = {}
+    for role, path in good.files.items():
+        files[role] = folder / Path(path).name
+        shutil.copy(path, files[role])
+    case.damage(files[case.role])
+    return replace(good, files=files, extra={**good.extra, **case.extra}, fingerprint="")
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_a_broken_source_file_is_refused_and_nothing_else_is_lost(
+    name: str,
+    tmp_path: Path,
+    sample: dict[str, SourceItem],
+    baseline: tuple[Path, list[SourceItem]],
+) -> None:
+    case = BAD_FILES[name]
+    good_root, good_items = baseline
+    data = tmp_path / "data"
+    shutil.copytree(good_root, data)
+    before = _hashes(data)
+    outside = sorted(os.listdir(tmp_path))
+    good = {i.product: i for i in [*sample.values(), *good_items]}
+    broken = _broken_item(case, good[case.product], tmp_path / "incoming")
+    items = [broken] + [i for i in good.values() if i.product != case.product]
+    release = Release(data, "t")
+
+    with pytest.raises(case.error) as raised:
+        process_partition(
+            _modality(case.modality), CAT, case.city, YEAR, _source_set(items), release
+        )
+
+    message = str(raised.value)
+    assert message.startswith(f"[{case.error.code}] {case.modality} {case.city} ")
+    assert f"source {case.product} ({broken.source_id} {broken.version}" in message
+    assert str(broken.files[case.role]) in message  # the file
+    for fragment in case.says:
+        assert fragment in message
+    # Nothing else lost: every earlier file intact (the same partition's last good version
+    # included), nothing new but caches, nothing written outside the data root.
+    after = _hashes(data)
+    assert {k: after.get(k) for k in before} == before
+    assert [k for k in after.keys() - before.keys() if not k.startswith("cache/")] == []
+    assert sorted(os.listdir(tmp_path)) == [*outside, "incoming"]
+
+
+# --------------------------------------------------------------------------------------------
+# Names and places: refused before any file is touched
+
+
+@pytest.mark.parametrize(
+    ("city", "year", "error", "says"),
+    [
+        ("../x", YEAR, UnknownCityError, "unknown city '../x'; choose one of: Amsterdam"),
+        ("Boston;DROP TABLE observations", YEAR, UnknownCityError, "unknown city 'Boston;DROP"),
+        ("Bоston", YEAR, UnknownCityError, "unknown city 'Bоston'"),  # Cyrillic о
+        ("Boston\x00", YEAR, UnknownCityError, "unknown city 'Boston\\x00'"),
+        (AMS, 2026, UnknownYearError, "outside the calendar 2000–2025; choose a year"),
+    ],
+    ids=["path-traversal", "sql", "homoglyph", "nul", "year-2026"],
+)
+def test_hostile_names_reach_no_file(
+    tmp_path: Path,
+    sample: dict[str, SourceItem],
+    city: str,
+    year: int,
+    error: type[CityCubeError],
+    says: str,
+) -> None:
+    release = Release(tmp_path / "data", "t")
+    sources = _source_set([sample["odiac"]])
+    with pytest.raises(error, match=f"\\[{error.code}\\]") as raised:
+        process_partition(CAT.get("CO2"), CAT, city, year, sources, release)
+    assert says in str(raised.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("code", "in_the_way"),
+    [("CO2", "observations"), ("CO2", "derived/CO2"), ("DEM", "chips/DEM")],
+)
+def test_a_file_in_place_of_a_release_folder_is_a_write_error_that_keeps_the_rest(
+    tmp_path: Path,
+    baseline: tuple[Path, list[SourceItem]],
+    sample: dict[str, SourceItem],
+    code: str,
+    in_the_way: str,
+) -> None:
+    good_root, good_items = baseline
+    data = tmp_path / "data"
+    shutil.copytree(good_root, data)
+    release = Release(data, "t")
+    blocker = release.root / in_the_way
+    shutil.rmtree(blocker)
+    blocker.write_text("not a folder")
+    before = _hashes(data)
+    sources = _source_set([*good_items, sample["odiac"]])
+    with pytest.raises(CubeWriteError) as raised:
+        process_partition(_modality(code), CAT, AMS, YEAR, sources, release)
+    message = str(raised.value)
+    assert message.startswith(f"[CC300] {code} {AMS} ")
+    assert "writable directory" in message and "run the same command again" in message
+    after = _hashes(data)
+    assert {k: after.get(k) for k in before} == before
+    assert not [p for p in data.rglob("*") if ".tmp-" in p.name]
+
+
+# --------------------------------------------------------------------------------------------
+# The command line: wrong arguments and places are refused before anything is written
+
+
+@pytest.fixture
+def not_writable(tmp_path: Path) -> Iterator[Path]:
+    """A directory this process cannot create files in (root ignores modes: use /proc)."""
+    if os.geteuid() == 0:
+        yield Path("/proc/citycube-not-writable")
+        return
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    yield folder / "data"
+    folder.chmod(0o700)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--cities", "../etc"], "[CC101] unknown city '../etc'; choose one of"),
+        (["--years", "2021-2019"], "[CC102] year range '2021-2019' is reversed; write it as"),
+        (["--years", "2020,1999"], "[CC102] year 1999 is outside the calendar"),
+        (["--assets", "derived/opx"], "[CC107] --assets derived/opx matches no asset; give"),
+    ],
+    ids=["city-traversal", "reversed-years", "year-1999-in-a-list", "asset-typo"],
+)
+def test_bad_build_arguments_are_refused_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], says: str
+) -> None:
+    command = ["--data", str(tmp_path / "data"), "build", "--cities", AMS, "--years", "2020"]
+    assert main([*command, *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_data_root_that_cannot_be_written_is_refused(
+    tmp_path: Path, not_writable: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    command = ["--data", str(not_writable), "build", "--cities", AMS, "--years", "2020"]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert f"the data root (CITYCUBE_DATA) {not_writable} is not a writable directory" in err
+    assert "point the data root (CITYCUBE_DATA) at a directory you can write to" in err
+
+
+def test_a_dagster_home_that_is_a_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    home.write_text("a file")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    command = ["--data", str(tmp_path / "data"), "build", "--cities", AMS, "--years", "2020"]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert f"DAGSTER_HOME {home} is a file, not a directory; point DAGSTER_HOME at a" in err
+    assert home.read_text() == "a file"
+
+
+def test_a_failed_fetch_names_the_source_city_and_year(tmp_path: Path) -> None:
+    """Adapters name the file or URL; the fetch task adds what the item was for."""
+    from citycube.errors import SourceFetchError
+    from pipelines.tasks import fetch_source
+
+    class Refusing(ServedItems):
+        def source_years(self, city: str) -> list[int] | None:
+            return [YEAR]
+
+        def fetch(self, city: str, source_year: int | None, dest: Path) -> SourceItem:
+            raise SourceFetchError("https://example.org/odiac.tif answered 503; retry later")
+
+    sources = SourceSet([Refusing("odiac", [])], name="refusing")
+    with pytest.raises(SourceFetchError) as raised:
+        fetch_source(
+            sources, "odiac", CAT.get("CO2").temporal, AMS, YEAR, True, Release(tmp_path, "t")
+        )
+    assert str(raised.value) == (
+        "[CC202] source odiac (test:odiac) for Amsterdam, source year 2020: "
+        "https://example.org/odiac.tif answered 503; retry later"
+    )
+    assert raised.value.transient  # still retried by the source assets' policy

@@ -1,0 +1,222 @@
+"""`citycube build` killed with SIGKILL at random moments, then built again, twice.
+
+One scenario, in order (Amsterdam 2024 with two dask workers: about 60 partition writes of
+sources, derived results, chips and observations, then the cube):
+
+1. the driver's whole process group is killed at a random moment; then the driver alone
+   (as the OOM killer would), at a later random moment. After each kill no process of the
+   build survives a short grace period, and every partition a reader can see is whole;
+2. the same command completes: the earlier builds' runs and backfills left open are closed
+   (failed or canceled, none STARTED), the cube checks pass and ``citycube verify`` too;
+3. a derived result and a source file are damaged, and the same command is run again while
+   a second build of overlapping years on the same release starts: the second is refused
+   clearly, the rerun detects the damage instead of copying it, and every file of the
+   release has the hash it had (apart from files that record the build time).
+
+This is the suite's slowest test: four builds, two of them complete. On this project's
+two-core machine shared with other work it took 300 s at a load of 7–10 and 467 s at 15–20.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+from citycube.catalogue import load_catalogue
+from citycube.cities import SCALES
+from citycube.cube import Release
+from citycube.grids import city_grid
+from citycube.manifest import TIMESTAMPED_FILES, read_manifest, verify_release
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CITY, YEAR, RELEASE = "Amsterdam", 2024, "killed"
+SEED = int(os.environ.get("CITYCUBE_KILL_SEED", "20261201"))
+"""Seeds the kill moments; set CITYCUBE_KILL_SEED to explore others."""
+GRACE_S = 15.0
+"""How long a killed build's processes may take to end."""
+UNFINISHED = {
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+}
+
+
+class Build:
+    """One `citycube build` in its own session, its output collected as it comes."""
+
+    def __init__(self, tmp_path: Path, home: str, years: str) -> None:
+        command = [sys.executable, "-m", "pipelines.cli", "--data", str(tmp_path / "data")]
+        command += ["--release", RELEASE, "build", "--cities", CITY, "--years", years]
+        env = {**os.environ, "DAGSTER_HOME": str(tmp_path / home)}
+        env.pop("CITYCUBE_DASK_SCHEDULER", None)
+        self.process = subprocess.Popen(
+            [*command, "--workers", "2"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 180) -> re.Match[str]:
+        """The first output line matching ``pattern``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                found = re.search(pattern, line)
+                if found:
+                    return found
+            if self.process.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"no line matching {pattern!r}:\n{self.output}")
+
+    def driver(self) -> psutil.Process:
+        """The driver process, named by the build log's file name."""
+        return psutil.Process(int(self.wait_for(r"logs/build-(\d+)-\d+\.log").group(1)))
+
+    def finish(self, timeout: float = 600) -> int:
+        code = self.process.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
+
+
+def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes that still run (a zombie has ended: it only waits to be reaped)."""
+    alive = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def _kill_and_check_nothing_survives(build: Build, delay: float, whole_group: bool) -> None:
+    driver = build.driver()
+    time.sleep(delay)
+    tree = [driver, *driver.children(recursive=True)]
+    assert len(tree) > 1, f"the build had not started its processes:\n{build.output}"
+    if whole_group:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver leads its own session and group
+    else:
+        driver.send_signal(signal.SIGKILL)
+    assert build.finish(timeout=60) == 128 + signal.SIGKILL
+    assert "The build was killed (SIGKILL)" in build.output
+    deadline = time.monotonic() + GRACE_S
+    while _alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    survivors = _alive(tree)
+    for process in survivors:  # do not leave them running, whatever the verdict
+        process.kill()
+    described = [" ".join(p.cmdline())[:120] for p in survivors if p.is_running()]
+    assert not survivors, f"processes outlived the killed build: {described}"
+
+
+def _expected_rows(code: str) -> int:
+    tiles = sum(city_grid(CITY, scale).n_tiles for scale in SCALES)
+    return tiles * len(load_catalogue().get(code).fields)
+
+
+def _assert_readers_see_only_whole_partitions(release: Release) -> None:
+    """Every file a reader finds under its real name is whole; DuckDB, if published, reads."""
+    for path in release.root.glob("observations/city=*/year=*/*.parquet"):
+        table = pq.read_table(path, page_checksum_verification=True)
+        assert table.num_rows == _expected_rows(path.stem), path
+    for path in release.root.glob("derived/*/*/*.parquet"):
+        table = pq.read_table(path, page_checksum_verification=True)
+        assert table.num_rows == _expected_rows(path.parent.parent.name), path
+    for store in release.root.glob("chips/*/*/*.zarr"):
+        assert json.loads((store / "zarr.json").read_text())["zarr_format"] == 3, store
+    for record in release.data_root.glob("sources/*/*/*"):  # items are whole or absent
+        if not record.name.startswith("."):
+            assert (record / "_complete.json").exists(), record
+    if release.duckdb_file.exists():
+        with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
+            con.sql("SELECT count(*) FROM observations").fetchall()
+
+
+def _instance(tmp_path: Path, home: str) -> dg.DagsterInstance:
+    from dagster._core.instance.ref import InstanceRef
+
+    return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(tmp_path / home)))
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_killed_builds_leave_no_process_nor_partial_partition_and_reruns_agree(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(SEED)
+    release = Release(tmp_path / "data", RELEASE)
+
+    # 1. Two kills at random moments: the whole group early, the driver alone later.
+    for whole_group, (earliest, latest) in ((True, (2.0, 15.0)), (False, (15.0, 35.0))):
+        build = Build(tmp_path, "home", str(YEAR))
+        _kill_and_check_nothing_survives(build, rng.uniform(earliest, latest), whole_group)
+        _assert_readers_see_only_whole_partitions(release)
+
+    # 2. The same command completes and closes what the killed builds left open.
+    build = Build(tmp_path, "home", str(YEAR))
+    assert build.finish() == 0, build.output
+    assert "check unique_keys: PASS" in build.output
+    assert verify_release(release).ok
+    with _instance(tmp_path, "home") as instance:
+        runs = instance.get_runs()
+        backfills = instance.get_backfills()  # newest first
+    assert not [r.run_id for r in runs if r.status in UNFINISHED]
+    assert backfills[0].status.value == "COMPLETED_SUCCESS"
+    assert {b.status.value for b in backfills[1:]} <= {"CANCELED"}, build.output
+
+    # 3. Damaged caches, a rerun and, at once, a second build of overlapping years.
+    first = read_manifest(release)["files"]
+    _flip_a_byte(release.derived_file("CO2", CITY, str(YEAR)))
+    _flip_a_byte(next(release.data_root.glob(f"sources/odiac/{CITY}/{YEAR}/*.tif")))
+    rerun = Build(tmp_path, "home", str(YEAR))
+    rerun.wait_for("^Building release")  # it holds the release's build lock
+    second = Build(tmp_path, "other-home", f"{YEAR}-{YEAR + 1}")
+    assert second.finish(timeout=120) == 2, second.output
+    assert f"[CC305] release {RELEASE} in " in second.output
+    assert "is in use by another build" in second.output and "Traceback" not in second.output
+    assert rerun.finish() == 0, rerun.output
+    again = read_manifest(release)["files"]
+    assert set(again) == set(first)
+    changed = sorted(name for name in first if first[name] != again[name])
+    assert set(changed) <= TIMESTAMPED_FILES, changed
+    assert verify_release(release).ok
