@@ -54,8 +54,8 @@ SAMPLE_ITEMS = {
     "city_electricity": (BOS, YEAR),
     "osm_roads": (AMS, YEAR),
     "osm_gps_traces": (AMS, YEAR),
-    "city_property": (AMS, YEAR),
-    "worldbank_indicators": (AMS, None),
+    "city_property": (BOS, YEAR),
+    "worldbank_indicators": (BOS, None),
 }
 """Sample items the broken files are made from: one per format the engine reads."""
 
@@ -516,7 +516,7 @@ BAD_FILES: dict[str, BadFile] = {
     # JSON (PROP's CPI and PPP series)
     "json_zero_bytes": BadFile(
         "PROP",
-        AMS,
+        BOS,
         "worldbank_indicators",
         "cpi",
         _content(b""),
