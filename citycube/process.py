@@ -328,15 +328,15 @@ def _summary_rows(
     return rows
 
 
-def _reason(covered: float, fraction: float, threshold: float, value: float, positive: bool):
+def _reason(covered: float, fraction: float, threshold: float, value: float, non_negative: bool):
     if covered <= 0:
         return "outside_source_coverage"
     if not _meets(fraction, threshold):
         return "insufficient_valid_support"
     if not np.isfinite(value):
         return "no_valid_support"
-    if positive and not value > 0:
-        return "non_positive_value"
+    if non_negative and value < 0:  # zero stays available; positivity is a pairing rule
+        return "negative_value"
     return None
 
 
@@ -381,7 +381,7 @@ def _numeric_results(
                                 f"{modality.code}: {modality.aggregation} does not apply to rasters"
                             )
                         reason = _reason(
-                            covered, fraction, threshold, value, modality.validity.positive
+                            covered, fraction, threshold, value, modality.validity.non_negative
                         )
                         rows.append(_result_row(tile_id, scale, f.name, value, fraction, reason))
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
@@ -447,7 +447,9 @@ def _record_sum_results(
             for t_index, tile_id in enumerate(grid.tile_ids()):
                 fraction = float(fractions[t_index])
                 value = float(sums[t_index]) * f.scale / nominal_km2
-                reason = _reason(fraction, fraction, threshold, value, modality.validity.positive)
+                reason = _reason(
+                    fraction, fraction, threshold, value, modality.validity.non_negative
+                )
                 rows.append(_result_row(tile_id, scale, f.name, value, fraction, reason))
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
