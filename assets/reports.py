@@ -2,6 +2,7 @@
 with each source period's chips, by the derived assets)."""
 
 import json
+from collections.abc import Sequence
 
 import dagster as dg
 
@@ -16,8 +17,11 @@ HEATMAP_PREVIEW_PX = 800
 """Longest side of the heatmap preview embedded in the Dagster UI (the file is full size)."""
 
 
-def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
-    """The availability report of the published release, then its manifest."""
+def build_report_assets(
+    catalogue: Catalogue, after: Sequence[dg.AssetKey] = ()
+) -> list[dg.AssetsDefinition]:
+    """The availability report of the published release, then its manifest (written after
+    ``after`` too: every asset that adds files to the release or touches its database)."""
 
     @dg.asset(
         key=AVAILABILITY_REPORT_KEY,
@@ -54,7 +58,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
 
     @dg.asset(
         key=MANIFEST_KEY,
-        deps=[AVAILABILITY_REPORT_KEY],
+        deps=[AVAILABILITY_REPORT_KEY, *after],
         group_name="reports",
         kinds={"json"},
     )

@@ -43,14 +43,18 @@ YEARS_SERVED = {"CO2": (2000, 2024), "NTL": (2012, 2025)}
 
 
 def write_synthetic_observations(
-    root: Path, catalogue: Catalogue, seed: int = 0, years: tuple[int, ...] = CALENDAR
+    root: Path,
+    catalogue: Catalogue,
+    seed: int = 0,
+    years: tuple[int, ...] = CALENDAR,
+    cities: tuple[str, ...] = (),
 ) -> int:
     """Write one Parquet file per city-year-modality under ``root``; the number of rows."""
     rng = np.random.default_rng(seed)
-    tiles = tile_parent_table()
-    cities = list(load_cities())
+    cities = cities or tuple(load_cities())
+    tiles = tile_parent_table(cities)
     record_cities = {
-        code: set(cities[i] for i in rng.choice(len(cities), n, replace=False))
+        code: {cities[i] for i in rng.choice(len(cities), min(n, len(cities)), replace=False)}
         for code, n in RECORD_CITIES.items()
     }
     rows = 0

@@ -381,6 +381,10 @@ def build_duckdb(
                 GROUP BY city, year, modality
                 """
             )
+            from citycube.pairs import modality_order
+            from citycube.translation import create_views
+
+            create_views(con, release, modality_order(catalogue))  # those already written
         finally:
             con.close()
         os.replace(tmp, path)

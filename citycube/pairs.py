@@ -228,7 +228,9 @@ def write_route_heatmap(counts: np.ndarray, labels: Sequence[str], path: Path) -
         for j in range(n):
             if i != j:
                 text = f"{int(counts[i, j]):,}" if counts[i, j] < 1e6 else f"{counts[i, j]:.2g}"
-                ax.text(j, i, text, ha="center", va="center", fontsize=5.5, color="white")
+                bright = norm is not None and counts[i, j] > 0 and norm(counts[i, j]) > 0.6
+                colour = "black" if bright else ("white" if counts[i, j] > 0 else "grey")
+                ax.text(j, i, text, ha="center", va="center", fontsize=5.5, color=colour)
     fig.colorbar(image, ax=ax, shrink=0.8, label="pairs (log scale)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

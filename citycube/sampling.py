@@ -57,7 +57,8 @@ def split_totals(total: int, shares: Mapping[str, float] = SPLIT_SHARES) -> dict
     exact = np.array([shares[n] for n in names]) * total
     base = np.floor(exact).astype(np.int64)
     extra = total - int(base.sum())
-    for i in np.argsort(-(exact - base), kind="stable")[:extra]:
+    remainder = np.round(exact - base, 9)  # equal shares tie exactly: the earlier split wins
+    for i in np.argsort(-remainder, kind="stable")[:extra]:
         base[i] += 1
     return {n: int(b) for n, b in zip(names, base, strict=True)}
 
