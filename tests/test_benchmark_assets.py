@@ -188,3 +188,37 @@ def test_rebuilt_database_keeps_the_views(materialised: Release, tmp_path: Path)
     build_duckdb(materialised, CAT, {"version": "t"}, path=path)
     with duckdb.connect(str(path), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM translation_instances").fetchone()[0] > 0
+
+
+def test_training_mean_reference_scores_end_to_end(materialised: Release, tmp_path: Path) -> None:
+    from citycube.evaluate import score, training_stats
+    from citycube.metrics import log1p_nmse, percentile_range
+    from pipelines.cli import main
+
+    stats = training_stats(materialised, CAT)
+    table = score(materialised, CAT, stats=stats, targets=["POP", "LC", "WTH"])
+    rows = {(r["source"], r["target"]): r for r in table.to_pylist()}
+    assert {r["metric"] for r in rows.values() if r["target"] == "LC"} == {"macro_miou"}
+    assert {r["metric"] for r in rows.values() if r["target"] == "WTH"} == {"macro_nmse"}
+    # POP by hand: log1p NMSE of the training mean against every test reference of a route
+    with duckdb.connect(str(materialised.duckdb_file), read_only=True) as con:
+        train = con.execute(
+            "SELECT value FROM observations JOIN splits USING (tile_id) "
+            "WHERE split = 'train' AND modality = 'POP' AND available"
+        ).fetchnumpy()["value"]
+        reference = con.execute(
+            "SELECT o.value FROM translation_instances i JOIN observations o "
+            "ON o.tile_id = i.tile_id AND o.year = i.year AND o.modality = i.target "
+            "WHERE i.split = 'test' AND i.source = 'NTL' AND i.target = 'POP'"
+        ).fetchnumpy()["value"]
+    expected = log1p_nmse(
+        reference,
+        np.full(len(reference), train.mean()),
+        percentile_range(train, log1p=True),
+    )
+    assert rows[("NTL", "POP")]["score"] == pytest.approx(expected)
+    assert rows[("NTL", "POP")]["instances"] == len(reference)
+    out = tmp_path / "scores.parquet"
+    args = ["--data", str(materialised.data_root), "--release", materialised.version]
+    assert main([*args, "evaluate", "--targets", "POP", "--out", str(out)]) == 0
+    assert pq.read_table(out).num_rows == sum(1 for _, t in rows if t == "POP")
