@@ -70,6 +70,7 @@ CHIP_INDEX_SCHEMA = pa.schema(
         pa.field("available", pa.bool_(), nullable=False),
         pa.field("temporal_basis", pa.string(), nullable=False),
         pa.field("source_year", pa.int16()),
+        pa.field("classes", pa.int16()),  # distinct valid ids of a categorical chip, else NULL
     ]
 )
 

@@ -83,7 +83,9 @@ log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[str], None]
 
-RESULT_COLUMNS = ["tile_id", "scale", "field", "value", "valid_fraction", "reason"]
+RESULT_COLUMNS = ["tile_id", "scale", "field", "value", "valid_fraction", "reason", "classes"]
+"""Per-tile results; ``classes`` counts the distinct valid ids of a categorical chip (stored for
+categorical modalities only)."""
 PROVENANCE_COLUMNS = ["product", "source_year", "source_id", "source_version", "synthetic"]
 
 
@@ -324,7 +326,10 @@ def _summary_rows(
                 value = float(summary.mode_class) if summary.mode_class is not None else math.nan
             else:
                 value = summary.band_means[i] * f.scale + f.offset
-            rows.append(_result_row(tile.tile_id, tile.scale, f.name, value, fraction, reason))
+            row = _result_row(tile.tile_id, tile.scale, f.name, value, fraction, reason)
+            if categorical and summary.class_counts is not None:
+                row["classes"] = len(summary.class_counts)  # single-class chips: diversity
+            rows.append(row)
     return rows
 
 
@@ -733,7 +738,10 @@ def derive(
         )
     derived = pd.concat(frames, ignore_index=True)
     derived["source_year"] = derived["source_year"].astype("Int16")
-    table = pa.Table.from_pandas(derived[RESULT_COLUMNS + PROVENANCE_COLUMNS], preserve_index=False)
+    columns = [
+        c for c in RESULT_COLUMNS if c != "classes" or modality.kind == Kind.CATEGORICAL_IMAGE
+    ]
+    table = pa.Table.from_pandas(derived[columns + PROVENANCE_COLUMNS], preserve_index=False)
     extra = {"citycube:signature": signature, "citycube:chips": str(chips).lower()}
     write_parquet_atomic(table, path, file_metadata(release, **extra))
     return _derived_summary(modality, city, period, derived, groups, path, False, chips)
@@ -885,6 +893,11 @@ def chip_index_table(
     per_tile = (
         derived.drop_duplicates("tile_id").set_index("tile_id").reindex([t.tile_id for t in tiles])
     )
+    classes = (
+        per_tile["classes"].to_numpy(dtype=float)
+        if "classes" in per_tile
+        else np.full(len(tiles), np.nan)
+    )
     windows = np.array([grid.window(t) for t in tiles], dtype=np.int32).reshape(-1, 4)
     n = len(tiles)
     source_year = per_tile["source_year"]
@@ -907,6 +920,9 @@ def chip_index_table(
             source_year.fillna(0).to_numpy(dtype=np.int16),
             pa.int16(),
             mask=source_year.isna().to_numpy(),
+        ),
+        "classes": pa.array(
+            np.nan_to_num(classes).astype(np.int16), pa.int16(), mask=~np.isfinite(classes)
         ),
     }
     return pa.Table.from_pydict(columns, schema=CHIP_INDEX_SCHEMA)

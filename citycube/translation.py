@@ -178,66 +178,81 @@ def single_class_flags(
 ) -> pa.Table:
     """(tile_id, year, modality, single_class) of every available categorical chip.
 
-    A chip is single-class when all its valid pixels hold one id. Each chip store is read once,
-    per group of equal windows on one lattice (a scale's tiles), as a reshaped block: no
-    per-tile loop.
+    A chip is single-class when all its valid pixels hold one id. The chip index records each
+    categorical chip's distinct ids (``classes``, counted when the chip was written), so this
+    is one query; chips indexed without the count (by an older build) are read from their Zarr
+    store instead.
     """
-    import zarr
-
     codes = list(codes)
     if not codes:
         return _flags_table([], [], [], [])
     marks = ", ".join("?" for _ in codes)
     index = con.execute(
         f"""
-        SELECT tile_id, year, modality, store, row_off, col_off, height, width
+        SELECT tile_id, year, modality, store, row_off, col_off, height, width,
+               {"classes" if _has_classes(con) else "NULL::SMALLINT AS classes"}
         FROM chip_index WHERE available AND modality IN ({marks})
         """,
         codes,
     ).to_arrow_table()
-    windows = (
-        index.group_by(["store", "tile_id", "row_off", "col_off", "height", "width"])
-        .aggregate([])
-        .to_pydict()
+    classes = index["classes"].to_numpy(zero_copy_only=False)
+    known = ~np.isnan(classes.astype(np.float64))
+    flags = np.zeros(index.num_rows, dtype=bool)
+    flags[known] = classes[known].astype(np.float64) == 1
+    if not known.all():
+        unknown = np.flatnonzero(~known)
+        read = _single_class_from_stores(release, index.take(pa.array(unknown)))
+        flags[unknown] = read
+    return _flags_table(
+        index["tile_id"].to_pylist(),
+        index["year"].to_pylist(),
+        index["modality"].to_pylist(),
+        flags.tolist(),
     )
-    single: dict[tuple[str, str], bool] = {}
+
+
+def _has_classes(con: duckdb.DuckDBPyConnection) -> bool:
+    names = [row[0] for row in con.execute("DESCRIBE chip_index").fetchall()]
+    return "classes" in names
+
+
+def _single_class_from_stores(release: Release, index: pa.Table) -> np.ndarray:
+    """Single-class flags of chip-index rows read from their Zarr stores.
+
+    Each store is read once per group of equal windows on one lattice (a scale's tiles), as a
+    reshaped block: no per-tile loop over pixels.
+    """
+    import zarr
+
+    rows = index.to_pydict()
+    out = np.zeros(index.num_rows, dtype=bool)
     by_store: dict[str, list[int]] = {}
-    for i, store in enumerate(windows["store"]):
+    for i, store in enumerate(rows["store"]):
         by_store.setdefault(store, []).append(i)
-    for store, rows in by_store.items():
+    for store, members_of_store in by_store.items():
         path = release.root / store
         if not path.exists():
             continue
         group = zarr.open_group(str(path), mode="r")
         lattices: dict[tuple[int, int, int, int], list[int]] = {}
-        for i in rows:
-            h, w = windows["height"][i], windows["width"][i]
-            key = (h, w, windows["row_off"][i] % h, windows["col_off"][i] % w)
+        for i in members_of_store:
+            h, w = rows["height"][i], rows["width"][i]
+            key = (h, w, rows["row_off"][i] % h, rows["col_off"][i] % w)
             lattices.setdefault(key, []).append(i)
         for (h, w, _, _), members in lattices.items():
-            r = np.array([windows["row_off"][i] for i in members])
-            c = np.array([windows["col_off"][i] for i in members])
+            r = np.array([rows["row_off"][i] for i in members])
+            c = np.array([rows["col_off"][i] for i in members])
             r0, c0 = int(r.min()), int(c.min())
             n_r, n_c = (int(r.max()) - r0) // h + 1, (int(c.max()) - c0) // w + 1
             rows_px, cols_px = slice(r0, r0 + n_r * h), slice(c0, c0 + n_c * w)
-            ids = np.asarray(group["data"][0, rows_px, cols_px]).astype(np.int64)
+            ids = np.asarray(group["data"][0, rows_px, cols_px])
             valid = np.asarray(group["valid"][rows_px, cols_px]).astype(bool)
             ids, valid = ids.reshape(n_r, h, n_c, w), valid.reshape(n_r, h, n_c, w)
-            low = np.where(valid, ids, np.iinfo(np.int64).max).min(axis=(1, 3))
-            high = np.where(valid, ids, np.iinfo(np.int64).min).max(axis=(1, 3))
-            one = (low == high)[(r - r0) // h, (c - c0) // w]
-            for i, flag in zip(members, one.tolist(), strict=True):
-                single[(store, windows["tile_id"][i])] = bool(flag)
-    flags = [
-        single.get((s, t), False)
-        for s, t in zip(index["store"].to_pylist(), index["tile_id"].to_pylist(), strict=True)
-    ]
-    return _flags_table(
-        index["tile_id"].to_pylist(),
-        index["year"].to_pylist(),
-        index["modality"].to_pylist(),
-        flags,
-    )
+            info = np.iinfo(ids.dtype) if ids.dtype.kind in "iu" else np.finfo(ids.dtype)
+            low = np.where(valid, ids, info.max).min(axis=(1, 3))  # none valid: low > high
+            high = np.where(valid, ids, info.min).max(axis=(1, 3))
+            out[members] = (low == high)[(r - r0) // h, (c - c0) // w]
+    return out
 
 
 def _flags_table(tile_ids: list, years: list, modalities: list, flags: list) -> pa.Table:

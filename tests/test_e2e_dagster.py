@@ -108,6 +108,30 @@ def test_benchmark_views_are_queryable_after_the_build(build: dict[str, object])
     assert "Translation benchmark:" in str(build["out"]) and "asked for" in str(build["out"])
 
 
+def test_categorical_chips_record_their_classes(release_dir: Path) -> None:
+    """Single-class flags from the chip index's class counts match the chips' pixels."""
+    from citycube.translation import _single_class_from_stores, single_class_flags
+
+    release = Release(release_dir.parent.parent, release_dir.name)
+    con = duckdb.connect(str(release_dir / "cube.duckdb"), read_only=True)
+    missing = con.execute(
+        "SELECT count(*) FILTER (WHERE classes IS NULL), min(classes) FROM chip_index "
+        "WHERE modality IN ('LC', 'LU', 'POI') AND available"
+    ).fetchone()
+    assert missing[0] == 0 and missing[1] >= 1
+    assert con.execute(
+        "SELECT count(*) FROM chip_index WHERE modality = 'OPT' AND classes IS NOT NULL"
+    ).fetchone() == (0,)
+    flags = single_class_flags(release, con, ["LC", "LU", "POI"])
+    index = con.execute(
+        "SELECT tile_id, year, modality, store, row_off, col_off, height, width FROM chip_index "
+        "WHERE available AND modality IN ('LC', 'LU', 'POI')"
+    ).to_arrow_table()
+    from_pixels = _single_class_from_stores(release, index)
+    assert flags["single_class"].to_pylist() == from_pixels.tolist()
+    assert 0 < sum(from_pixels) < len(from_pixels)
+
+
 def test_partition_work_ran_on_a_two_worker_local_cluster(build: dict[str, object]) -> None:
     out = str(build["out"])
     assert re.search(r"dask: LocalCluster with 2 workers at tcp://", out)
