@@ -11,7 +11,7 @@ import hashlib
 from enum import StrEnum
 from functools import cache
 from importlib import resources
-from typing import Self, TypeVar
+from typing import Literal, Self, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -172,9 +172,14 @@ class PairingRule(BaseModel):
     """
 
     model_config = _STRICT
-    positive: bool = Field(False, description="Pairs only where every pairing field is > 0.")
+    positive: bool = Field(False, description="Pairs only where its pairing fields are > 0.")
     fields: tuple[str, ...] = Field(
         (), description="Fields that must be available to pair; empty: every field."
+    )
+    needs: Literal["all", "any"] = Field(
+        "all",
+        description="'all': every pairing field must pass; 'any': one is enough (fields from "
+        "independent products, scored over the fields present).",
     )
 
 

@@ -100,13 +100,14 @@ def training_stats(
         if spec.is_image:
             continue
         found = by_modality.get(spec.code, {})
-        if not all(f.name in found for f in spec.fields):
+        if not found:
             continue
-        for f in spec.fields:
-            values = found[f.name]
-            ranges[(spec.code, f.name)] = _percentiles(values)
-            log_ranges[(spec.code, f.name)] = _percentiles(np.log1p(np.clip(values, 0, None)))
-        means[spec.code] = np.array([found[f.name].mean() for f in spec.fields])
+        for name, values in found.items():  # a field absent from training is not scored
+            ranges[(spec.code, name)] = _percentiles(values)
+            log_ranges[(spec.code, name)] = _percentiles(np.log1p(np.clip(values, 0, None)))
+        means[spec.code] = np.array(
+            [found[f.name].mean() if f.name in found else np.nan for f in spec.fields]
+        )
     rng = np.random.default_rng(seed)
     for spec in catalogue.modalities:
         if not spec.is_image:
@@ -173,7 +174,7 @@ class _Pool:
         """Per field (numeric) or band (image): errors of the reference's finite values."""
         for i, name in enumerate(names):
             yi, pi = y[i].astype(np.float64).ravel(), p[i].astype(np.float64).ravel()
-            keep = np.isfinite(yi)
+            keep = np.isfinite(yi)  # a non-finite prediction shows as a NaN score
             yi, pi = yi[keep], pi[keep]
             if self.metric in (Metric.LOG1P_NMAE, Metric.LOG1P_NMSE):
                 yi, pi = np.log1p(np.clip(yi, 0, None)), np.log1p(np.clip(pi, 0, None))
@@ -220,6 +221,8 @@ class _Pool:
         ranges = stats.log1p_ranges if log else stats.ranges
         scores = []
         for name, n in self.n.items():
+            if (target, name) not in ranges:
+                continue
             low, high = ranges[(target, name)]
             span = high - low
             if n == 0 or not span > 0:

@@ -1,8 +1,9 @@
 """Translation pair index: which directed source → target routes each (city, scale, tile, year)
 offers among the 18 modalities (SPEC §5, seed 000 §2 and Table 14).
 
-A key offers a modality when every pairing field of it is available with a finite value, and
-positive where the modality's pairing rule says so (PROP, GPS, ELEC). Routes are then every
+A key offers a modality when every pairing field of it is available with a finite value (any
+one for AQ, whose two products are independent), and positive where the modality's pairing
+rule says so (PROP, GPS, ELEC). Routes are then every
 ordered pair of distinct offered modalities: 18 × 17 = 306 at most. Instead of one row per
 route (tens of millions for the whole calendar), the index stores one row per key with a bit
 mask of its offered modalities; routes and their counts follow from the masks.
@@ -10,7 +11,7 @@ mask of its offered modalities; routes and their counts follow from the masks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,16 +87,29 @@ def pairing_rules(catalogue: Catalogue, order: Sequence[str] | None = None) -> p
     )
 
 
-def modality_masks(field_masks: np.ndarray, rules: pa.Table, order: Sequence[str]) -> np.ndarray:
-    """Modality bit masks (bit i: ``order[i]`` offered) from masks of passing pairing fields."""
+def modality_masks(
+    field_masks: np.ndarray,
+    rules: pa.Table,
+    order: Sequence[str],
+    any_of: Collection[str] | None = None,
+) -> np.ndarray:
+    """Modality bit masks (bit i: ``order[i]`` offered) from masks of passing pairing fields.
+
+    A modality is offered when all its pairing fields pass, or any one for those in ``any_of``.
+    """
     field_masks = np.asarray(field_masks, dtype=np.int64)
     out = np.zeros(len(field_masks), dtype=np.int64)
     modality = np.asarray(rules["modality"].to_pylist(), dtype=object)
     bits = rules["field_bit"].to_numpy()
     for i, code in enumerate(order):
         needed = np.int64(np.bitwise_or.reduce(bits[modality == code], initial=0))
-        if needed:
-            out |= np.where((field_masks & needed) == needed, np.int64(1) << i, 0)
+        if not needed:
+            continue
+        if any_of is not None and code in any_of:
+            passing = (field_masks & needed) != 0
+        else:
+            passing = (field_masks & needed) == needed
+        out |= np.where(passing, np.int64(1) << i, 0)
     return out
 
 
@@ -126,7 +140,8 @@ def pair_index(
         ).to_arrow_table()
     finally:
         con.unregister("_pairing_rules")
-    masks = modality_masks(keys["field_mask"].to_numpy(), rules, order)
+    any_of = {c for c in order if catalogue.get(c).pairing.needs == "any"}
+    masks = modality_masks(keys["field_mask"].to_numpy(), rules, order, any_of)
     offered = mask_matrix(masks, len(order)).astype(bool)
     n = offered.sum(axis=1)
     keep = n >= 2

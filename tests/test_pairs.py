@@ -143,3 +143,16 @@ def test_electricity_zero_stays_in_the_cube_but_not_in_pairs(positive: float) ->
     rows = _rows("Boston_2KM_r0_c0", 2020, {"ELEC": positive, "NTL": 1.0, "POP": 1.0})
     (key,) = _index(rows).to_pylist()
     assert ("ELEC" in key["modalities"]) is (positive > 0)
+
+
+def test_air_quality_pairs_on_either_product() -> None:
+    """AQ's two products are independent: one missing does not keep the other from pairing."""
+    rows = _rows("Boston_2KM_r2_c2", 2020, {"AQ": 7.0, "POP": 3.0})
+    for row in rows:
+        if row["field"] == "annual_mean_no2":
+            row.update(value=None, available=False, reason="source_year_missing")
+    (key,) = _index(rows).to_pylist()
+    assert key["modalities"] == ["AQ", "POP"]
+    rows = _rows("Boston_2KM_r2_c2", 2020, {"AQ": None, "POP": 3.0, "NTL": 1.0})
+    (key,) = _index(rows).to_pylist()
+    assert key["modalities"] == ["POP", "NTL"]
