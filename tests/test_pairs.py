@@ -156,3 +156,11 @@ def test_air_quality_pairs_on_either_product() -> None:
     rows = _rows("Boston_2KM_r2_c2", 2020, {"AQ": None, "POP": 3.0, "NTL": 1.0})
     (key,) = _index(rows).to_pylist()
     assert key["modalities"] == ["POP", "NTL"]
+
+
+def test_editing_a_pairing_rule_does_not_recompute_the_cube() -> None:
+    from citycube.versions import modality_digest
+
+    aq = CAT.get("AQ")
+    edited = aq.model_copy(update={"pairing": aq.pairing.model_copy(update={"needs": "all"})})
+    assert modality_digest(edited, CAT) == modality_digest(aq, CAT)
