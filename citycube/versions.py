@@ -21,8 +21,9 @@ def modality_digest(modality: ModalitySpec, catalogue: Catalogue) -> str:
     """Digest of everything that defines a modality's results.
 
     Its spec (fields, validity rules and thresholds, aggregation, chip, rendering; not its
-    translation-pairing rule), the legends it refers to and the specs of the products it reads. Editing any of them changes the digest,
-    and with it the modality assets' code version and every derived result's signature.
+    translation-pairing rule), the legends it refers to and the specs of the products it reads.
+    Editing any of them changes the digest, and with it the modality assets' code version and
+    every derived result's signature.
     """
     products = load_products()
     legends = {modality.validity.legend, modality.render.legend} - {None}
