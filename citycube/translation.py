@@ -192,6 +192,7 @@ def single_class_flags(
         SELECT tile_id, year, modality, store, row_off, col_off, height, width,
                {"classes" if _has_classes(con) else "NULL::SMALLINT AS classes"}
         FROM chip_index WHERE available AND modality IN ({marks})
+        ORDER BY modality, tile_id, year
         """,
         codes,
     ).to_arrow_table()

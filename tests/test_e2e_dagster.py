@@ -128,7 +128,12 @@ def test_categorical_chips_record_their_classes(release_dir: Path) -> None:
         "WHERE available AND modality IN ('LC', 'LU', 'POI')"
     ).to_arrow_table()
     from_pixels = _single_class_from_stores(release, index)
-    assert flags["single_class"].to_pylist() == from_pixels.tolist()
+
+    def keyed(table: object, values: list[bool]) -> dict[tuple, bool]:
+        rows = table.select(["tile_id", "year", "modality"]).to_pylist()  # type: ignore[attr-defined]
+        return {tuple(r.values()): v for r, v in zip(rows, values, strict=True)}
+
+    assert keyed(flags, flags["single_class"].to_pylist()) == keyed(index, from_pixels.tolist())
     assert 0 < sum(from_pixels) < len(from_pixels)
 
 
