@@ -2,6 +2,7 @@
 manifest (quick-looks are made with each source period's chips, by the derived assets)."""
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import dagster as dg
@@ -29,9 +30,12 @@ def _files_written(paths: dict[str, Path], shown: str, as_name: str) -> dg.Mater
     )
 
 
-def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
+def build_report_assets(
+    catalogue: Catalogue, after: Sequence[dg.AssetKey] = ()
+) -> list[dg.AssetsDefinition]:
     """The availability and paper-vs-release reports of the published release, its dataset
-    card, then its manifest."""
+    card, then its manifest (written after ``after`` too: every asset that adds files to the
+    release or touches its database)."""
 
     @dg.asset(
         key=AVAILABILITY_REPORT_KEY,
@@ -40,7 +44,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         kinds={"python", "csv", "png"},
     )
     def availability_report(cube: CubeResource) -> dg.MaterializeResult:
-        """Availability by modality and by city (CSV + markdown) and a city × year heatmap."""
+        """Availability by modality, field and city (CSV + markdown) and a city × year heatmap."""
         import pandas as pd
         from PIL import Image
 
@@ -50,6 +54,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         release = cube.release()
         paths = write_report(release, catalogue)
         modality_md = paths["modality_md"].read_text(encoding="utf-8")
+        field_md = paths["field_md"].read_text(encoding="utf-8")
         city_md = paths["city_md"].read_text(encoding="utf-8")
         with Image.open(paths["heatmap_png"]) as heatmap:
             heatmap_uri = png_data_uri(heatmap.convert("RGB"), HEATMAP_PREVIEW_PX)
@@ -61,6 +66,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
                 "possible_combinations": int(overall["possible"]),
                 "availability_percent": float(overall["percent"]),
                 "by_modality": dg.MetadataValue.md(modality_md),
+                "by_field": dg.MetadataValue.md(field_md),
                 "by_city": dg.MetadataValue.md(city_md),
                 "heatmap": dg.MetadataValue.md(f"![availability heatmap]({heatmap_uri})"),
             }
@@ -98,7 +104,7 @@ def build_report_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
 
     @dg.asset(
         key=MANIFEST_KEY,
-        deps=[DATASET_CARD_KEY, PAPER_COMPARISON_KEY],
+        deps=[DATASET_CARD_KEY, PAPER_COMPARISON_KEY, *after],
         group_name="reports",
         kinds={"json"},
     )

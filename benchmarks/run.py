@@ -72,6 +72,13 @@ BENCHMARKS = (
         True,
     ),
     Benchmark(
+        "translation",
+        "benchmarks.bench_translation",
+        "pair index, splits and 269,472 sampled instances for the whole calendar (synthetic "
+        "observations) vs one DuckDB scan of them",
+        False,
+    ),
+    Benchmark(
         "build",
         "benchmarks.bench_build",
         "sample build of one city-year (fetch + every enabled modality) vs decoding the files",

@@ -570,6 +570,7 @@ def croissant_metadata(facts: CardFacts, release: Release) -> dict[str, Any]:
             "height": "Chip height, pixels.",
             "width": "Chip width, pixels.",
             "resolution_m": "Pixel size, metres.",
+            "classes": "Distinct valid class ids in a categorical chip (LC, LU, POI); else empty.",
         }
         record_sets.append(
             {

@@ -12,7 +12,7 @@ import math
 from enum import StrEnum
 from functools import cache
 from importlib import resources
-from typing import Self, TypeVar
+from typing import Literal, Self, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -159,7 +159,11 @@ class Validity(BaseModel):
     legend: str | None = Field(None, description="Legend whose ids are the only valid ids.")
     qa_invalid_bits: tuple[int, ...] = Field((), description="QA bits that invalidate a pixel.")
     min_valid_fraction: float = Field(gt=0, le=1, description="Tile availability threshold.")
-    positive: bool = Field(False, description="Released value must be > 0 to be available.")
+    non_negative: bool = Field(
+        False,
+        description="A negative value is invalid (totals, prices and densities); zero stays a "
+        "valid, available value.",
+    )
 
     @model_validator(mode="after")
     def _range_order(self) -> Self:
@@ -168,6 +172,24 @@ class Validity(BaseModel):
         if any(not 0 <= b <= 15 for b in self.qa_invalid_bits):
             raise ValueError(f"qa_invalid_bits {self.qa_invalid_bits} must be 0–15")
         return self
+
+
+class PairingRule(BaseModel):
+    """When a modality may take part in a translation pair (SPEC §5), beyond being available.
+
+    A pairing rule, not a release rule: the release keeps a genuine zero as an available value.
+    """
+
+    model_config = _STRICT
+    positive: bool = Field(False, description="Pairs only where its pairing fields are > 0.")
+    fields: tuple[str, ...] = Field(
+        (), description="Fields that must be available to pair; empty: every field."
+    )
+    needs: Literal["all", "any"] = Field(
+        "all",
+        description="'all': every pairing field must pass; 'any': one is enough (fields from "
+        "independent products, scored over the fields present).",
+    )
 
 
 class ChipSpec(BaseModel):
@@ -244,6 +266,9 @@ class ModalitySpec(BaseModel):
     value_range: tuple[float, float] | None = Field(
         None, description="Plausible range of released values, checked by asset checks."
     )
+    pairing: PairingRule = Field(
+        default_factory=PairingRule, description="Translation-pair rule (SPEC §5)."
+    )
     processing: Processing
 
     @model_validator(mode="after")
@@ -251,6 +276,9 @@ class ModalitySpec(BaseModel):
         names = [f.name for f in self.fields]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.code}: duplicate field names {names}")
+        unknown = sorted(set(self.pairing.fields) - set(names))
+        if unknown:
+            raise ValueError(f"{self.code}: pairing names unknown fields {unknown}")
         primary = self._primary_products()
         for product, fallbacks in self.fallback_products.items():
             if product not in primary:
@@ -289,6 +317,11 @@ class ModalitySpec(BaseModel):
     def display_code(self) -> str:
         """The code as the papers write it."""
         return self.label or self.code
+
+    @property
+    def pairing_fields(self) -> tuple[str, ...]:
+        """Fields that must be available (and positive, if the rule says so) to pair."""
+        return self.pairing.fields or tuple(f.name for f in self.fields)
 
     @property
     def is_image(self) -> bool:

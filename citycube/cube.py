@@ -71,6 +71,7 @@ CHIP_INDEX_SCHEMA = pa.schema(
         pa.field("available", pa.bool_(), nullable=False),
         pa.field("temporal_basis", pa.string(), nullable=False),
         pa.field("source_year", pa.int16()),
+        pa.field("classes", pa.int16()),  # distinct valid ids of a categorical chip, else NULL
     ]
 )
 
@@ -416,6 +417,10 @@ def build_duckdb(
                 GROUP BY city, year, modality
                 """
             )
+            from citycube.pairs import modality_order
+            from citycube.translation import create_views
+
+            create_views(con, release, modality_order(catalogue))  # those already written
         finally:
             con.close()
         os.replace(tmp, path)

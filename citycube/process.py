@@ -90,7 +90,9 @@ log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[str], None]
 
-RESULT_COLUMNS = ["tile_id", "scale", "field", "value", "valid_fraction", "reason"]
+RESULT_COLUMNS = ["tile_id", "scale", "field", "value", "valid_fraction", "reason", "classes"]
+"""Per-tile results; ``classes`` counts the distinct valid ids of a categorical chip (stored for
+categorical modalities only)."""
 PROVENANCE_COLUMNS = ["product", "source_year", "source_id", "source_version", "synthetic"]
 
 
@@ -348,19 +350,22 @@ def _summary_rows(
                 value = float(summary.mode_class) if summary.mode_class is not None else math.nan
             else:
                 value = summary.band_means[i] * f.scale + f.offset
-            rows.append(_result_row(tile.tile_id, tile.scale, f.name, value, fraction, reason))
+            row = _result_row(tile.tile_id, tile.scale, f.name, value, fraction, reason)
+            if categorical and summary.class_counts is not None:
+                row["classes"] = len(summary.class_counts)  # single-class chips: diversity
+            rows.append(row)
     return rows
 
 
-def _reason(covered: float, fraction: float, threshold: float, value: float, positive: bool):
+def _reason(covered: float, fraction: float, threshold: float, value: float, non_negative: bool):
     if covered <= 0:
         return "outside_source_coverage"
     if not _meets(fraction, threshold):
         return "insufficient_valid_support"
     if not np.isfinite(value):
         return "no_valid_support"
-    if positive and not value > 0:
-        return "non_positive_value"
+    if non_negative and value < 0:  # zero stays available; positivity is a pairing rule
+        return "negative_value"
     return None
 
 
@@ -407,7 +412,7 @@ def _numeric_results(
                                 f"{modality.code}: {modality.aggregation} does not apply to rasters"
                             )
                         reason = _reason(
-                            covered, fraction, threshold, value, modality.validity.positive
+                            covered, fraction, threshold, value, modality.validity.non_negative
                         )
                         rows.append(_result_row(tile_id, scale, f.name, value, fraction, reason))
             _require_valid_pixels(valid_support, city, item.href(role))
@@ -474,7 +479,9 @@ def _record_sum_results(
             for t_index, tile_id in enumerate(grid.tile_ids()):
                 fraction = float(fractions[t_index])
                 value = float(sums[t_index]) * f.scale / nominal_km2
-                reason = _reason(fraction, fraction, threshold, value, modality.validity.positive)
+                reason = _reason(
+                    fraction, fraction, threshold, value, modality.validity.non_negative
+                )
                 rows.append(_result_row(tile_id, scale, f.name, value, fraction, reason))
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
@@ -506,7 +513,7 @@ def _city_record_results(
                     support,
                     threshold,
                     value,
-                    modality.validity.positive,
+                    modality.validity.non_negative,
                 )
                 rows.append(_result_row(tile_id, scale, f.name, value, support, reason))
     frame = pd.DataFrame(rows, columns=RESULT_COLUMNS)
@@ -827,7 +834,10 @@ def derive(
         )
     derived = pd.concat(frames, ignore_index=True)
     derived["source_year"] = derived["source_year"].astype("Int16")
-    columns = RESULT_COLUMNS + PROVENANCE_COLUMNS
+    columns = [
+        c for c in RESULT_COLUMNS if c != "classes" or modality.kind == Kind.CATEGORICAL_IMAGE
+    ]
+    columns += PROVENANCE_COLUMNS
     if derived["currency"].notna().any():  # money in its own currency: keep the code per row
         derived["currency"] = derived["currency"].astype("string")
         columns = [*columns, "currency"]
@@ -1012,6 +1022,11 @@ def chip_index_table(
     per_tile = (
         derived.drop_duplicates("tile_id").set_index("tile_id").reindex([t.tile_id for t in tiles])
     )
+    classes = (
+        per_tile["classes"].to_numpy(dtype=float)
+        if "classes" in per_tile
+        else np.full(len(tiles), np.nan)
+    )
     windows = np.array([grid.window(t) for t in tiles], dtype=np.int32).reshape(-1, 4)
     n = len(tiles)
     source_year = per_tile["source_year"]
@@ -1034,6 +1049,9 @@ def chip_index_table(
             source_year.fillna(0).to_numpy(dtype=np.int16),
             pa.int16(),
             mask=source_year.isna().to_numpy(),
+        ),
+        "classes": pa.array(
+            np.nan_to_num(classes).astype(np.int16), pa.int16(), mask=~np.isfinite(classes)
         ),
     }
     return pa.Table.from_pydict(columns, schema=CHIP_INDEX_SCHEMA)

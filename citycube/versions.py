@@ -12,7 +12,7 @@ import json
 from citycube.catalogue import Catalogue, ModalitySpec
 from citycube.products import load_products
 
-ENGINE_VERSION = "2026.12.1"
+ENGINE_VERSION = "2026.12.2"
 """Version of the processing engine. Part of every derived result's signature and of the
 modality assets' code versions: bump it when a change to the engine changes results."""
 
@@ -20,15 +20,18 @@ modality assets' code versions: bump it when a change to the engine changes resu
 def modality_digest(modality: ModalitySpec, catalogue: Catalogue) -> str:
     """Digest of everything that defines a modality's results.
 
-    Its spec (fields, validity rules and thresholds, aggregation, chip, rendering), the legends
-    it refers to and the specs of the products it reads. Editing any of them changes the digest,
-    and with it the modality assets' code version and every derived result's signature.
+    Its spec (fields, validity rules and thresholds, aggregation, chip, rendering; not its
+    translation-pairing rule), the legends it refers to and the specs of the products it reads.
+    Editing any of them changes the digest, and with it the modality assets' code version and
+    every derived result's signature.
     """
     products = load_products()
     legends = {modality.validity.legend, modality.render.legend} - {None}
     used = [*modality.products(), *modality.auxiliary_products]
     parts = {
-        "modality": modality.model_dump(mode="json"),
+        # The pairing rule is the translation benchmark's, read afresh by its assets each build:
+        # editing it must not recompute the cube.
+        "modality": modality.model_dump(mode="json", exclude={"pairing"}),
         "legends": {
             name: {str(k): v.model_dump(mode="json") for k, v in catalogue.legends[name].items()}
             for name in sorted(n for n in legends if n is not None)

@@ -37,7 +37,10 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:  # imported where used
+    from citycube.cube import Release
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKSPACE_FILE = REPO_ROOT / "workspace.yaml"
@@ -858,7 +861,25 @@ def _conclude(
         file=out,
         flush=True,
     )
+    print(_benchmark_line(release), file=out, flush=True)
     return 0
+
+
+def _benchmark_line(release: Release) -> str:
+    """Where the translation benchmark's inputs are and how many instances they hold."""
+    from citycube.translation import BenchmarkFiles, manifest_summary
+
+    manifest = manifest_summary(release)
+    if not manifest:
+        return f"Translation benchmark: not built ({BenchmarkFiles(release).root} is empty)"
+    achieved = manifest["achieved"]
+    counts = " / ".join(f"{achieved[s]:,}" for s in ("train", "val", "test"))
+    asked = "" if manifest["complete"] else f" of {manifest['total']:,} asked for"
+    return (
+        f"Translation benchmark: {sum(achieved.values()):,} instances{asked} "
+        f"(train / val / test {counts}), pair counts and splits in "
+        f"{BenchmarkFiles(release).root}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -208,6 +208,37 @@ def views(args: argparse.Namespace) -> int:
     return 0
 
 
+def evaluate(args: argparse.Namespace) -> int:
+    """Score the training-mean reference on a split of the translation instances."""
+    from citycube.catalogue import load_catalogue
+    from citycube.cube import Release
+    from citycube.evaluate import score, score_matrix_markdown, write_scores
+    from citycube.pairs import modality_order
+    from citycube.translation import BenchmarkFiles
+
+    release = Release(Path(args.data).resolve(), args.release)
+    if not BenchmarkFiles(release).instances.exists():
+        print(f"no translation instances in {release.root}; run `make run` first", file=sys.stderr)
+        return 2
+    catalogue = load_catalogue()
+    targets = [t.strip() for t in args.targets.split(",")] if args.targets else None
+    table = score(release, catalogue, split=args.split, targets=targets)
+    out = (
+        Path(args.out)
+        if args.out
+        else (
+            release.data_root
+            / "evaluations"
+            / release.version
+            / f"training_mean_{args.split}.parquet"
+        )
+    )
+    path = write_scores(table, out, release)
+    print(f"training-mean reference on {args.split}: {table.num_rows} routes scored -> {path}")
+    print(score_matrix_markdown(table, modality_order(catalogue)))
+    return 0
+
+
 def summary(args: argparse.Namespace) -> int:
     """Print the DuckDB summary of a release."""
     from citycube.cube import Release
@@ -504,6 +535,24 @@ def parser() -> argparse.ArgumentParser:
     )
     cd.add_argument("--validate", action="store_true", help="validate the written card instead")
     cd.set_defaults(func=card)
+    e = sub.add_parser(
+        "evaluate",
+        help="score the training-mean reference predictor on the translation instances",
+        description=(
+            "Score every route of a split of the release's translation instances with its "
+            "target's metric (seed 000 Table 2), normalised by the training split, for the "
+            "training-mean reference predictor. Writes a Parquet of (source, target, metric, "
+            "score, instances) outside the release (its manifest stays valid) and prints the "
+            "source × target table."
+        ),
+    )
+    e.add_argument("--split", default="test", choices=["train", "val", "test"])
+    e.add_argument("--targets", help="comma-separated target codes (default: every target)")
+    e.add_argument(
+        "--out",
+        help="output Parquet (default <data>/evaluations/<release>/training_mean_<split>.parquet)",
+    )
+    e.set_defaults(func=evaluate)
     d = sub.add_parser("dagster-home", help="prepare DAGSTER_HOME for offline `dagster dev`")
     d.set_defaults(func=dagster_home)
     r = sub.add_parser(

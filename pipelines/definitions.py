@@ -12,6 +12,7 @@ from assets.derived import build_derived_assets
 from assets.modalities import build_modality_assets
 from assets.reports import build_report_assets
 from assets.sources import build_source_assets
+from benchmark_assets import INSTANCES_KEY, PAIRS_KEY, SPLITS_KEY, build_benchmark_assets
 from citycube.catalogue import Catalogue, load_catalogue
 from pipelines.lifetime import follow_build_process
 from pipelines.resources import ComputeResource, default_cube_resource
@@ -25,7 +26,8 @@ def build_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         *build_derived_assets(catalogue),
         *build_modality_assets(catalogue),
         *build_cube_assets(catalogue),
-        *build_report_assets(catalogue),
+        *build_benchmark_assets(catalogue),
+        *build_report_assets(catalogue, after=[PAIRS_KEY, SPLITS_KEY, INSTANCES_KEY]),
     ]
 
 

@@ -75,6 +75,66 @@ def test_build_is_one_backfill_of_successful_runs(build: dict[str, object]) -> N
     assert {"sources/cop_dem_glo30", "derived/dem", "derived/pop", "modalities/opt"} <= materialized
     assert {"cube/staged_database", "cube/database", "cube/availability_report"} <= materialized
     assert {"cube/dataset_card", "cube/manifest"} <= materialized
+    benchmark = {
+        "benchmark/translation_pairs",
+        "benchmark/splits",
+        "benchmark/translation_instances",
+    }
+    assert benchmark <= materialized
+
+
+def test_benchmark_views_are_queryable_after_the_build(build: dict[str, object]) -> None:
+    release_dir = Path(str(build["release"]))
+    con = duckdb.connect(str(release_dir / "cube.duckdb"), read_only=True)
+    keys, routes, cities = con.execute(
+        "SELECT count(*), sum(n_routes), count(DISTINCT city) FROM translation_pairs"
+    ).fetchone()
+    assert keys > 0 and cities == 1
+    assert con.execute("SELECT sum(pairs) FROM translation_route_counts").fetchone()[0] == routes
+    assert con.execute("SELECT count(*) FROM splits").fetchone()[0] == 6586
+    # Amsterdam publishes no electricity: no route to or from ELEC
+    assert (
+        con.execute(
+            "SELECT count(*) FROM translation_routes WHERE 'ELEC' IN (source, target)"
+        ).fetchone()[0]
+        == 0
+    )
+    per_split = dict(
+        con.execute("SELECT split, count(*) FROM translation_instances GROUP BY 1").fetchall()
+    )
+    assert set(per_split) == {"train", "val", "test"}
+    # one city-year is a partial cube: every pair became an instance, and the build says so
+    assert sum(per_split.values()) == routes
+    assert "Translation benchmark:" in str(build["out"]) and "asked for" in str(build["out"])
+
+
+def test_categorical_chips_record_their_classes(release_dir: Path) -> None:
+    """Single-class flags from the chip index's class counts match the chips' pixels."""
+    from citycube.translation import _single_class_from_stores, single_class_flags
+
+    release = Release(release_dir.parent.parent, release_dir.name)
+    con = duckdb.connect(str(release_dir / "cube.duckdb"), read_only=True)
+    missing = con.execute(
+        "SELECT count(*) FILTER (WHERE classes IS NULL), min(classes) FROM chip_index "
+        "WHERE modality IN ('LC', 'LU', 'POI') AND available"
+    ).fetchone()
+    assert missing[0] == 0 and missing[1] >= 1
+    assert con.execute(
+        "SELECT count(*) FROM chip_index WHERE modality = 'OPT' AND classes IS NOT NULL"
+    ).fetchone() == (0,)
+    flags = single_class_flags(release, con, ["LC", "LU", "POI"])
+    index = con.execute(
+        "SELECT tile_id, year, modality, store, row_off, col_off, height, width FROM chip_index "
+        "WHERE available AND modality IN ('LC', 'LU', 'POI')"
+    ).to_arrow_table()
+    from_pixels = _single_class_from_stores(release, index)
+
+    def keyed(table: object, values: list[bool]) -> dict[tuple, bool]:
+        rows = table.select(["tile_id", "year", "modality"]).to_pylist()  # type: ignore[attr-defined]
+        return {tuple(r.values()): v for r, v in zip(rows, values, strict=True)}
+
+    assert keyed(flags, flags["single_class"].to_pylist()) == keyed(index, from_pixels.tolist())
+    assert 0 < sum(from_pixels) < len(from_pixels)
 
 
 def test_partition_work_ran_on_a_two_worker_local_cluster(build: dict[str, object]) -> None:

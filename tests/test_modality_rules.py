@@ -299,7 +299,8 @@ def test_property_in_2017_ppp_keeps_local_value(
         assert ppp["value"] == pytest.approx(400_000.0 * 110.0 / 121.0 / 0.8)
 
 
-def test_property_must_be_positive(tmp_path: Path, release: Release) -> None:
+def test_zero_property_value_stays_available(tmp_path: Path, release: Release) -> None:
+    """Positivity is a pairing rule (citycube.pairs): the release keeps a genuine zero."""
     values = np.zeros((200, 280), np.float32)
     backend = LocalFilesBackend(
         {("test_prop", CITY, 2020): {"data": _grid_tif(tmp_path / "p.tif", values, 100, -9999)}}
@@ -307,7 +308,18 @@ def test_property_must_be_positive(tmp_path: Path, release: Release) -> None:
     prop = _test_product("PROP", auxiliary_products=())
     process_partition(prop, CAT, CITY, 2020, backend, release)
     row = _rows(release, 2020, "PROP")[("Amsterdam_2KM_r2_c2", "property_mean_local")]
-    assert row["value"] is None and row["reason"] == "non_positive_value"
+    assert row["value"] == 0.0 and row["available"] and row["reason"] is None
+
+
+def test_negative_property_value_is_invalid(tmp_path: Path, release: Release) -> None:
+    values = np.full((200, 280), -5.0, np.float32)
+    backend = LocalFilesBackend(
+        {("test_prop", CITY, 2020): {"data": _grid_tif(tmp_path / "p.tif", values, 100, -9999)}}
+    )
+    prop = _test_product("PROP", auxiliary_products=())
+    process_partition(prop, CAT, CITY, 2020, backend, release)
+    row = _rows(release, 2020, "PROP")[("Amsterdam_2KM_r2_c2", "property_mean_local")]
+    assert row["value"] is None and row["reason"] == "negative_value"
 
 
 # --------------------------------------------------------------------------- points and records
@@ -497,8 +509,9 @@ def test_ndvi_is_not_clipped_in_the_data(tmp_path: Path, release: Release) -> No
     assert row["value"] == pytest.approx((1.02 - 0.2) / 2, abs=1e-5)
 
 
-def test_electricity_must_be_positive(tmp_path: Path, release: Release) -> None:
-    """Records that sum to zero inside the coverage are not a valid consumption."""
+def test_zero_electricity_stays_available(tmp_path: Path, release: Release) -> None:
+    """Records that sum to zero inside the coverage are a genuine zero: released as available
+    (positivity applies when pairing, in citycube.pairs)."""
     grid = city_grid(CITY, "2km")
     cover_utm = box(*grid.bounds)
     coverage = tmp_path / "coverage.geojson"
@@ -515,4 +528,4 @@ def test_electricity_must_be_positive(tmp_path: Path, release: Release) -> None:
     rows = _rows(release, 2016, "ELEC")
     for tile in ("Amsterdam_2KM_r0_c0", "Amsterdam_2KM_r4_c4"):
         row = rows[(tile, "electricity_kwh_km2")]
-        assert row["value"] is None and row["reason"] == "non_positive_value"
+        assert row["value"] == 0.0 and row["available"] and row["reason"] is None

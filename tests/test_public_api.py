@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ["citycube", "sources", "assets", "pipelines", "benchmarks"]
+PACKAGES = ["citycube", "sources", "assets", "benchmark_assets", "pipelines", "benchmarks"]
 
 
 def _modules() -> list[str]:
@@ -29,7 +29,14 @@ def test_module_imports_and_all_resolves(name: str) -> None:
         assert hasattr(module, exported), f"{name}.__all__ names missing {exported!r}"
 
 
-FORBIDDEN_IN_CORE = ("dagster", "dagster_webserver", "sources", "assets", "pipelines")
+FORBIDDEN_IN_CORE = (
+    "dagster",
+    "dagster_webserver",
+    "sources",
+    "assets",
+    "benchmark_assets",
+    "pipelines",
+)
 """The core imports neither Dagster nor any adapter implementation or wiring."""
 
 

@@ -1,0 +1,224 @@
+"""The benchmark assets materialised through Dagster on a small hand-made release.
+
+The release holds synthetic observations of Amsterdam for two years (every field of the 18
+modalities) and one land-cover chip store whose west half is a single class, published in a
+real ``cube.duckdb``. The assets then run as ``make run`` runs them, and their views, files
+and the instance loader are checked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zarr
+from zarr.dtype import VariableLengthUTF8
+
+from benchmark_assets import build_benchmark_assets
+from benchmarks.bench_translation import write_synthetic_observations
+from citycube.catalogue import load_catalogue
+from citycube.cities import SCALES
+from citycube.cube import (
+    CHIP_INDEX_SCHEMA,
+    Release,
+    build_duckdb,
+    release_metadata,
+    write_parquet_atomic,
+    write_tiles,
+)
+from citycube.grids import city_grid, pixel_grid
+from citycube.loader import InstanceLoader
+from citycube.translation import BenchmarkFiles
+from pipelines.resources import CubeResource
+
+CITY, YEARS = "Amsterdam", (2020, 2021)
+CAT = load_catalogue()
+
+
+def _lc_store(release: Release) -> None:
+    """One LC chip store (west half one class, east half mixed) and its chip index rows."""
+    grid = pixel_grid(CITY, 25)
+    store = release.chip_store("LC", CITY, "2020")
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    rng = np.random.default_rng(0)
+    data = rng.choice(np.array([10, 51, 190], np.uint8), size=(1, grid.height, grid.width))
+    data[:, :, : grid.width // 2] = 10
+    group.create_array("data", data=data, chunks=(1, 400, 400))
+    group.create_array("valid", data=np.ones((grid.height, grid.width), np.uint8))
+    band = group.create_array("band", shape=(1,), dtype=VariableLengthUTF8())  # type: ignore[arg-type]
+    band[:] = np.array(["class_id"], dtype=object)
+    for year in YEARS:
+        rows = []
+        for scale in SCALES:
+            for tile in city_grid(CITY, scale).tiles():
+                r, c, h, w = grid.window(tile)
+                rows.append(
+                    {
+                        "tile_id": tile.tile_id,
+                        "city": CITY,
+                        "scale": scale,
+                        "year": year,
+                        "modality": "LC",
+                        "store": str(store.relative_to(release.root)),
+                        "row_off": r,
+                        "col_off": c,
+                        "height": h,
+                        "width": w,
+                        "resolution_m": 25.0,
+                        "valid_fraction": 1.0,
+                        "available": True,
+                        "temporal_basis": "annual",
+                        "source_year": 2020,
+                    }
+                )
+        table = pa.Table.from_pylist(rows, schema=CHIP_INDEX_SCHEMA)
+        write_parquet_atomic(table, release.chip_index_file(CITY, year, "LC"))
+
+
+@pytest.fixture(scope="module")
+def materialised(tmp_path_factory: pytest.TempPathFactory) -> Release:
+    root = tmp_path_factory.mktemp("bench-assets")
+    release = Release(root / "data", "t")
+    write_tiles(release)
+    write_synthetic_observations(
+        release.root / "observations", CAT, years=YEARS, cities=(CITY,), seed=4
+    )
+    _lc_store(release)
+    meta = release_metadata(release, source_set="test", synthetic=True)
+    build_duckdb(release, CAT, meta)
+    result = dg.materialize(
+        build_benchmark_assets(CAT),
+        resources={"cube": CubeResource(data_root=str(root / "data"), release_version="t")},
+        instance=dg.DagsterInstance.ephemeral(),
+        run_config={"ops": {"benchmark__translation_instances": {"config": {"total": 3000}}}},
+    )
+    assert result.success
+    checks = result.get_asset_check_evaluations()
+    assert [(c.check_name, c.passed) for c in checks] == [("no_cross_split_overlap", True)]
+    return release
+
+
+def test_views_are_queryable_in_the_published_database(materialised: Release) -> None:
+    with duckdb.connect(str(materialised.duckdb_file), read_only=True) as con:
+        keys, routes = con.execute(
+            "SELECT count(*), sum(n_routes) FROM translation_pairs"
+        ).fetchone()
+        assert 0 < keys <= 152 * len(YEARS)
+        assert con.execute("SELECT count(*) FROM translation_routes").fetchone()[0] == routes
+        counts = con.execute("SELECT count(*), sum(pairs) FROM translation_route_counts").fetchone()
+        assert counts == (306, routes)
+        splits = dict(con.execute("SELECT split, count(*) FROM splits GROUP BY 1").fetchall())
+        assert sum(splits.values()) == 6586 and set(splits) == {"train", "val", "test"}
+        instances = con.execute(
+            "SELECT count(*), count(DISTINCT split) FROM translation_instances"
+        ).fetchone()
+        assert instances[0] > 0 and instances[1] == 3
+        # instances sit on offered routes of their key, in their key's split
+        stray = con.execute(
+            """
+            SELECT count(*) FROM translation_instances AS i
+            ANTI JOIN translation_routes AS r
+              ON i.tile_id = r.tile_id AND i.year = r.year
+             AND i.source = r.source AND i.target = r.target
+            """
+        ).fetchone()[0]
+        assert stray == 0
+        wrong_split = con.execute(
+            "SELECT count(*) FROM translation_instances i JOIN splits s USING (tile_id) "
+            "WHERE i.split <> s.split"
+        ).fetchone()[0]
+        assert wrong_split == 0
+
+
+def test_files_and_manifest(materialised: Release) -> None:
+    import json
+
+    files = BenchmarkFiles(materialised)
+    table14 = pq.read_table(files.route_counts)
+    assert table14.num_rows == 18 and "H&F" in table14.column_names
+    assert files.heatmap.read_bytes()[:4] == b"\x89PNG"
+    manifest = json.loads(files.manifest.read_text(encoding="utf-8"))
+    assert manifest["total"] == 3000 and manifest["seed"] == 0 and manifest["split_seed"] == 0
+    assert manifest["requested"] == {"train": 1915, "val": 543, "test": 542}
+    assert manifest["single_class_chips"] > 0
+    assert manifest["files"]["instances"]["path"] == "instances.parquet"
+
+
+def test_single_class_chips_are_sampled_less(materialised: Release) -> None:
+    with duckdb.connect(str(materialised.duckdb_file), read_only=True) as con:
+        share = con.execute(
+            """
+            SELECT avg(single_class_target::INT) FILTER (WHERE target = 'LC'),
+                   avg(s.single_class::INT)
+            FROM translation_instances i
+            JOIN read_parquet(?) s ON s.tile_id = i.tile_id AND s.year = i.year
+            WHERE s.modality = 'LC'
+            """,
+            [str(BenchmarkFiles(materialised).single_class)],
+        ).fetchone()
+    kept, overall = share
+    assert overall is not None and 0 < overall < 1
+    assert kept is not None and 0 < kept < overall  # kept, at a lower rate
+
+
+def test_loader_resolves_chips_and_fields(materialised: Release) -> None:
+    loader = InstanceLoader(materialised, split="train")
+    assert len(loader) > 0
+    numeric = {m.code for m in CAT.modalities if not m.is_image}  # only LC has chips here
+    rows = loader.instances.to_pylist()
+    images = [i for i, r in enumerate(rows) if r["target"] == "LC" and r["source"] in numeric]
+    numbers = [i for i, r in enumerate(rows) if r["target"] == "WTH" and r["source"] in numeric]
+    item = loader[images[0]]
+    assert item.target.values.ndim == 3 and item.target.values.shape[0] == 1
+    assert item.target.valid is not None and item.target.valid.shape == item.target.values.shape[1:]
+    side = 80 if item.key[1] == "2km" else 200
+    assert item.target.values.shape[1:] == (side, side)
+    weather = loader[numbers[0]].target
+    assert weather.fields[0] == "tmin_c" and weather.values.shape == (6,)
+    assert np.isfinite(weather.values).all()
+
+
+def test_rebuilt_database_keeps_the_views(materialised: Release, tmp_path: Path) -> None:
+    path = tmp_path / "again.duckdb"
+    build_duckdb(materialised, CAT, {"version": "t"}, path=path)
+    with duckdb.connect(str(path), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM translation_instances").fetchone()[0] > 0
+
+
+def test_training_mean_reference_scores_end_to_end(materialised: Release, tmp_path: Path) -> None:
+    from citycube.evaluate import score, training_stats
+    from citycube.metrics import log1p_nmse, percentile_range
+    from pipelines.cli import main
+
+    stats = training_stats(materialised, CAT)
+    table = score(materialised, CAT, stats=stats, targets=["POP", "LC", "WTH"])
+    rows = {(r["source"], r["target"]): r for r in table.to_pylist()}
+    assert {r["metric"] for r in rows.values() if r["target"] == "LC"} == {"macro_miou"}
+    assert {r["metric"] for r in rows.values() if r["target"] == "WTH"} == {"macro_nmse"}
+    # POP by hand: log1p NMSE of the training mean against every test reference of a route
+    with duckdb.connect(str(materialised.duckdb_file), read_only=True) as con:
+        train = con.execute(
+            "SELECT value FROM observations JOIN splits USING (tile_id) "
+            "WHERE split = 'train' AND modality = 'POP' AND available"
+        ).fetchnumpy()["value"]
+        reference = con.execute(
+            "SELECT o.value FROM translation_instances i JOIN observations o "
+            "ON o.tile_id = i.tile_id AND o.year = i.year AND o.modality = i.target "
+            "WHERE i.split = 'test' AND i.source = 'NTL' AND i.target = 'POP'"
+        ).fetchnumpy()["value"]
+    expected = log1p_nmse(
+        reference,
+        np.full(len(reference), train.mean()),
+        percentile_range(train, log1p=True),
+    )
+    assert rows[("NTL", "POP")]["score"] == pytest.approx(expected)
+    assert rows[("NTL", "POP")]["instances"] == len(reference)
+    out = tmp_path / "scores.parquet"
+    args = ["--data", str(materialised.data_root), "--release", materialised.version]
+    assert main([*args, "evaluate", "--targets", "POP", "--out", str(out)]) == 0
+    assert pq.read_table(out).num_rows == sum(1 for _, t in rows if t == "POP")
