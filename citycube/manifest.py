@@ -32,10 +32,12 @@ FINAL_FILE = "final.json"
 """Written when a release is frozen; it pins the manifest's own SHA-256 (``citycube freeze``)."""
 EXCLUDED_NAMES = frozenset({MANIFEST_FILE, FINAL_FILE, "cube.duckdb", "cube.duckdb.wal"})
 """Files of the release root that the manifest does not cover (see the module docstring)."""
-TIMESTAMPED_FILES = frozenset({"release.json", "croissant.json", "README.md"})
+TIMESTAMPED_FILES = frozenset(
+    {"release.json", "croissant.json", "README.md", "benchmark/instances_manifest.json"}
+)
 """Files whose content records when the build ran (``built_at`` in release.json, quoted by the
-dataset card's Croissant file and data card): a rebuild of the same inputs changes them and
-nothing else, so comparisons of two builds leave them out."""
+dataset card's Croissant file and data card, and in the instances manifest): a rebuild of the
+same inputs changes them and nothing else, so comparisons of two builds leave them out."""
 EXCLUDED_DIRS = frozenset({".staging", "renders"})
 """Folders it does not cover: the staged database, and renders a user asks for later."""
 
