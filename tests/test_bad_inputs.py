@@ -31,16 +31,16 @@ from citycube.errors import (
     CityCubeError,
     CubeWriteError,
     SourceReadError,
-    SourceUnavailableError,
     UnknownCityError,
     UnknownYearError,
 )
 from citycube.grids import pixel_grid
 from citycube.process import process_partition
 from citycube.rasters import write_netcdf_variable
-from citycube.sources import SourceInfo, SourceItem, SourceProduct, SourceSet
+from citycube.sources import SourceItem, SourceSet
 from pipelines.cli import main
 from sources import load_source_set
+from tests.conftest import LocalFilesProduct
 
 CAT = load_catalogue()
 AMS, BOS, YEAR = "Amsterdam", "Boston", 2020
@@ -67,28 +67,16 @@ def _modality(code: str) -> ModalitySpec:
     return CAT.get(code)
 
 
-class ServedItems(SourceProduct):
+class ServedItems(LocalFilesProduct):
     """Serves given items of one product as they are (extra metadata included)."""
 
     def __init__(self, product: str, items: list[SourceItem]) -> None:
-        self.items = {(i.city, i.source_year): i for i in items}
-        self.info = SourceInfo(
-            product_id=product,
-            source_id=f"test:{product}",
-            version="t1",
-            synthetic=True,
-            licence="test fixture",
-            attribution="tests",
-        )
-
-    def source_years(self, city: str) -> list[int] | None:
-        years = [y for c, y in self.items if c == city]
-        return None if years == [None] else sorted(y for y in years if y is not None)
+        super().__init__(product, {(i.city, i.source_year): i.files for i in items})
+        self.served = {(i.city, i.source_year): i for i in items}
 
     def fetch(self, city: str, source_year: int | None, dest: Path) -> SourceItem:
-        if (city, source_year) not in self.items:
-            raise SourceUnavailableError(f"no test item {self.product_id} {city} {source_year}")
-        return self.items[(city, source_year)]
+        super().fetch(city, source_year, dest)  # refuses what it does not serve
+        return self.served[(city, source_year)]
 
 
 def _source_set(items: list[SourceItem]) -> SourceSet:
