@@ -15,7 +15,7 @@ import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 
 @dataclass(frozen=True)
@@ -45,23 +45,21 @@ class Request:
     authorization: str | None
 
 
-class FaultyServer:
-    """Start with ``with FaultyServer() as server:``; ``server.url(path)`` names a file."""
+class LoopbackServer:
+    """A threaded HTTP server on a free loopback port, serving while inside ``with``."""
 
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-        self.faults: dict[str, deque[Fault]] = defaultdict(deque)
-        self.requests: list[Request] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+    def _listen(
+        self,
+        handler: type[BaseHTTPRequestHandler],
+        server_class: type[ThreadingHTTPServer] = ThreadingHTTPServer,
+    ) -> None:
+        self._server = server_class(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
 
-    def __enter__(self) -> FaultyServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -73,6 +71,19 @@ class FaultyServer:
         """The URL of a path on this server."""
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}/{path.lstrip('/')}"
+
+
+class FaultyServer(LoopbackServer):
+    """Start with ``with FaultyServer() as server:``; ``server.url(path)`` names a file."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.faults: dict[str, deque[Fault]] = defaultdict(deque)
+        self.requests: list[Request] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+        self._listen(self._handler())
 
     def add(self, path: str, body: bytes, *faults: Fault) -> str:
         """Serve ``body`` at ``path`` after the given faults; returns its URL."""

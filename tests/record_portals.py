@@ -31,6 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.faulty_http_server import LoopbackServer
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -65,7 +67,7 @@ class Layer:
     honours_out_sr: bool = True
 
 
-class RecordPortals:
+class RecordPortals(LoopbackServer):
     """``with RecordPortals() as portals:`` then ``portals.url('/resource/x.json')``."""
 
     def __init__(self) -> None:
@@ -77,24 +79,7 @@ class RecordPortals:
         self.faults: dict[str, deque[Fault]] = defaultdict(deque)
         self.seen: list[Seen] = []
         self._lock = threading.Lock()
-        self._server = _QuietServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    def __enter__(self) -> RecordPortals:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def url(self, path: str) -> str:
-        """Absolute URL of a path on this server."""
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/{path.lstrip('/')}"
+        self._listen(self._handler(), _QuietServer)
 
     def fault(self, path: str, *faults: Fault) -> None:
         """Queue faults for the next requests of a path (query ignored)."""
