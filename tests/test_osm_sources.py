@@ -8,11 +8,10 @@ roads; nothing is computed with the code under test.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -34,7 +33,7 @@ from sources import build_source_set
 from sources.osm import osm_adapters
 from sources.osm.base import OsmSource, window_wgs84
 from sources.osm.snapshots import BUILDING_TAG_COLUMNS
-from tests.faulty_http_server import FaultyServer
+from tests.faulty_http_server import FaultyServer, LoopbackServer
 from tests.osm_fixtures import H_Y, V_X, amsterdam_history, lonlat
 
 CITY = "Amsterdam"
@@ -279,7 +278,7 @@ def test_items_have_exactly_the_sample_twins_form(
 # -------------------------------------------------------------------------------------- GPS
 
 
-class TrackpointsApi:
+class TrackpointsApi(LoopbackServer):
     """A loopback trackpoints API: GPX pages of ``per_page`` points for a bbox, in a fixed
     order (timed tracks first, then an anonymous undated track), with scripted 429s."""
 
@@ -315,13 +314,12 @@ class TrackpointsApi:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._listen(Handler)
 
     @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+    def root(self) -> str:
+        """The API root, without a trailing slash."""
+        return self.url("").rstrip("/")
 
     def page(self, bbox: str, number: int) -> bytes:
         w, s, e, n = (float(v) for v in bbox.split(","))
@@ -343,14 +341,6 @@ class TrackpointsApi:
             out.append("</trkpt></trkseg></trk>")
         out.append("</gpx>")
         return "".join(out).encode()
-
-    def __enter__(self) -> TrackpointsApi:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def gps_points() -> list[tuple[float, float, str | None, int | None]]:
@@ -382,11 +372,11 @@ def test_gps_pages_tiles_with_a_429_and_processes_to_log_densities(tmp_path: Pat
     points.append((edge_lon, 52.33, "2020-05-05T05:05:05Z", 77))  # inside both tiles' bboxes
     points.append((east + 0.5, 52.3, "2020-05-05T05:05:05Z", 78))  # outside the window
     with TrackpointsApi(points, per_page=3) as api:
-        gps = {"api_url": api.url, "per_page": 3, "tile_deg": 0.25, "requests_per_second": 50}
+        gps = {"api_url": api.root, "per_page": 3, "tile_deg": 0.25, "requests_per_second": 50}
         adapter = family(tmp_path, gps=gps)["osm_gps_traces"]
         # The window is under 0.25° high, so the first tile spans it from south to north.
         first = adapter.page_url((west, south, round(west + 0.25, 7), north), 0)
-        api.throttle[first.split(api.url, 1)[1]] = 1
+        api.throttle[first.split(api.root, 1)[1]] = 1
         item = adapter.fetch(CITY, 2020, tmp_path / "sources")
         frame = gpd.read_parquet(item.files["data"])
         assert frame.crs.to_epsg() == 4326 and list(frame.columns) == ["track_id", "time",
@@ -402,7 +392,7 @@ def test_gps_pages_tiles_with_a_429_and_processes_to_log_densities(tmp_path: Pat
         )
         ours = pq.read_schema(item.files["data"])
         assert [(f.name, f.type) for f in ours] == [(f.name, f.type) for f in twin]
-        throttled = [t for t, p in api.requests if p == first.split(api.url, 1)[1]]
+        throttled = [t for t, p in api.requests if p == first.split(api.root, 1)[1]]
         assert len(throttled) == 2 and throttled[1] - throttled[0] >= 0.9  # Retry-After: 1
         requests_before = len(api.requests)
         release = Release(tmp_path / "data", "t")
@@ -421,7 +411,7 @@ def test_gps_pages_tiles_with_a_429_and_processes_to_log_densities(tmp_path: Pat
 
 def test_gps_year_without_dated_points_is_unavailable(tmp_path: Path) -> None:
     with TrackpointsApi(gps_points(), per_page=5000) as api:
-        gps = {"api_url": api.url, "requests_per_second": 50}
+        gps = {"api_url": api.root, "requests_per_second": 50}
         adapter = family(tmp_path, gps=gps)["osm_gps_traces"]
         with pytest.raises(SourceUnavailableError) as caught:
             adapter.fetch(CITY, 2012, tmp_path / "sources")
@@ -430,7 +420,7 @@ def test_gps_year_without_dated_points_is_unavailable(tmp_path: Path) -> None:
 
 def test_gps_requests_are_paced(tmp_path: Path) -> None:
     with TrackpointsApi(gps_points(), per_page=5000) as api:
-        gps = {"api_url": api.url, "requests_per_second": 5}
+        gps = {"api_url": api.root, "requests_per_second": 5}
         adapter = family(tmp_path, gps=gps)["osm_gps_traces"]
         adapter.fetch(CITY, 2020, tmp_path / "sources")
         times = np.array([t for t, _ in api.requests])
