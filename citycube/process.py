@@ -21,6 +21,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -105,8 +106,19 @@ def _label(source_year: int | None) -> str:
     return "static" if source_year is None else str(source_year)
 
 
-def _all_tiles(city: str) -> list[Tile]:
-    return [t for scale in SCALES for t in city_grid(city, scale).tiles()]
+@cache
+def _all_tiles(city: str) -> tuple[Tile, ...]:
+    """Every tile of both grids, in the order of every per-city table (built once per city)."""
+    return tuple(t for scale in SCALES for t in city_grid(city, scale).tiles())
+
+
+@cache
+def _tile_windows(city: str, resolution_m: float) -> np.ndarray:
+    """(tiles, 4) pixel windows (row, col, height, width) of ``_all_tiles`` at a resolution."""
+    grid = pixel_grid(city, resolution_m)
+    windows = np.array([grid.window(t) for t in _all_tiles(city)], dtype=np.int32)
+    windows.setflags(write=False)
+    return windows.reshape(-1, 4)
 
 
 def _image_results(
@@ -127,7 +139,7 @@ def _image_results(
     fill = 255 if categorical else (0 if np.issubdtype(dtype, np.integer) else np.nan)
     store = release.chip_store(modality.code, city, _label(item.source_year))
     attrs = _chip_attrs(modality, city, item, release)
-    summaries = _BlockSummaries(grid, _all_tiles(city))
+    summaries = _BlockSummaries(grid)
     with (
         block_memory() as release_block,
         open_masked_source(item, modality, bands, valid_ids) as source,
@@ -205,7 +217,7 @@ def _vector_image_results(
     store = release.chip_store(modality.code, city, _label(item.source_year))
     attrs = _chip_attrs(modality, city, item, release)
     fill = 255 if categorical else 0
-    summaries = _BlockSummaries(grid, _all_tiles(city))
+    summaries = _BlockSummaries(grid)
     with (
         block_memory() as release_block,
         ChipStoreWriter(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
@@ -246,31 +258,10 @@ class _BlockSummaries:
     must lie inside exactly one block; a tile that straddled blocks would otherwise vanish.
     """
 
-    def __init__(self, grid: PixelGrid, tiles: Sequence[Tile]) -> None:
+    def __init__(self, grid: PixelGrid) -> None:
         self.grid = grid
-        self.blocks = blocks(grid)
-        bands = row_bands(grid)
-        self._tiles_in: dict[tuple[int, int], list[Tile]] = {}
-        self._order: dict[str, tuple[int, int]] = {}
-        self._tiles = {tile.tile_id: tile for tile in tiles}
-        for index, tile in enumerate(tiles):
-            row_off, col_off, height, width = grid.window(tile)
-            holder = next(
-                (
-                    (row_start, col_start)
-                    for row_start, row_stop, col_start, col_stop in self.blocks
-                    if row_start <= row_off
-                    and row_off + height <= row_stop
-                    and col_start <= col_off
-                    and col_off + width <= col_stop
-                ),
-                None,
-            )
-            if holder is None:
-                raise ValueError(f"{tile.tile_id} does not lie inside one block of its pixel grid")
-            self._tiles_in.setdefault(holder, []).append(tile)
-            band = next(i for i, (start, stop) in enumerate(bands) if start <= row_off < stop)
-            self._order[tile.tile_id] = (band, index)
+        self.blocks, self._tiles_in, self._order = _block_plan(grid)
+        self._tiles = {tile.tile_id: tile for tile in _all_tiles(grid.city)}
         self._done: dict[str, TilePixelSummary] = {}
 
     def add(
@@ -300,6 +291,43 @@ class _BlockSummaries:
     def progress(self, code: str, city: str, row_stop: int, col_stop: int) -> str:
         """A progress line: the block just finished, by its far row and column."""
         return f"{code} {city} rows {row_stop}/{self.grid.height} cols {col_stop}/{self.grid.width}"
+
+
+@cache
+def _block_plan(
+    grid: PixelGrid,
+) -> tuple[list[tuple[int, int, int, int]], dict[tuple[int, int], list[Tile]], dict[str, tuple]]:
+    """The grid's blocks, the tiles each block holds, and every tile's (row band, index) order.
+
+    Worked out once per pixel grid: every partition of the city's modalities at that
+    resolution cuts the same blocks.
+    """
+    tiles = _all_tiles(grid.city)
+    grid_blocks = blocks(grid)
+    bands = row_bands(grid)
+    tiles_in: dict[tuple[int, int], list[Tile]] = {}
+    order: dict[str, tuple[int, int]] = {}
+    for index, (tile, window) in enumerate(
+        zip(tiles, _tile_windows(grid.city, grid.resolution).tolist(), strict=True)
+    ):
+        row_off, col_off, height, width = window
+        holder = next(
+            (
+                (row_start, col_start)
+                for row_start, row_stop, col_start, col_stop in grid_blocks
+                if row_start <= row_off
+                and row_off + height <= row_stop
+                and col_start <= col_off
+                and col_off + width <= col_stop
+            ),
+            None,
+        )
+        if holder is None:
+            raise ValueError(f"{tile.tile_id} does not lie inside one block of its pixel grid")
+        tiles_in.setdefault(holder, []).append(tile)
+        band = next(i for i, (start, stop) in enumerate(bands) if start <= row_off < stop)
+        order[tile.tile_id] = (band, index)
+    return grid_blocks, tiles_in, order
 
 
 def _chip_attrs(
@@ -752,17 +780,27 @@ def _signature(
     return "|".join(parts)
 
 
-def _tile_counts(results: pd.DataFrame) -> tuple[int, int]:
-    """(tiles, tiles with at least one available field) of a results frame."""
+def _tile_counts(results: pa.Table) -> tuple[int, int]:
+    """(tiles, tiles with at least one available field) of a results table."""
     tile_ids = results["tile_id"]
-    return int(tile_ids.nunique()), int(tile_ids[results["reason"].isna()].nunique())
+    available = pc.filter(tile_ids, pc.is_null(results["reason"]))
+    return pc.count_distinct(tile_ids).as_py(), pc.count_distinct(available).as_py()
 
 
-def _reason_counts(results: pd.DataFrame) -> dict[str, int]:
-    """Tiles per reason (a tile counts once per reason, however many fields it has)."""
-    missing = results.loc[results["reason"].notna(), ["tile_id", "reason"]]
-    reasons = missing.drop_duplicates()["reason"].value_counts()
-    return {str(k): int(v) for k, v in reasons.items()}
+def _reason_counts(results: pa.Table) -> dict[str, int]:
+    """Tiles per reason (a tile counts once per reason, however many fields it has), the
+    commonest reason first."""
+    missing = results.select(["tile_id", "reason"]).filter(pc.is_valid(results["reason"]))
+    per_reason = (
+        missing.group_by(["reason", "tile_id"], use_threads=False)
+        .aggregate([])
+        .group_by("reason", use_threads=False)
+        .aggregate([("tile_id", "count")])
+    )
+    pairs = zip(
+        per_reason["reason"].to_pylist(), per_reason["tile_id_count"].to_pylist(), strict=True
+    )
+    return {str(k): int(v) for k, v in sorted(pairs, key=lambda kv: (-kv[1], kv[0]))}
 
 
 def _group_sources(groups: Sequence[FieldGroup]) -> dict[str, dict[str, object]]:
@@ -848,7 +886,7 @@ def derive(
     with in_context(f"{modality.code} {city} {label}"):
         write_parquet_atomic(table, path, file_metadata(release, **extra))
     return _derived_summary(
-        modality, city, period, derived, groups, path, False, chips, records=ingested
+        modality, city, period, table, groups, path, False, chips, records=ingested
     )
 
 
@@ -861,7 +899,7 @@ def _source_context(modality: ModalitySpec, city: str, label: str, item: SourceI
     )
 
 
-def _kept_results(path: Path, signature: str) -> pd.DataFrame | None:
+def _kept_results(path: Path, signature: str) -> pa.Table | None:
     """Earlier results computed under the same signature, if they read back intact.
 
     A file that fails its page checksums (or does not read at all) is computed again rather
@@ -871,7 +909,7 @@ def _kept_results(path: Path, signature: str) -> pd.DataFrame | None:
         meta = pq.read_schema(path).metadata or {}
         if meta.get(b"citycube:signature", b"").decode() != signature:
             return None
-        return pq.read_table(path, page_checksum_verification=True).to_pandas()
+        return pq.read_table(path, page_checksum_verification=True)
     except (OSError, ValueError, pa.ArrowException) as exc:
         log.warning("derived results %s are damaged (%s); computing them again", path, exc)
         return None
@@ -881,7 +919,7 @@ def _derived_summary(
     modality: ModalitySpec,
     city: str,
     period: int | None,
-    results: pd.DataFrame,
+    results: pa.Table,
     groups: Sequence[FieldGroup],
     path: Path,
     reused: bool,
@@ -893,7 +931,7 @@ def _derived_summary(
         modality=modality.code,
         city=city,
         period=period,
-        rows=len(results),
+        rows=results.num_rows,
         tiles=tiles,
         available_tiles=available_tiles,
         reused=reused,
@@ -936,7 +974,7 @@ class PartitionSummary:
 
 def read_derived(
     modality: ModalitySpec, city: str, period: int | None, release: Release
-) -> tuple[pd.DataFrame, bool]:
+) -> tuple[pa.Table, bool]:
     """A source period's derived results and whether it has chips."""
     label = period_label(period)
     path = release.derived_file(modality.code, city, label)
@@ -953,55 +991,64 @@ def read_derived(
             f"materialise derived/{modality.code.lower()} for that partition again"
         ) from None
     chips = (table.schema.metadata or {}).get(b"citycube:chips", b"false") == b"true"
-    return table.to_pandas(), chips
+    return table, chips
 
 
-def _row_units(modality: ModalitySpec, derived: pd.DataFrame) -> list[str]:
+def _row_units(modality: ModalitySpec, derived: pa.Table) -> pa.Array:
     """Each row's unit: the field's, or for money kept in its own currency the item's ISO 4217
     code and price year (derived results written before currencies were kept have none)."""
-    units = derived["field"].map({f.name: f.unit for f in modality.fields})
-    in_currency = [f.name for f in modality.fields if f.currency_unit]
-    if not in_currency or "currency" not in derived:
-        return units.tolist()
-    currency = derived["currency"].astype("string")
-    rows = derived["field"].isin(in_currency) & currency.notna()
-    years = derived["source_year"].astype("string").fillna("?")
-    named = currency + " (nominal, " + years + ")"
-    return units.where(~rows, named).tolist()
+    unit_of = {f.name: f.unit for f in modality.fields}
+    fields = derived["field"].to_pylist()
+    in_currency = {f.name for f in modality.fields if f.currency_unit}
+    if not in_currency or "currency" not in derived.column_names:
+        return pa.array([unit_of.get(f) for f in fields], pa.string())
+    currencies = derived["currency"].to_pylist()
+    years = derived["source_year"].to_pylist()
+    return pa.array(
+        [
+            f"{currency} (nominal, {'?' if year is None else year})"
+            if f in in_currency and currency is not None
+            else unit_of.get(f)
+            for f, currency, year in zip(fields, currencies, years, strict=True)
+        ],
+        pa.string(),
+    )
 
 
-def observation_table(
-    modality: ModalitySpec, city: str, year: int, derived: pd.DataFrame
-) -> pa.Table:
-    """Rows for one calendar year: values only where available, NULL plus a reason elsewhere."""
-    n = len(derived)
-    available = derived["reason"].isna().to_numpy()
-    value = derived["value"].to_numpy(dtype=float)
-    fraction = derived["valid_fraction"].to_numpy(dtype=float)
-    source_year = derived["source_year"]
+def _constant(value: object, n: int, type_: pa.DataType) -> pa.Array:
+    return pa.repeat(pa.scalar(value, type_), n)
+
+
+def observation_table(modality: ModalitySpec, city: str, year: int, derived: pa.Table) -> pa.Table:
+    """Rows for one calendar year: values only where available, NULL plus a reason elsewhere.
+
+    Built column by column in Arrow from the derived table: a round trip through pandas cost
+    more than writing the file.
+    """
+    n = derived.num_rows
+    available = pc.is_null(derived["reason"])
+    value = derived["value"].cast(pa.float64())
+    fraction = derived["valid_fraction"].cast(pa.float64())
     columns = {
-        "tile_id": pa.array(derived["tile_id"], pa.string()),
-        "city": pa.array([city] * n, pa.string()),
-        "scale": pa.array(derived["scale"], pa.string()),
-        "year": pa.array(np.full(n, year, np.int16)),
-        "modality": pa.array([modality.code] * n, pa.string()),
-        "field": pa.array(derived["field"], pa.string()),
-        "value": pa.array(value, pa.float64(), mask=~(available & np.isfinite(value))),
-        "unit": pa.array(_row_units(modality, derived), pa.string()),
-        "valid_fraction": pa.array(fraction, pa.float64(), mask=~np.isfinite(fraction)),
-        "available": pa.array(available, pa.bool_()),
-        "reason": pa.array(derived["reason"].where(~available, None), pa.string()),
-        "temporal_basis": pa.array([BASIS[modality.temporal]] * n, pa.string()),
-        "source_year": pa.array(
-            source_year.fillna(0).to_numpy(dtype=np.int16),
-            pa.int16(),
-            mask=source_year.isna().to_numpy(),
-        ),
-        "source_id": pa.array(derived["source_id"], pa.string()),
-        "source_version": pa.array(derived["source_version"], pa.string()),
-        "synthetic": pa.array(derived["synthetic"].astype(bool), pa.bool_()),
+        "tile_id": derived["tile_id"].cast(pa.string()),
+        "city": _constant(city, n, pa.string()),
+        "scale": derived["scale"].cast(pa.string()),
+        "year": _constant(year, n, pa.int16()),
+        "modality": _constant(modality.code, n, pa.string()),
+        "field": derived["field"].cast(pa.string()),
+        # NULL unless available and finite; NaN never reaches a value
+        "value": pc.if_else(pc.and_(available, pc.is_finite(value)), value, None),
+        "unit": _row_units(modality, derived),
+        "valid_fraction": pc.if_else(pc.is_finite(fraction), fraction, None),
+        "available": available,
+        "reason": derived["reason"].cast(pa.string()),
+        "temporal_basis": _constant(BASIS[modality.temporal], n, pa.string()),
+        "source_year": derived["source_year"].cast(pa.int16()),
+        "source_id": derived["source_id"].cast(pa.string()),
+        "source_version": derived["source_version"].cast(pa.string()),
+        "synthetic": pc.fill_null(derived["synthetic"].cast(pa.bool_()), False),
     }
-    return pa.Table.from_pydict(columns, schema=OBSERVATION_SCHEMA)
+    return pa.Table.from_arrays(list(columns.values()), schema=OBSERVATION_SCHEMA)
 
 
 def chip_index_table(
@@ -1009,52 +1056,47 @@ def chip_index_table(
     city: str,
     year: int,
     period: int | None,
-    derived: pd.DataFrame,
+    derived: pa.Table,
     release: Release,
 ) -> pa.Table:
     """Where each tile's chip lives: store path (relative to the release) and pixel window."""
     assert modality.chip is not None
-    grid = pixel_grid(city, modality.chip.resolution_m)
     store = str(
         release.chip_store(modality.code, city, period_label(period)).relative_to(release.root)
     )
     tiles = _all_tiles(city)
-    per_tile = (
-        derived.drop_duplicates("tile_id").set_index("tile_id").reindex([t.tile_id for t in tiles])
-    )
-    classes = (
-        per_tile["classes"].to_numpy(dtype=float)
-        if "classes" in per_tile
-        else np.full(len(tiles), np.nan)
-    )
-    windows = np.array([grid.window(t) for t in tiles], dtype=np.int32).reshape(-1, 4)
+    first_row: dict[str, int] = {}
+    for row, tile_id in enumerate(derived["tile_id"].to_pylist()):
+        first_row.setdefault(tile_id, row)
+    # each tile's first derived row (its figures are per tile), NULL for a tile without one
+    per_tile = derived.take(pa.array([first_row.get(t.tile_id) for t in tiles], pa.int64()))
+    windows = _tile_windows(city, modality.chip.resolution_m)
     n = len(tiles)
-    source_year = per_tile["source_year"]
+    classes = (
+        per_tile["classes"].cast(pa.float64())
+        if "classes" in per_tile.column_names
+        else pa.nulls(n, pa.float64())
+    )
+    classes = pc.if_else(pc.is_finite(classes), classes, None)
     columns = {
-        "tile_id": [t.tile_id for t in tiles],
-        "city": [city] * n,
-        "scale": [t.scale for t in tiles],
-        "year": np.full(n, year, np.int16),
-        "modality": [modality.code] * n,
-        "store": [store] * n,
-        "row_off": windows[:, 0],
-        "col_off": windows[:, 1],
-        "height": windows[:, 2],
-        "width": windows[:, 3],
-        "resolution_m": np.full(n, float(modality.chip.resolution_m)),
-        "valid_fraction": per_tile["valid_fraction"].to_numpy(dtype=float),
-        "available": per_tile["reason"].isna().to_numpy(),
-        "temporal_basis": [BASIS[modality.temporal]] * n,
-        "source_year": pa.array(
-            source_year.fillna(0).to_numpy(dtype=np.int16),
-            pa.int16(),
-            mask=source_year.isna().to_numpy(),
-        ),
-        "classes": pa.array(
-            np.nan_to_num(classes).astype(np.int16), pa.int16(), mask=~np.isfinite(classes)
-        ),
+        "tile_id": pa.array([t.tile_id for t in tiles], pa.string()),
+        "city": _constant(city, n, pa.string()),
+        "scale": pa.array([t.scale for t in tiles], pa.string()),
+        "year": _constant(year, n, pa.int16()),
+        "modality": _constant(modality.code, n, pa.string()),
+        "store": _constant(store, n, pa.string()),
+        "row_off": pa.array(windows[:, 0]),
+        "col_off": pa.array(windows[:, 1]),
+        "height": pa.array(windows[:, 2]),
+        "width": pa.array(windows[:, 3]),
+        "resolution_m": _constant(float(modality.chip.resolution_m), n, pa.float64()),
+        "valid_fraction": pc.fill_null(per_tile["valid_fraction"].cast(pa.float64()), math.nan),
+        "available": pc.is_null(per_tile["reason"]),
+        "temporal_basis": _constant(BASIS[modality.temporal], n, pa.string()),
+        "source_year": per_tile["source_year"].cast(pa.int16()),
+        "classes": classes.cast(pa.int16()),
     }
-    return pa.Table.from_pydict(columns, schema=CHIP_INDEX_SCHEMA)
+    return pa.Table.from_arrays(list(columns.values()), schema=CHIP_INDEX_SCHEMA)
 
 
 def write_observations(
