@@ -534,6 +534,7 @@ class ChipStoreWriter:
         self._zarr_group: zarr.Group | None = None
         self._arrays: dict[str, zarr.Array] = {}
         self._layout: dict[str, zarr.Array] = {}
+        self._made_dirs: set[Path] = set()
         self._started = False
         self._committed = False
 
@@ -690,7 +691,9 @@ class ChipStoreWriter:
             return True
         codec = numcodecs.Zstd(level=codecs[1].level, checksum=codecs[1].checksum)
         payload = codec.encode(np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<")))
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.parent not in self._made_dirs:  # a chunk row's directory, made once
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._made_dirs.add(path.parent)
         path.write_bytes(payload)
         return True
 

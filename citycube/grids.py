@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 
 import numpy as np
 from affine import Affine
@@ -34,9 +34,9 @@ class Tile:
     bounds: tuple[float, float, float, float]
     """(xmin, ymin, xmax, ymax) in the city's UTM CRS, metres."""
 
-    @property
+    @cached_property
     def tile_id(self) -> str:
-        """Text id, e.g. ``Boston_2KM_r7_c8``."""
+        """Text id, e.g. ``Boston_2KM_r7_c8`` (formatted once: every per-tile table asks)."""
         return f"{self.city}_{self.scale.upper()}_r{self.row}_c{self.col}"
 
     @property

@@ -46,7 +46,9 @@ _rio_cache: dict[tuple[str, str], RioCRS] = {}
 
 
 def _crs_key(crs: CRS) -> tuple[str, str]:
-    return (crs.srs, crs.to_wkt())
+    """The definition a CRS was made from: one input string always makes the same CRS, and
+    rendering the WKT for a key cost more than most of what the caches save."""
+    return ("srs", crs.srs) if crs.srs else ("wkt", crs.to_wkt())
 
 
 def _memo(cache: dict, key: tuple, compute: Callable[[], _T]) -> _T:
