@@ -169,18 +169,29 @@ def _source_features_in(
 def _read_block(
     layer: VectorLayer, bbox: tuple[float, float, float, float]
 ) -> tuple[np.ndarray, pd.DataFrame]:
-    """Geometries and attribute columns of the features the spatial index finds in ``bbox``.
+    """Geometries and attribute columns of the features the spatial index finds in ``bbox``,
+    in the file's feature order.
 
-    Read as Arrow and decoded directly: a GeoDataFrame would only be taken apart again.
+    Read as Arrow and decoded directly: a GeoDataFrame would only be taken apart again. A
+    spatial index hands features back in its own order; they are put back in file order, so
+    where features overlap the one drawn last is the same whichever blocks the grid is cut in.
     """
     try:
         meta, table = pyogrio.read_arrow(
-            layer.path, layer=layer.spec.layer, bbox=bbox, columns=list(layer.columns)
+            layer.path,
+            layer=layer.spec.layer,
+            bbox=bbox,
+            columns=list(layer.columns),
+            return_fids=True,
         )
+        fid_column = meta["fid_column"]
+        fids = table.column(fid_column).to_numpy()
+        if len(fids) > 1 and not (np.diff(fids) > 0).all():
+            table = table.take(np.argsort(fids, kind="stable"))
         geometry_column = meta["geometry_name"] or "wkb_geometry"
         wkb = table.column(geometry_column).to_numpy(zero_copy_only=False)
         geometry = shapely.from_wkb(wkb)
-        attributes = table.drop_columns([geometry_column]).to_pandas()
+        attributes = table.drop_columns([geometry_column, fid_column]).to_pandas()
     except Exception as exc:  # pyogrio/pyarrow/shapely raise many types for damaged files
         raise _damaged(layer.path, "vector data", exc) from exc
     return geometry, attributes
@@ -235,6 +246,8 @@ def _burn_shapes(
     without a fast form here (collections, rings, 3-D) go through ``__geo_interface__``.
     """
     types = shapely.get_type_id(geometry)
+    if _plain_polygons(geometry, types):
+        return _polygon_shapes(geometry, values, source, target)
     fast = np.isin(types, list(_GEOJSON_TYPES)) & ~shapely.has_z(geometry)
     parts, part_owner = shapely.get_parts(geometry[fast], return_index=True)
     empty_parts = np.bincount(part_owner, weights=shapely.is_empty(parts), minlength=fast.sum())
@@ -286,6 +299,33 @@ def _burn_shapes(
             coordinates = own
         shapes.append(({"type": _GEOJSON_TYPES[type_id], "coordinates": coordinates}, burn[index]))
     return shapes
+
+
+def _plain_polygons(geometry: np.ndarray, types: np.ndarray) -> bool:
+    """Whether every geometry is a 2-D polygon without holes (footprint layers usually are)."""
+    return bool(
+        (types == _POLYGON).all()
+        and not shapely.has_z(geometry).any()
+        and not shapely.is_empty(geometry).any()
+        and not shapely.get_num_interior_rings(geometry).any()
+    )
+
+
+def _polygon_shapes(
+    geometry: np.ndarray, values: np.ndarray, source: CRS, target: CRS
+) -> list[tuple[object, object]]:
+    """``_burn_shapes`` for polygons without holes: each one's coordinates are its exterior
+    ring, so they come straight from one coordinate array, with no parts or rings to split."""
+    coords, owner = shapely.get_coordinates(geometry, return_index=True)
+    x, y = transformer(source, target).transform(coords[:, 0], coords[:, 1])
+    xy = np.column_stack([x, y]).tolist()
+    ends = np.cumsum(np.bincount(owner, minlength=len(geometry))).tolist()
+    return [
+        ({"type": "Polygon", "coordinates": [xy[start:end]]}, value)
+        for start, end, value in zip(
+            [0, *ends[:-1]], ends, np.asarray(values).tolist(), strict=True
+        )
+    ]
 
 
 @ensure_env

@@ -12,7 +12,7 @@ import json
 from citycube.catalogue import Catalogue, ModalitySpec
 from citycube.products import load_products
 
-ENGINE_VERSION = "2026.12.2"
+ENGINE_VERSION = "2026.12.3"
 """Version of the processing engine. Part of every derived result's signature and of the
 modality assets' code versions: bump it when a change to the engine changes results."""
 

@@ -8,6 +8,7 @@ import geopandas as gpd
 import numpy as np
 import pytest
 import shapely
+import shapely.affinity
 from pyproj import CRS, Transformer
 from rasterio.features import rasterize
 from shapely.geometry import (
@@ -85,6 +86,50 @@ def test_block_reads_draw_what_a_whole_read_draws(tmp_path: Path) -> None:
     )
     np.testing.assert_array_equal(mosaic, expected)
     assert {3.0, 7.0, 9.0, 5.0} <= set(np.unique(mosaic).tolist())
+
+
+def test_footprint_layers_burn_as_rasterio_burns_them(tmp_path: Path) -> None:
+    """Polygons without holes (the usual building layer) take their own short path."""
+    x0, _, _, y1 = city_grid(CITY, "2km").bounds
+    cx, cy = x0 + 10_000, y1 - 10_000  # a block corner
+    rng = np.random.default_rng(7)
+    utm = [
+        shapely.affinity.rotate(
+            box(cx + dx, cy + dy, cx + dx + w, cy + dy + h), angle, use_radians=False
+        )
+        for dx, dy, w, h, angle in zip(
+            rng.uniform(-3_000, 3_000, 60),
+            rng.uniform(-3_000, 3_000, 60),
+            rng.uniform(20, 900, 60),
+            rng.uniform(20, 900, 60),
+            rng.uniform(0, 90, 60),
+            strict=True,
+        )
+    ]
+    path = tmp_path / "footprints.gpkg"
+    frame = gpd.GeoDataFrame(
+        {"value": np.arange(1.0, len(utm) + 1)}, geometry=[_wgs84(g) for g in utm], crs=4326
+    )
+    frame.to_file(path, layer="features")
+    geometry = shapely.from_wkb(frame.geometry.to_wkb().to_numpy())
+    assert vectors._plain_polygons(geometry, shapely.get_type_id(geometry))
+    grid = pixel_grid(CITY, 50)
+    layer = open_vector_layer(path, SPEC, EPSG, WGS84, None)
+    mosaic = np.zeros((grid.height, grid.width), np.float32)
+    for r0, r1, c0, c1 in blocks(grid):
+        values, _ = rasterize_block(
+            layer, grid, r0, r1, c0, c1, background=0.0, dtype=np.dtype("float32")
+        )
+        mosaic[r0:r1, c0:c1] = values[0]
+    whole = gpd.read_file(path, layer="features").to_crs(epsg=EPSG)
+    expected = rasterize(
+        zip(whole.geometry, whole["value"], strict=True),
+        out_shape=(grid.height, grid.width),
+        transform=grid.transform,
+        dtype="float32",
+    )
+    np.testing.assert_array_equal(mosaic, expected)
+    assert len(np.unique(mosaic)) > 40  # most footprints show, overlaps in burn order
 
 
 def _every_geometry_type(path: Path) -> None:
