@@ -30,7 +30,13 @@ from citycube.cube import (
     write_json_atomic,
 )
 from citycube.errors import InvalidNameError, ReleaseImmutableError, ReleaseNotFoundError
-from citycube.manifest import FINAL_FILE, manifest_path, read_manifest, verify_release
+from citycube.manifest import (
+    FINAL_FILE,
+    add_to_manifest,
+    manifest_path,
+    read_manifest,
+    verify_release,
+)
 
 PartitionKey = tuple[str, int, str]
 """(city, year, modality) of one observations partition."""
@@ -240,11 +246,19 @@ def freeze_release(release: Release) -> dict[str, Any]:
             f"release {release.version} differs from its manifest ({'; '.join(check.lines(3))}): "
             f"rebuild it with `citycube --release {release.version} build`, then freeze it"
         )
+    tagged = 0
+    if any((release.root / "chips").glob("*/*/*.icechunk")):
+        from citycube.icechunk_chips import chip_repositories, tag_chip_stores
+
+        # The tag refs are files of the repositories: listed in the manifest before it is pinned.
+        add_to_manifest(release, tag_chip_stores(release, release.version))
+        tagged = len(chip_repositories(release))
     record = {
         "version": release.version,
         "frozen_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "manifest_sha256": _sha256(manifest_path(release)),
-        "files": check.checked,
+        "files": len(read_manifest(release)["files"]),
+        "chip_stores_tagged": tagged,
     }
     write_json_atomic(record, final_path(release))
     return record
