@@ -773,8 +773,8 @@ class ChipStoreWriter:
             **{k: v.to_bytes() for k, v in root.to_buffer_dict(default_buffer_prototype()).items()},
         }
         self._begin_store()
-        for key, document in documents.items():
-            self._put_key(key, document)
+        for key in sorted(documents, key=lambda k: (k.count("/"), k)):  # parents first
+            self._put_key(key, documents[key])
 
     def _begin_store(self) -> None:
         """Create the empty store that the blocks are written into (here: the temp folder)."""

@@ -31,6 +31,8 @@ catches a flipped byte in a chunk, a manifest, a snapshot or a ref.
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -154,7 +156,14 @@ class IcechunkChipWriter(ChipStoreWriter):
         self._run(clear())
 
     def _put_key(self, key: str, payload: bytes) -> None:
-        self._run(self._raw_store.set(key, bytes(payload)))
+        if key.endswith("zarr.json") and b"NaN" in payload:
+            payload = _strict_json(payload)
+        store = self._raw_store
+
+        async def put() -> None:  # icechunk's calls need a running loop when made
+            await store.set(key, bytes(payload))
+
+        self._run(put())
 
     def _drop_key(self, key: str) -> None:
         store = self._raw_store
@@ -198,6 +207,25 @@ class IcechunkChipWriter(ChipStoreWriter):
         if self._loop is not None:
             self._loop.close()
             self._loop = None
+
+
+def _strict_json(document: bytes) -> bytes:
+    """A Zarr document with NaN attribute values spelled "NaN", as Zarr spells a NaN fill value.
+
+    Zarr writes a NaN attribute (a float store's ``nodata``) as the bare token ``NaN``, which
+    Python reads back but icechunk, parsing strict JSON, refuses.
+    """
+
+    def spelled(value: Any) -> Any:
+        if isinstance(value, float) and math.isnan(value):
+            return "NaN"
+        if isinstance(value, dict):
+            return {k: spelled(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [spelled(v) for v in value]
+        return value
+
+    return json.dumps(spelled(json.loads(document)), indent=2).encode()
 
 
 def chip_repositories(release: Any) -> list[Path]:
