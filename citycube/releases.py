@@ -378,13 +378,25 @@ def query_help(release: Release) -> str:
         f"import duckdb; con = duckdb.connect({json.dumps(str(db))}, read_only=True); "
         'print(con.sql("FROM observations LIMIT 5"))'
     )
-    return "\n".join(
-        [
-            f"release {release.version}: {db}",
-            f"  .venv/bin/duckdb -readonly {shlex.quote(str(db))} -c {shlex.quote(sql)}",
-            f"  .venv/bin/python -c {shlex.quote(python)}",
+    lines = [
+        f"release {release.version}: {db}",
+        f"  .venv/bin/duckdb -readonly {shlex.quote(str(db))} -c {shlex.quote(sql)}",
+        f"  .venv/bin/python -c {shlex.quote(python)}",
+    ]
+    stores = sorted((release.root / "chips").glob("*/*/*.icechunk"))
+    if stores:
+        ref = json.dumps(release.version) if final_record(release) is not None else "None"
+        chips = (
+            "from citycube.chips import open_chips; "
+            f"print(open_chips({json.dumps(str(stores[0].resolve()))}, ref={ref}))"
+        )
+        lines += [
+            f"  {len(stores)} icechunk chip stores ("
+            + (f"tag {release.version}" if ref != "None" else "branch published")
+            + "), e.g.:",
+            f"  .venv/bin/python -c {shlex.quote(chips)}",
         ]
-    )
+    return "\n".join(lines)
 
 
 __all__ = [

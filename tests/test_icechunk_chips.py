@@ -25,7 +25,7 @@ from citycube.icechunk_chips import (
     open_repository,
 )
 from citycube.manifest import read_manifest, verify_release
-from citycube.releases import freeze_release
+from citycube.releases import freeze_release, query_help
 from tests.release_fixtures import (
     CITY,
     DEM_HOLE_PX,
@@ -215,6 +215,8 @@ def test_publication_moves_the_published_branch_and_freeze_tags_it(data_root: Pa
     assert tag_files, "the tag's ref file is in the manifest"
     assert verify_release(release).ok
     np.testing.assert_array_equal(_stored(store, "frozen")[0], raised)
+    help_text = query_help(release)
+    assert "1 icechunk chip stores (tag frozen)" in help_text and 'ref="frozen"' in help_text
     with pytest.raises(ChipsNotFoundError, match="no branch or tag 'nope'"):
         open_chips(store, "nope")
 
