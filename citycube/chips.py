@@ -60,19 +60,31 @@ from citycube.rasters import MaskedSource, rio_crs, transformer
 from citycube.scratch import owned_name, remove_dead_leftovers
 
 __all__ = [
+    "CHIP_SUFFIXES",
+    "ICECHUNK_SUFFIX",
     "MIN_VALID_FRACTION",
+    "ZARR_SUFFIX",
     "ChipStoreWriter",
     "TilePixelSummary",
     "block_memory",
     "blocks",
+    "chip_writer",
+    "open_chip_group",
     "open_chips",
     "read_tile_chip",
+    "remove_other_formats",
     "row_bands",
     "tile_pixel_summaries",
     "tile_window",
     "warp_block",
     "warp_rows",
 ]
+
+ZARR_SUFFIX = ".zarr"
+"""A chip store written as a plain Zarr v3 folder, swapped in whole."""
+ICECHUNK_SUFFIX = ".icechunk"
+"""A chip store kept as an icechunk repository: one commit per write, a tag per release."""
+CHIP_SUFFIXES = (ZARR_SUFFIX, ICECHUNK_SUFFIX)
 
 MIN_VALID_FRACTION = 0.5
 """A destination pixel is valid when at least this share of its source support is valid."""
@@ -685,17 +697,26 @@ class ChipStoreWriter:
             padded = np.full(chunk_shape, fill, dtype=block.dtype)
             padded[tuple(slice(0, n) for n in block.shape)] = block
             block = padded
-        path = self._tmp_path / array.path / metadata.encode_chunk_key(index)
+        key = f"{array.path}/{metadata.encode_chunk_key(index)}"
         if _all_fill(block, fill):
-            path.unlink(missing_ok=True)  # an absent chunk reads as fill
+            self._drop_key(key)  # an absent chunk reads as fill
             return True
         codec = numcodecs.Zstd(level=codecs[1].level, checksum=codecs[1].checksum)
         payload = codec.encode(np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<")))
+        self._put_key(key, payload)
+        return True
+
+    def _put_key(self, key: str, payload: bytes) -> None:
+        """Store one document or encoded chunk under its Zarr key in the store being built."""
+        path = self._tmp_path / key
         if path.parent not in self._made_dirs:  # a chunk row's directory, made once
             path.parent.mkdir(parents=True, exist_ok=True)
             self._made_dirs.add(path.parent)
         path.write_bytes(payload)
-        return True
+
+    def _drop_key(self, key: str) -> None:
+        """Remove one key from the store being built, if it is there."""
+        (self._tmp_path / key).unlink(missing_ok=True)
 
     def commit(self) -> None:
         """Swap the finished temp store into ``path``; the old store is removed afterwards.
@@ -708,13 +729,7 @@ class ChipStoreWriter:
             return
         if not self._started:
             raise RuntimeError("nothing to commit: the writer was never entered")
-        missing, first = _uncovered(self._written, self.pixel_grid.height, self.pixel_grid.width)
-        if missing:
-            raise CubeWriteError(
-                f"{self.path}: {missing} pixels were never written (first at row {first[0]}, "
-                f"col {first[1]}); write every block before committing, or the gap would read "
-                "as nodata"
-            )
+        self._check_covered()
         old = None
         if self.path.exists():
             old = owned_name(self.path, "old")
@@ -728,6 +743,17 @@ class ChipStoreWriter:
         self._committed = True
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+        remove_other_formats(self.path)
+
+    def _check_covered(self) -> None:
+        """Refuse to commit a store with pixels no block wrote (they would read as nodata)."""
+        missing, first = _uncovered(self._written, self.pixel_grid.height, self.pixel_grid.width)
+        if missing:
+            raise CubeWriteError(
+                f"{self.path}: {missing} pixels were never written (first at row {first[0]}, "
+                f"col {first[1]}); write every block before committing, or the gap would read "
+                "as nodata"
+            )
 
     def _write_template(self) -> None:
         """Write metadata and coordinates; data chunks are written later, block by block.
@@ -749,11 +775,13 @@ class ChipStoreWriter:
             **template.documents,
             **{k: v.to_bytes() for k, v in root.to_buffer_dict(default_buffer_prototype()).items()},
         }
+        self._begin_store()
+        for key in sorted(documents, key=lambda k: (k.count("/"), k)):  # parents first
+            self._put_key(key, documents[key])
+
+    def _begin_store(self) -> None:
+        """Create the empty store that the blocks are written into (here: the temp folder)."""
         self._tmp_path.mkdir()
-        for key, document in documents.items():
-            target = self._tmp_path / key
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(document)
 
     def _store_attrs(self) -> dict[str, Any]:
         """Caller attrs plus the grid facts a reader needs; the grid facts cannot be overridden."""
@@ -980,8 +1008,13 @@ def _uncovered(
     return missing, (row_edges[first_row], col_edges[first_col])
 
 
-def open_chips(path: Path) -> xr.Dataset:
+def open_chips(path: Path, ref: str | None = None, *, draft: bool = False) -> xr.Dataset:
     """Open a chip store lazily with its CRS and transform decoded.
+
+    ``path`` is a plain Zarr store (``.zarr``) or an icechunk repository (``.icechunk``); of a
+    repository ``ref`` names the branch or tag to read (default: what the release published,
+    see :func:`citycube.icechunk_chips.icechunk_session`), and ``draft`` reads the latest
+    commit instead, as the build's own quick-looks do. A plain store has one version only.
 
     Not dask-backed: a selection reads just the chunks it touches when its values are asked
     for. Inside a dask worker a dask-backed read would be sent back to the cluster as tasks of
@@ -990,6 +1023,12 @@ def open_chips(path: Path) -> xr.Dataset:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no chip store at {path}; materialise its chips asset first")
+    if path.suffix == ICECHUNK_SUFFIX:
+        from citycube.icechunk_chips import open_icechunk_chips
+
+        return open_icechunk_chips(path, "main" if draft and ref is None else ref)
+    if ref is not None:
+        raise ValueError(f"{path} is a plain Zarr store: it has no versions to open {ref!r} at")
     return xr.open_zarr(
         path,
         chunks=None,
@@ -998,6 +1037,44 @@ def open_chips(path: Path) -> xr.Dataset:
         decode_coords="all",
         mask_and_scale=False,
     )
+
+
+def open_chip_group(path: Path, ref: str | None = None) -> zarr.Group:
+    """The chip store's root Zarr group, read-only (for readers that slice arrays directly)."""
+    path = Path(path)
+    if path.suffix == ICECHUNK_SUFFIX:
+        from citycube.icechunk_chips import icechunk_session
+
+        return zarr.open_group(icechunk_session(path, ref).store, mode="r", zarr_format=3)
+    return zarr.open_group(str(path), mode="r", zarr_format=3)
+
+
+def chip_writer(
+    path: Path,
+    pixel_grid: PixelGrid,
+    band_names: Sequence[str],
+    dtype: Any,
+    fill_value: Any,
+    attrs: Mapping[str, Any],
+) -> ChipStoreWriter:
+    """The writer for ``path``'s format: a plain Zarr store, or an icechunk repository."""
+    if Path(path).suffix == ICECHUNK_SUFFIX:
+        from citycube.icechunk_chips import IcechunkChipWriter
+
+        return IcechunkChipWriter(path, pixel_grid, band_names, dtype, fill_value, attrs)
+    return ChipStoreWriter(path, pixel_grid, band_names, dtype, fill_value, attrs)
+
+
+def remove_other_formats(path: Path) -> None:
+    """Remove the store of the same chips in the other format (a release that switched format).
+
+    Called after a commit, so the chip index, which names the new store, never points at a
+    store that is gone.
+    """
+    for suffix in CHIP_SUFFIXES:
+        other = path.with_suffix(suffix)
+        if other != path and other.exists():
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def tile_window(chips: xr.Dataset, pixel_grid: PixelGrid, tile: Tile) -> xr.Dataset:

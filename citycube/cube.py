@@ -95,6 +95,10 @@ def validate_release_version(version: str) -> str:
     return version
 
 
+CHIP_FORMATS = ("zarr", "icechunk")
+"""Chip store formats a release can write (``Release.chip_format``)."""
+
+
 @dataclass(frozen=True)
 class Release:
     """Paths of one versioned release."""
@@ -103,9 +107,18 @@ class Release:
     """Root of all CityCube data (sources cache, releases)."""
     version: str
     """Release version id, also recorded in ``release.json`` and every file's metadata."""
+    chip_format: str = "zarr"
+    """How new chip stores are written: 'zarr' (a plain Zarr v3 folder, swapped in whole) or
+    'icechunk' (an icechunk repository: a commit per write, a tag per frozen release). Readers
+    follow the chip index, so they read either."""
 
     def __post_init__(self) -> None:
         validate_release_version(self.version)
+        if self.chip_format not in CHIP_FORMATS:
+            raise InvalidNameError(
+                f"chip format {self.chip_format!r} is not known: use one of "
+                f"{', '.join(CHIP_FORMATS)} (CITYCUBE_CHIPS)"
+            )
 
     @property
     def root(self) -> Path:
@@ -151,8 +164,8 @@ class Release:
         return self.root / "chip_index" / f"city={city}" / f"year={year}" / f"{modality}.parquet"
 
     def chip_store(self, modality: str, city: str, label: str) -> Path:
-        """Zarr store of one modality, city and source year (or 'static')."""
-        return self.root / "chips" / modality / city / f"{label}.zarr"
+        """Chip store of one modality, city and source year (or 'static'), in ``chip_format``."""
+        return self.root / "chips" / modality / city / f"{label}.{self.chip_format}"
 
     def quicklook_file(self, modality: str, city: str, label: str) -> Path:
         """Fixed-colour PNG mosaic of one chip store (source year, epoch start or 'static')."""
@@ -442,6 +455,10 @@ def publish_database(release: Release, metadata: Mapping[str, Any]) -> Path:
         )
     os.replace(staged, release.duckdb_file)
     write_json_atomic(metadata, release.metadata_file)
+    if any((release.root / "chips").glob("*/*/*.icechunk")):
+        from citycube.icechunk_chips import publish_chip_stores
+
+        publish_chip_stores(release)
     return release.duckdb_file
 
 

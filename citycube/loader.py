@@ -56,9 +56,9 @@ class Instance:
 
 @lru_cache(maxsize=64)
 def _store(path: str) -> Any:
-    import zarr
+    from citycube.chips import open_chip_group
 
-    return zarr.open_group(path, mode="r")
+    return open_chip_group(Path(path))
 
 
 class InstanceLoader:

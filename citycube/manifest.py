@@ -118,6 +118,22 @@ def write_manifest(
     return write_json_atomic(build_manifest(release, metadata, catalogue), manifest_path(release))
 
 
+def add_to_manifest(release: Release, paths: list[Path]) -> None:
+    """List files added after the manifest was written (a frozen release's chip tags)."""
+    if not paths:
+        return
+    manifest = read_manifest(release)
+    for path in paths:
+        manifest["files"][path.relative_to(release.root).as_posix()] = {
+            "sha256": file_sha256(path),
+            "bytes": path.stat().st_size,
+        }
+    manifest["files"] = dict(sorted(manifest["files"].items()))
+    files = manifest["files"].values()
+    manifest["totals"] = {"files": len(files), "bytes": sum(f["bytes"] for f in files)}
+    write_json_atomic(manifest, manifest_path(release))
+
+
 @dataclass
 class Verification:
     """What ``verify_release`` found."""

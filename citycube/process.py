@@ -43,10 +43,10 @@ from citycube.catalogue import (
     Temporal,
 )
 from citycube.chips import (
-    ChipStoreWriter,
     TilePixelSummary,
     block_memory,
     blocks,
+    chip_writer,
     row_bands,
     tile_pixel_summaries,
     warp_block,
@@ -143,7 +143,7 @@ def _image_results(
     with (
         block_memory() as release_block,
         open_masked_source(item, modality, bands, valid_ids) as source,
-        ChipStoreWriter(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
+        chip_writer(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
     ):
         for row_start, row_stop, col_start, col_stop in summaries.blocks:
             values, valid = warp_block(
@@ -220,7 +220,7 @@ def _vector_image_results(
     summaries = _BlockSummaries(grid)
     with (
         block_memory() as release_block,
-        ChipStoreWriter(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
+        chip_writer(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
     ):
         for row_start, row_stop, col_start, col_stop in summaries.blocks:
             values, valid = rasterize_block(

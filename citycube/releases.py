@@ -30,7 +30,13 @@ from citycube.cube import (
     write_json_atomic,
 )
 from citycube.errors import InvalidNameError, ReleaseImmutableError, ReleaseNotFoundError
-from citycube.manifest import FINAL_FILE, manifest_path, read_manifest, verify_release
+from citycube.manifest import (
+    FINAL_FILE,
+    add_to_manifest,
+    manifest_path,
+    read_manifest,
+    verify_release,
+)
 
 PartitionKey = tuple[str, int, str]
 """(city, year, modality) of one observations partition."""
@@ -240,11 +246,19 @@ def freeze_release(release: Release) -> dict[str, Any]:
             f"release {release.version} differs from its manifest ({'; '.join(check.lines(3))}): "
             f"rebuild it with `citycube --release {release.version} build`, then freeze it"
         )
+    tagged = 0
+    if any((release.root / "chips").glob("*/*/*.icechunk")):
+        from citycube.icechunk_chips import chip_repositories, tag_chip_stores
+
+        # The tag refs are files of the repositories: listed in the manifest before it is pinned.
+        add_to_manifest(release, tag_chip_stores(release, release.version))
+        tagged = len(chip_repositories(release))
     record = {
         "version": release.version,
         "frozen_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "manifest_sha256": _sha256(manifest_path(release)),
-        "files": check.checked,
+        "files": len(read_manifest(release)["files"]),
+        "chip_stores_tagged": tagged,
     }
     write_json_atomic(record, final_path(release))
     return record
@@ -364,13 +378,25 @@ def query_help(release: Release) -> str:
         f"import duckdb; con = duckdb.connect({json.dumps(str(db))}, read_only=True); "
         'print(con.sql("FROM observations LIMIT 5"))'
     )
-    return "\n".join(
-        [
-            f"release {release.version}: {db}",
-            f"  .venv/bin/duckdb -readonly {shlex.quote(str(db))} -c {shlex.quote(sql)}",
-            f"  .venv/bin/python -c {shlex.quote(python)}",
+    lines = [
+        f"release {release.version}: {db}",
+        f"  .venv/bin/duckdb -readonly {shlex.quote(str(db))} -c {shlex.quote(sql)}",
+        f"  .venv/bin/python -c {shlex.quote(python)}",
+    ]
+    stores = sorted((release.root / "chips").glob("*/*/*.icechunk"))
+    if stores:
+        ref = json.dumps(release.version) if final_record(release) is not None else "None"
+        chips = (
+            "from citycube.chips import open_chips; "
+            f"print(open_chips({json.dumps(str(stores[0].resolve()))}, ref={ref}))"
+        )
+        lines += [
+            f"  {len(stores)} icechunk chip stores ("
+            + (f"tag {release.version}" if ref != "None" else "branch published")
+            + "), e.g.:",
+            f"  .venv/bin/python -c {shlex.quote(chips)}",
         ]
-    )
+    return "\n".join(lines)
 
 
 __all__ = [

@@ -348,9 +348,18 @@ def render_mosaic(
 
 
 def render_store(
-    store: Path, catalogue: Catalogue, modality_code: str, city: str, max_size: int = 1024
+    store: Path,
+    catalogue: Catalogue,
+    modality_code: str,
+    city: str,
+    max_size: int = 1024,
+    *,
+    draft: bool = False,
 ) -> np.ndarray:
     """A whole city chip store as one RGBA quick-look with faint 2 km tile-grid lines.
+
+    ``draft`` renders the store's latest commit rather than its published one (icechunk
+    stores; a plain Zarr store has one version), as a build does right after writing it.
 
     The store is decimated by an integer stride (every n-th pixel, so categorical ids are
     never mixed) until both sides are ≤ ``max_size``, and read by row bands of whole store
@@ -365,7 +374,7 @@ def render_store(
     stride = max(1, math.ceil(max(grid.height, grid.width) / max_size))
     out_h, out_w = math.ceil(grid.height / stride), math.ceil(grid.width / stride)
     rgba = np.zeros((out_h, out_w, 4), dtype=np.uint8)
-    with open_chips(store) as chips:
+    with open_chips(store, draft=draft) as chips:
         if (chips.sizes["y"], chips.sizes["x"]) != grid.shape:
             raise ChipsNotFoundError(
                 f"the {modality.code} store for {city} has shape "

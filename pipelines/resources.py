@@ -21,6 +21,8 @@ from sources import SourceSetSpecFile, resolve_sources
 DEFAULT_RELEASE = "sample-0.1.0"
 SOURCE_SET_ENV = "CITYCUBE_SOURCE_SET"
 """Source-set YAML a build reads when the resource names none."""
+CHIP_FORMAT_ENV = "CITYCUBE_CHIPS"
+"""Chip store format a build writes when the resource names none ('zarr' or 'icechunk')."""
 SCHEDULER_ENV = "CITYCUBE_DASK_SCHEDULER"
 """Address of a running dask scheduler (e.g. tcp://host:8786) that partition work goes to."""
 WORKERS_ENV = "CITYCUBE_WORKERS"
@@ -68,6 +70,8 @@ class CubeResource(dg.ConfigurableResource):
 
     data_root: str = "data"
     release_version: str = DEFAULT_RELEASE
+    chip_format: str = ""
+    """How chip stores are written: 'zarr' or 'icechunk'; empty: CITYCUBE_CHIPS, else 'zarr'."""
     source_set: str = ""
     """Source-set YAML (which adapter serves each product); empty: CITYCUBE_SOURCE_SET, else
     the packaged default, every product from the offline sample family."""
@@ -80,7 +84,13 @@ class CubeResource(dg.ConfigurableResource):
         """
         from citycube.releases import ensure_writable
 
-        return ensure_writable(Release(Path(self.data_root).resolve(), self.release_version))
+        return ensure_writable(
+            Release(
+                Path(self.data_root).resolve(),
+                self.release_version,
+                self.chip_format or os.environ.get(CHIP_FORMAT_ENV) or "zarr",
+            )
+        )
 
     def sources(self) -> SourceSet:
         """One adapter per product, as the source-set spec says."""

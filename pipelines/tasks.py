@@ -91,7 +91,10 @@ def derive_with_quicklook(
         return metadata
     if not (summary.reused and png.exists()):
         store = release.chip_store(modality.code, city, summary.label)
-        write_png(png, render_store(store, catalogue, modality.code, city, QUICKLOOK_MAX_PX))
+        quicklook = render_store(
+            store, catalogue, modality.code, city, QUICKLOOK_MAX_PX, draft=True
+        )
+        write_png(png, quicklook)
     return {**metadata, "quicklook": str(png)}
 
 

@@ -21,7 +21,7 @@ from citycube.cube import (
     release_metadata,
     tiles_frame,
 )
-from citycube.grids import city_grid
+from citycube.grids import city_grid, pixel_grid
 from citycube.manifest import write_manifest
 from citycube.process import process_partition
 from tests.conftest import LocalFilesBackend, write_tif
@@ -32,14 +32,34 @@ FLIPPED_TILE = "Amsterdam_2KM_r0_c0"
 """The one tile whose POP availability the threshold decides."""
 
 
-def _sources(folder: Path, ntl_scale: float) -> dict[tuple[str, str, int | None], dict[str, Path]]:
+DEM_RAISED_ROWS = 40
+"""Rows of the DEM source (25 m, the chip grid) that ``dem_raise`` lifts: the first 1 km."""
+
+
+DEM_HOLE_PX = 20
+"""Side of the nodata square ``dem_hole`` cuts into the DEM's first tile (of 80 × 80 px)."""
+
+
+def _sources(
+    folder: Path, ntl_scale: float, dem_raise: float = 0.0, dem_hole: bool = False
+) -> dict[tuple[str, str, int | None], dict[str, Path]]:
     xmin, _, _, ymax = city_grid(CITY, "2km").bounds
     transform = Affine(100, 0, xmin, 0, -100, ymax)
     pop = np.full((200, 280), 500.0, np.float32)
     pop[0:20, 9:20] = -200.0  # tile r0c0: 9 of its 20 columns valid (45 %)
     ntl = np.tile(np.linspace(0.0, 60.0 * ntl_scale, 280, dtype=np.float32), (200, 1))
     crs = "EPSG:32631"
+    grid = pixel_grid(CITY, 25)
+    dem = np.tile(np.linspace(-2.0, 40.0, grid.width, dtype=np.float32), (grid.height, 1))
+    dem[:DEM_RAISED_ROWS] += dem_raise
+    if dem_hole:
+        dem[:DEM_HOLE_PX, :DEM_HOLE_PX] = -32767  # nodata in the corner of tile r0c0
     return {
+        ("test_dem", CITY, None): {
+            "data": write_tif(
+                folder / "dem.tif", dem, crs=crs, transform=grid.transform, nodata=-32767
+            )
+        },
         ("test_pop", CITY, YEAR): {
             "data": write_tif(folder / "pop.tif", pop, crs=crs, transform=transform, nodata=-200.0)
         },
@@ -69,14 +89,21 @@ def build_release(
     catalogue: Catalogue = CAT,
     modalities: tuple[str, ...] = (),
     ntl_scale: float = 1.0,
+    *,
+    dem_raise: float = 0.0,
+    dem_hole: bool = False,
+    chip_format: str = "zarr",
 ) -> Release:
     """Build, publish and manifest a release of Amsterdam 2020 (POP and NTL by default).
 
     ``ntl_scale`` multiplies the night-time lights source, to make a release whose NTL values
-    all change.
+    all change; ``dem_raise`` lifts the first ``DEM_RAISED_ROWS`` rows of the DEM source (when
+    ``modalities`` includes DEM, whose chips go in ``chip_format``).
     """
-    backend = LocalFilesBackend(_sources(data_root / "src" / version, ntl_scale))
-    release = Release(data_root, version)
+    backend = LocalFilesBackend(
+        _sources(data_root / "src" / version, ntl_scale, dem_raise, dem_hole)
+    )
+    release = Release(data_root, version, chip_format)
     for code in modalities or ("POP", "NTL"):
         process_partition(_local(catalogue.get(code)), catalogue, CITY, YEAR, backend, release)
     release.root.mkdir(parents=True, exist_ok=True)
@@ -89,7 +116,7 @@ def build_release(
             "licence": "test fixture",
             "attribution": "tests",
         }
-        for product in ("test_ntl", "test_pop")
+        for product in ("test_ntl", "test_pop", *(("test_dem",) if "DEM" in modalities else ()))
     }
     meta = release_metadata(release, source_set="local-test", synthetic=True, sources=sources)
     build_duckdb(release, catalogue, meta, path=release.staged_duckdb_file)

@@ -1,0 +1,258 @@
+"""Chip stores as icechunk repositories: a commit per write, kill safety, parallel writers,
+publication, a tag per frozen release, verification, and the chip part of ``diff``."""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from citycube.chips import ChipStoreWriter, chip_writer, open_chip_group, open_chips
+from citycube.diff import diff_releases, diff_text
+from citycube.errors import ChipsNotFoundError, CubeWriteError
+from citycube.grids import pixel_grid
+from citycube.icechunk_chips import (
+    PUBLISHED_BRANCH,
+    chip_repositories,
+    commit_count,
+    open_repository,
+)
+from citycube.manifest import read_manifest, verify_release
+from citycube.releases import freeze_release, query_help
+from tests.release_fixtures import (
+    CITY,
+    DEM_HOLE_PX,
+    DEM_RAISED_ROWS,
+    YEAR,
+    build_release,
+)
+
+GRID = pixel_grid(CITY, 100)  # 200 × 280 px, chunks of 100 × 100
+BANDS = ["b0", "b1"]
+
+
+def _values(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 250, (2, *GRID.shape), dtype=np.uint8)
+    valid = rng.random(GRID.shape) > 0.1
+    return values, valid
+
+
+def _write(path: Path, seed: int, *, blank_first_block: bool = False) -> None:
+    values, valid = _values(seed)
+    if blank_first_block:
+        values[:, :100, :100] = 0
+        valid[:100, :100] = False
+    with chip_writer(path, GRID, BANDS, np.uint8, 0, {"synthetic": True, "seed": seed}) as w:
+        for r0 in range(0, GRID.height, 100):
+            for c0 in range(0, GRID.width, 100):
+                r1, c1 = min(r0 + 100, GRID.height), min(c0 + 100, GRID.width)
+                w.write_block(r0, c0, values[:, r0:r1, c0:c1], valid[r0:r1, c0:c1])
+
+
+def _stored(path: Path, ref: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    with open_chips(path, ref) as chips:
+        return chips["data"].values, chips["valid"].values.astype(bool)
+
+
+def _expected(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    values, valid = _values(seed)
+    return np.where(valid, values, 0), valid
+
+
+def test_an_icechunk_store_holds_the_zarr_store_and_each_write_is_one_commit(
+    tmp_path: Path,
+) -> None:
+    plain, versioned = tmp_path / "plain.zarr", tmp_path / "versioned.icechunk"
+    _write(plain, 1)
+    _write(versioned, 1)
+    assert isinstance(chip_writer(versioned, GRID, BANDS, np.uint8, 0, {}), ChipStoreWriter)
+    with open_chips(plain) as a, open_chips(versioned) as b:
+        assert a.attrs == b.attrs and a.rio.crs == b.rio.crs
+        assert a.rio.transform() == b.rio.transform()
+        np.testing.assert_array_equal(a["data"].values, b["data"].values)
+        np.testing.assert_array_equal(a["valid"].values, b["valid"].values)
+        np.testing.assert_array_equal(a["band"].values, b["band"].values)
+    assert commit_count(versioned) == 2  # the repository's first commit, then the write
+
+    # A second write is one more commit; a block of nothing but fill reads as fill again
+    # (its old chunk is not carried over), and the first write stays readable by snapshot.
+    _write(versioned, 2, blank_first_block=True)
+    assert commit_count(versioned) == 3
+    values, valid = _stored(versioned)
+    assert not valid[:100, :100].any() and not values[:, :100, :100].any()
+    np.testing.assert_array_equal(values[:, 100:], _expected(2)[0][:, 100:])
+    repo = open_repository(versioned)
+    first = list(repo.ancestry(branch="main"))[1].id
+    group = open_chip_group_at(versioned, first)
+    np.testing.assert_array_equal(np.asarray(group["data"][:]), _expected(1)[0])
+
+    # The loader's view (a Zarr group) of either format.
+    np.testing.assert_array_equal(
+        np.asarray(open_chip_group(versioned)["valid"][:]).astype(bool), valid
+    )
+
+
+def open_chip_group_at(path: Path, snapshot: str) -> Any:
+    import zarr
+
+    session = open_repository(path).readonly_session(snapshot_id=snapshot)
+    return zarr.open_group(session.store, mode="r")
+
+
+def test_a_failed_or_killed_write_leaves_the_last_commit(tmp_path: Path) -> None:
+    store = tmp_path / "s.icechunk"
+    _write(store, 1)
+    # A write that never covers the grid is refused at commit: nothing new is visible.
+    with (
+        pytest.raises(CubeWriteError, match="never written"),
+        chip_writer(store, GRID, BANDS, np.uint8, 0, {}) as w,
+    ):
+        w.write_block(0, 0, *(a[..., :100, :100] for a in _values(5)))
+    # A process killed mid-write (no cleanup, no exception handler).
+    script = textwrap.dedent(
+        f"""
+        import os
+        from pathlib import Path
+        from citycube.chips import ChipStoreWriter
+        from tests.test_icechunk_chips import _write
+
+        original = ChipStoreWriter.write_block
+        calls = []
+        def write_then_die(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            calls.append(1)
+            if len(calls) == 3:
+                os._exit(9)
+        ChipStoreWriter.write_block = write_then_die
+        _write(Path({str(store)!r}), 7)
+        """
+    )
+    root = Path(__file__).resolve().parents[1]
+    assert subprocess.run([sys.executable, "-c", script], cwd=root, check=False).returncode == 9
+    assert commit_count(store) == 2
+    for got, want in zip(_stored(store), _expected(1), strict=True):
+        np.testing.assert_array_equal(got, want)
+    _write(store, 7)  # the next write commits as usual
+    assert commit_count(store) == 3
+    np.testing.assert_array_equal(_stored(store)[0], _expected(7)[0])
+
+
+def _write_three_times(path: str) -> int:
+    for seed in (11, 12, 13):
+        _write(Path(path), seed)
+    return commit_count(Path(path))
+
+
+def test_parallel_writers_of_different_stores_lose_no_commit(tmp_path: Path) -> None:
+    """One repository per store: workers writing different partitions never share a branch."""
+    stores = [str(tmp_path / m / f"{CITY}" / "2020.icechunk") for m in ("A", "B", "C", "D")]
+    context = multiprocessing.get_context("spawn")  # as dask starts its workers
+    with ProcessPoolExecutor(max_workers=4, mp_context=context) as pool:
+        counts = list(pool.map(_write_three_times, stores))
+    assert counts == [4, 4, 4, 4]
+    for store in stores:
+        np.testing.assert_array_equal(_stored(Path(store))[0], _expected(13)[0])
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """zarr: DEM and POP as plain Zarr; ice: the same in icechunk; raised: the DEM source
+    lifted by 10 m in its first 1 km; holed: a nodata square in the DEM's first tile; frozen:
+    as ice, for the test that rebuilds, publishes and freezes it."""
+    root = tmp_path_factory.mktemp("data")
+    build_release(root, "zarr", modalities=("DEM", "POP"))
+    build_release(root, "ice", modalities=("DEM", "POP"), chip_format="icechunk")
+    build_release(root, "frozen", modalities=("DEM", "POP"), chip_format="icechunk")
+    build_release(root, "raised", modalities=("DEM", "POP"), dem_raise=10.0)
+    build_release(root, "holed", modalities=("DEM", "POP"), dem_hole=True)
+    return root
+
+
+def test_publication_moves_the_published_branch_and_freeze_tags_it(data_root: Path) -> None:
+    from citycube.cube import Release, build_duckdb, publish_database
+    from citycube.process import process_partition
+    from tests.release_fixtures import CAT, LocalFilesBackend, _local, _sources
+
+    release = Release(data_root, "frozen", "icechunk")
+    (store,) = chip_repositories(release)
+    assert store == release.chip_store("DEM", CITY, "static")
+    repo = open_repository(store)
+    assert repo.lookup_branch(PUBLISHED_BRANCH) == repo.lookup_branch("main")
+    assert verify_release(release).ok
+    before = _stored(store)
+
+    # A rebuild commits on main; readers keep the published chips until publication.
+    items = _sources(data_root / "src" / "frozen-2", 1.0, dem_raise=10.0)
+    process_partition(_local(CAT.get("DEM")), CAT, CITY, YEAR, LocalFilesBackend(items), release)
+    assert commit_count(store) == 3 and commit_count(store, PUBLISHED_BRANCH) == 2
+    np.testing.assert_array_equal(_stored(store)[0], before[0])
+    with open_chips(store, draft=True) as draft:
+        raised = draft["data"].values
+    assert np.allclose(raised[0, :DEM_RAISED_ROWS] - before[0][0, :DEM_RAISED_ROWS], 10.0)
+    meta = __import__("json").loads(release.metadata_file.read_text())
+    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
+    publish_database(release, meta)
+    np.testing.assert_array_equal(_stored(store)[0], raised)
+    from citycube.manifest import write_manifest
+
+    write_manifest(release, meta, CAT)
+
+    # Freezing tags the published commit and lists the tag's files in the pinned manifest.
+    record = freeze_release(release)
+    assert record["chip_stores_tagged"] == 1
+    assert open_repository(store).lookup_tag("frozen") == open_repository(store).lookup_branch(
+        PUBLISHED_BRANCH
+    )
+    tag_files = [f for f in read_manifest(release)["files"] if "/refs/tag.frozen/" in f]
+    assert tag_files, "the tag's ref file is in the manifest"
+    assert verify_release(release).ok
+    np.testing.assert_array_equal(_stored(store, "frozen")[0], raised)
+    help_text = query_help(release)
+    assert "1 icechunk chip stores (tag frozen)" in help_text and 'ref="frozen"' in help_text
+    with pytest.raises(ChipsNotFoundError, match="no branch or tag 'nope'"):
+        open_chips(store, "nope")
+
+    # verify catches one flipped byte in any chunk file of the repository.
+    chunk = max((p for p in (store / "chunks").iterdir()), key=lambda p: p.stat().st_size)
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    check = verify_release(release)
+    assert check.changed == [chunk.relative_to(release.root).as_posix()]
+
+
+def test_diff_shows_the_chips_and_valid_fractions_a_change_touched(data_root: Path) -> None:
+    # The same chips in the two formats are the same chips.
+    assert diff_releases(data_root, "zarr", "ice").identical
+
+    raised = diff_releases(data_root, "zarr", "raised")
+    assert raised.changed == ((CITY, YEAR, "DEM"),) and raised.unchanged == 1  # POP untouched
+    (chips,) = raised.chips
+    assert (chips.store_a, chips.store_b) == ("chips/DEM/Amsterdam/static.zarr",) * 2
+    grid = pixel_grid(CITY, 25)
+    assert chips.pixels == grid.height * grid.width
+    assert chips.changed_pixels == DEM_RAISED_ROWS * grid.width
+    assert chips.validity_changed == 0
+    assert chips.max_abs_change == pytest.approx(10.0, abs=1e-3)
+    (field,) = raised.fields
+    assert field.field == "elevation_m" and field.valid_fraction_changed == 0
+    assert field.changed_values == 14 + 4  # the first row of 2 km and of 5 km tiles
+    assert "chip pixels" in diff_text(raised)
+
+    holed = diff_releases(data_root, "zarr", "holed")
+    (chips,) = holed.chips
+    assert chips.validity_changed == chips.changed_pixels == DEM_HOLE_PX**2
+    assert chips.max_abs_change is None
+    (field,) = holed.fields
+    assert field.valid_fraction_changed == 1  # tile r0c0 of the 2 km grid (the 5 km grid is
+    # smaller, placed inside the city's pixel grid, and does not reach its corner)
+    assert field.max_valid_fraction_change == pytest.approx(DEM_HOLE_PX**2 / 80**2)
+    assert "valid fractions changed" in diff_text(holed)
