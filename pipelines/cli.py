@@ -209,10 +209,15 @@ def views(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    """Score the training-mean reference on a split of the translation instances."""
+    """Score a reference predictor on a split of the translation instances."""
     from citycube.catalogue import load_catalogue
     from citycube.cube import Release
-    from citycube.evaluate import score, score_matrix_markdown, write_scores
+    from citycube.evaluate import (
+        NearestTilePredictor,
+        score,
+        score_matrix_markdown,
+        write_scores,
+    )
     from citycube.pairs import modality_order
     from citycube.translation import BenchmarkFiles
 
@@ -222,7 +227,10 @@ def evaluate(args: argparse.Namespace) -> int:
         return 2
     catalogue = load_catalogue()
     targets = [t.strip() for t in args.targets.split(",")] if args.targets else None
-    table = score(release, catalogue, split=args.split, targets=targets)
+    predictor = (
+        NearestTilePredictor(release, catalogue) if args.predictor == "nearest_tile" else None
+    )
+    table = score(release, catalogue, split=args.split, targets=targets, predictor=predictor)
     out = (
         Path(args.out)
         if args.out
@@ -230,11 +238,12 @@ def evaluate(args: argparse.Namespace) -> int:
             release.data_root
             / "evaluations"
             / release.version
-            / f"training_mean_{args.split}.parquet"
+            / f"{args.predictor}_{args.split}.parquet"
         )
     )
     path = write_scores(table, out, release)
-    print(f"training-mean reference on {args.split}: {table.num_rows} routes scored -> {path}")
+    name = args.predictor.replace("_", "-")
+    print(f"{name} reference on {args.split}: {table.num_rows} routes scored -> {path}")
     print(score_matrix_markdown(table, modality_order(catalogue)))
     return 0
 
@@ -623,20 +632,30 @@ def parser() -> argparse.ArgumentParser:
     cd.set_defaults(func=card)
     e = sub.add_parser(
         "evaluate",
-        help="score the training-mean reference predictor on the translation instances",
+        help="score a reference predictor (training mean, nearest tile) on the translation "
+        "instances",
         description=(
             "Score every route of a split of the release's translation instances with its "
-            "target's metric (seed 000 Table 2), normalised by the training split, for the "
-            "training-mean reference predictor. Writes a Parquet of (source, target, metric, "
-            "score, instances) outside the release (its manifest stays valid) and prints the "
-            "source × target table."
+            "target's metric (seed 000 Table 2), normalised by the training split, for a "
+            "reference predictor: the training mean (each target's training mean, mean chip or "
+            "majority class) or the nearest tile (the target of the training instance of the "
+            "same route and scale whose source observation fields are nearest, fields "
+            "standardised by the training split; class ids match or not). Writes a Parquet of "
+            "(source, target, metric, score, instances) outside the release (its manifest "
+            "stays valid) and prints the source × target table."
         ),
     )
     e.add_argument("--split", default="test", choices=["train", "val", "test"])
     e.add_argument("--targets", help="comma-separated target codes (default: every target)")
     e.add_argument(
+        "--predictor",
+        default="training_mean",
+        choices=["training_mean", "nearest_tile"],
+        help="reference predictor to score (default training_mean)",
+    )
+    e.add_argument(
         "--out",
-        help="output Parquet (default <data>/evaluations/<release>/training_mean_<split>.parquet)",
+        help="output Parquet (default <data>/evaluations/<release>/<predictor>_<split>.parquet)",
     )
     e.set_defaults(func=evaluate)
     fs = sub.add_parser(
