@@ -275,8 +275,9 @@ def score(
     """Per route of ``split``: the target's metric over its instances (``SCORE_SCHEMA``).
 
     Without a predictor the training-mean reference is scored. A predictor with
-    ``reads_source = False`` gets the source's code only (an empty value), not its array. Routes whose target has no
-    training range or mean (absent from the training split) are left out.
+    ``reads_source = False`` gets the source's code only (an empty value), not its array.
+    Routes whose target has no training range or mean (absent from the training split) are
+    left out.
     """
     stats = stats or training_stats(release, catalogue)
     loader = InstanceLoader(release, split=split, catalogue=catalogue)
