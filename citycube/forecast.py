@@ -334,7 +334,7 @@ def select_series(
     exceed ``n_series``. Cities take turns in the order of the expansion seed's hash of their
     names, so which cities get one series more is not alphabetical.
     """
-    cities = sorted((c for c, tiles in eligible.items() if tiles), key=lambda c: c)
+    cities = sorted(c for c, tiles in eligible.items() if tiles)
     first = {
         c: sorted(eligible[c], key=lambda t: _rank(initial_seed, target_name, t)) for c in cities
     }

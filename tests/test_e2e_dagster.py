@@ -79,6 +79,8 @@ def test_build_is_one_backfill_of_successful_runs(build: dict[str, object]) -> N
         "benchmark/translation_pairs",
         "benchmark/splits",
         "benchmark/translation_instances",
+        "benchmark/forecast_cases",
+        "benchmark/forecast_baseline_scores",
     }
     assert benchmark <= materialized
 
@@ -106,6 +108,17 @@ def test_benchmark_views_are_queryable_after_the_build(build: dict[str, object])
     # one city-year is a partial cube: every pair became an instance, and the build says so
     assert sum(per_split.values()) == routes
     assert "Translation benchmark:" in str(build["out"]) and "asked for" in str(build["out"])
+    # one year holds no 2010–2024 panel: no forecasting case, and the build says why
+    assert con.execute("SELECT count(*) FROM forecast_cases").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM forecast_targets").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM forecast_scores").fetchone() == (0,)
+    eligible = con.execute(
+        "SELECT count(DISTINCT target), sum(eligible), min(tiles) FROM forecast_eligibility"
+    ).fetchone()
+    assert eligible == (3, 0, 140)
+    assert "Forecasting cases: lst 0 of 220, carbon 0 of 220, property 0 of 160" in str(
+        build["out"]
+    )
 
 
 def test_categorical_chips_record_their_classes(release_dir: Path) -> None:
