@@ -386,9 +386,9 @@ class NearestTilePredictor:
     keys of the squared difference in training standard deviations (each field standardised by
     its mean and standard deviation over the training instances' keys of that source), or, for
     a class id, 0 when the classes agree and 1 when not. The nearest candidate, first in
-    (tile, year) order on ties, gives its target as the prediction; a route without training
-    instances at the scale, or a key sharing no finite field with any of them, gets no answer
-    (None), and its route scores NaN.
+    (tile, year) order on ties, gives its target as the prediction (gaps filled: ``_filled``);
+    a route without training instances at the scale, or a key sharing no finite field with any
+    of them, gets no answer (None), and its route scores NaN.
     """
 
     reads_source = False
@@ -448,6 +448,7 @@ class NearestTilePredictor:
             for route, keys_ in by_route.items()
         }
         self._targets: dict[tuple[str, int, str], np.ndarray] = {}
+        self._means: dict[str, np.ndarray] = {}
 
     def _vector(self, tile: str, year: int, code: str) -> np.ndarray:
         found = self._vectors.get((tile, year, code))
@@ -492,8 +493,44 @@ class NearestTilePredictor:
         if cache_key not in self._targets:
             if len(self._targets) > 256:
                 self._targets.clear()
-            self._targets[cache_key] = self.loader.resolve(found[0], found[1], target).values
+            value = self.loader.resolve(found[0], found[1], target)
+            self._targets[cache_key] = self._filled(value, target)
         return self._targets[cache_key]
+
+    def _filled(self, value: ModalityValue, target: str) -> np.ndarray:
+        """The borrowed target with its gaps filled, so that every reference value is scored.
+
+        A chip's invalid pixels take the chip's own valid mean per band (its most frequent
+        valid value for class maps and roads); a missing numeric field (AQ offers either of
+        two) takes that field's mean over the training instances of the target.
+        """
+        values = np.array(value.values, copy=True)
+        if value.valid is None:
+            gaps = ~np.isfinite(values)
+            if gaps.any():
+                values[gaps] = self._field_means(target)[gaps]
+            return values
+        classes = target == "RD" or self.catalogue.get(target).kind == Kind.CATEGORICAL_IMAGE
+        for b in range(values.shape[0]):
+            band = values[b]
+            ok = value.valid & (np.isfinite(band) if band.dtype.kind == "f" else True)
+            if ok.all() or not ok.any():
+                continue
+            if classes:
+                ids, counts = np.unique(band[ok], return_counts=True)
+                band[~ok] = ids[np.argmax(counts)]
+            else:
+                band[~ok] = band[ok].mean()
+        return values
+
+    def _field_means(self, target: str) -> np.ndarray:
+        if target not in self._means:
+            keys = {(r["tile_id"], r["year"]) for r in self.loader._rows if r["target"] == target}
+            rows = [self.loader.resolve(t, y, target).values for t, y in sorted(keys)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                self._means[target] = np.nanmean(np.array(rows), axis=0)
+        return self._means[target]
 
 
 PREDICTORS = ("training_mean", "nearest_tile")

@@ -266,6 +266,14 @@ def test_nearest_tile_reference_scores_end_to_end(materialised: Release, tmp_pat
     )
     assert rows[("NTL", "POP")]["score"] == pytest.approx(expected)
     assert rows[("NTL", "POP")]["instances"] == len(tests)
+    # a borrowed chip's invalid pixels are filled from its valid ones, never left as NaN
+    from citycube.loader import ModalityValue
+
+    valid = np.array([[True, True], [True, False]])
+    heights = ModalityValue("HF", ("height_m",), np.array([[[1.0, 2.0], [3.0, np.nan]]]), valid)
+    assert predictor._filled(heights, "HF").tolist() == [[[1.0, 2.0], [3.0, 2.0]]]
+    classes = ModalityValue("LC", ("class_id",), np.array([[[10, 51], [10, 255]]], np.uint8), valid)
+    assert predictor._filled(classes, "LC").tolist() == [[[10, 51], [10, 10]]]
     # a class id is near only when it agrees
     d = predictor.distances("LC", np.array([10.0]), np.array([[10.0], [51.0], [np.nan]]))
     assert d.tolist() == [0.0, 1.0, float("inf")]
