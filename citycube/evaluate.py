@@ -14,10 +14,14 @@ numeric field over the training split, a constant chip of each band's training p
 the most frequent class (RD: road where the training road share exceeds one half). It ignores
 the source, so every source of a target scores the same: the floor a translation model has to
 beat.
+
+The nearest-tile reference (``NearestTilePredictor``) predicts, for each instance, the target of
+the training instance of the same route and scale whose source observation fields are nearest.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +42,8 @@ RANGE_CHIPS = 64
 OPT_SCALE = 255.0
 """OPT values are uint8; they are scored on [0, 1]."""
 
-Predictor = Callable[[ModalityValue, str, tuple[str, str, str, int]], np.ndarray]
-"""(source, target code, key) -> prediction shaped like the target."""
+Predictor = Callable[[ModalityValue, str, tuple[str, str, str, int]], np.ndarray | None]
+"""(source, target code, key) -> prediction shaped like the target, or None for no answer."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,7 @@ class _Pool:
 
     metric: Metric
     instances: int = 0
+    unpredicted: int = 0
     sq: dict[str, float] = field(default_factory=dict)
     ab: dict[str, float] = field(default_factory=dict)
     n: dict[str, int] = field(default_factory=dict)
@@ -202,8 +207,10 @@ class _Pool:
         ]
 
     def value(self, target: str, stats: TrainingStats) -> float:
-        """The route's score."""
+        """The route's score (NaN when an instance went unpredicted)."""
         m = self.metric
+        if self.unpredicted:
+            return float("nan")
         if m == Metric.MSE:
             return sum(self.sq.values()) / max(sum(self.n.values()), 1)
         if m == Metric.MACRO_MIOU:
@@ -267,8 +274,10 @@ def score(
 ) -> pa.Table:
     """Per route of ``split``: the target's metric over its instances (``SCORE_SCHEMA``).
 
-    Without a predictor the training-mean reference is scored. Routes whose target has no
-    training range or mean (absent from the training split) are left out.
+    Without a predictor the training-mean reference is scored. A predictor with
+    ``reads_source = False`` gets the source's code only (an empty value), not its array.
+    Routes whose target has no training range or mean (absent from the training split) are
+    left out.
     """
     stats = stats or training_stats(release, catalogue)
     loader = InstanceLoader(release, split=split, catalogue=catalogue)
@@ -294,11 +303,18 @@ def score(
         if predictor is None:
             prediction = _constant(stats, reference, code, spec.kind)
         else:
-            source = loader.resolve(row["tile_id"], row["year"], row["source"])
+            if getattr(predictor, "reads_source", True):
+                source = loader.resolve(row["tile_id"], row["year"], row["source"])
+            else:  # it looks the source up itself: no chip read
+                source = ModalityValue(row["source"], (), np.zeros(0), None)
             key = (row["city"], row["scale"], row["tile_id"], row["year"])
-            prediction = np.asarray(predictor(source, code, key))
+            predicted = predictor(source, code, key)
+            prediction = None if predicted is None else np.asarray(predicted)
         pool = pools.setdefault((row["source"], code), _Pool(metric))
         pool.instances += 1
+        if prediction is None:  # the predictor has no answer: the route scores NaN
+            pool.unpredicted += 1
+            continue
         _add(pool, reference, prediction, code, spec.kind)
     out = [
         {
@@ -357,3 +373,165 @@ def score_matrix_markdown(table: pa.Table, order: Sequence[str]) -> str:
         shown = ["–" if v is None else f"{v:.3f}" for v in values]
         lines.append(f"| {s} | " + " | ".join(shown) + " |")
     return "\n".join(lines)
+
+
+class NearestTilePredictor:
+    """Seed 000's nearest-tile reference: the target of the nearest training instance.
+
+    For a test instance of route source → target, the candidates are the training instances of
+    the same route and scale (so a chip has the shape the reference has). Each key's source is
+    described by its observation fields (numeric modalities: their values; image modalities:
+    the band means of valid pixels, or the dominant class of categorical ones), as the
+    published observations hold them. The distance is the mean over the fields finite at both
+    keys of the squared difference in training standard deviations (each field standardised by
+    its mean and standard deviation over the training instances' keys of that source), or, for
+    a class id, 0 when the classes agree and 1 when not. The nearest candidate, first in
+    (tile, year) order on ties, gives its target as the prediction (gaps filled: ``_filled``);
+    a route without training instances at the scale, or a key sharing no finite field with any
+    of them, gets no answer (None), and its route scores NaN.
+    """
+
+    reads_source = False
+    """It describes the source by its observation fields, so ``score`` need not read chips."""
+
+    def __init__(self, release: Release, catalogue: Catalogue) -> None:
+        import pyarrow.parquet as pq
+
+        from citycube.translation import BenchmarkFiles, published_connection
+
+        self.catalogue = catalogue
+        files = BenchmarkFiles(release)
+        instances = pq.read_table(files.instances)
+        train = instances.filter(pc.equal(instances["split"], "train"))
+        self.loader = InstanceLoader(release, split="train", catalogue=catalogue, instances=train)
+        keys = instances.select(["tile_id", "year", "source"])
+        with published_connection(release) as con:
+            con.register("_keys", keys)
+            found = con.execute(
+                """
+                SELECT o.tile_id, o.year, o.modality, o.field, o.value
+                FROM observations AS o
+                SEMI JOIN (SELECT DISTINCT tile_id, year, source FROM _keys) AS k
+                  ON o.tile_id = k.tile_id AND o.year = k.year AND o.modality = k.source
+                """
+            ).fetchall()
+        self._fields = {m.code: [f.name for f in m.fields] for m in catalogue.modalities}
+        self._vectors: dict[tuple[str, int, str], np.ndarray] = {}
+        values: dict[tuple[str, int, str], dict[str, float]] = {}
+        for tile, year, code, name, value in found:
+            values.setdefault((tile, year, code), {})[name] = np.nan if value is None else value
+        for (tile, year, code), fields in values.items():
+            self._vectors[(tile, year, code)] = np.array(
+                [fields.get(n, np.nan) for n in self._fields[code]], dtype=np.float64
+            )
+        self._categorical = {
+            m.code for m in catalogue.modalities if m.kind == Kind.CATEGORICAL_IMAGE
+        }
+        rows = train.select(["scale", "tile_id", "year", "source", "target"]).to_pylist()
+        rows.sort(key=lambda r: (r["tile_id"], r["year"]))
+        by_route: dict[tuple[str, str, str], list[tuple[str, int]]] = {}
+        for r in rows:
+            by_route.setdefault((r["source"], r["target"], r["scale"]), []).append(
+                (r["tile_id"], r["year"])
+            )
+        self._scale: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for code in {r["source"] for r in rows}:
+            seen = {(r["tile_id"], r["year"]) for r in rows if r["source"] == code}
+            matrix = np.array([self._vector(t, y, code) for t, y in sorted(seen)])
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean, std = np.nanmean(matrix, axis=0), np.nanstd(matrix, axis=0)
+            std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
+            self._scale[code] = (np.nan_to_num(mean), std)
+        self._routes = {
+            route: (keys_, np.array([self._vector(t, y, route[0]) for t, y in keys_]))
+            for route, keys_ in by_route.items()
+        }
+        self._targets: dict[tuple[str, int, str], np.ndarray] = {}
+        self._means: dict[str, np.ndarray] = {}
+
+    def _vector(self, tile: str, year: int, code: str) -> np.ndarray:
+        found = self._vectors.get((tile, year, code))
+        if found is None:
+            return np.full(len(self._fields[code]), np.nan)
+        return found
+
+    def distances(self, code: str, query: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+        """Distance of ``query`` to each row of ``candidates`` (source fields of ``code``)."""
+        both = np.isfinite(candidates) & np.isfinite(query)[None, :]
+        if code in self._categorical:
+            per_field = (candidates != query[None, :]).astype(np.float64)
+        else:
+            _, std = self._scale[code]
+            per_field = ((candidates - query[None, :]) / std[None, :]) ** 2
+        shared = both.sum(axis=1)
+        total = np.where(both, per_field, 0.0).sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(shared > 0, total / np.maximum(shared, 1), np.inf)
+
+    def nearest(
+        self, source: str, target: str, key: tuple[str, str, str, int]
+    ) -> tuple[str, int] | None:
+        """The training (tile, year) whose source is nearest to ``key``'s, or None."""
+        route = self._routes.get((source, target, key[1]))
+        if route is None:
+            return None
+        keys, candidates = route
+        d = self.distances(source, self._vector(key[2], key[3], source), candidates)
+        if not np.isfinite(d).any():
+            return None
+        return keys[int(np.argmin(d))]
+
+    def __call__(
+        self, source: ModalityValue, target: str, key: tuple[str, str, str, int]
+    ) -> np.ndarray | None:
+        """The nearest training instance's target (None when there is none)."""
+        found = self.nearest(source.modality, target, key)
+        if found is None:
+            return None
+        cache_key = (found[0], found[1], target)
+        if cache_key not in self._targets:
+            if len(self._targets) > 256:
+                self._targets.clear()
+            value = self.loader.resolve(found[0], found[1], target)
+            self._targets[cache_key] = self._filled(value, target)
+        return self._targets[cache_key]
+
+    def _filled(self, value: ModalityValue, target: str) -> np.ndarray:
+        """The borrowed target with its gaps filled, so that every reference value is scored.
+
+        A chip's invalid pixels take the chip's own valid mean per band (its most frequent
+        valid value for class maps and roads); a missing numeric field (AQ offers either of
+        two) takes that field's mean over the training instances of the target.
+        """
+        values = np.array(value.values, copy=True)
+        if value.valid is None:
+            gaps = ~np.isfinite(values)
+            if gaps.any():
+                values[gaps] = self._field_means(target)[gaps]
+            return values
+        classes = target == "RD" or self.catalogue.get(target).kind == Kind.CATEGORICAL_IMAGE
+        for b in range(values.shape[0]):
+            band = values[b]
+            ok = value.valid & (np.isfinite(band) if band.dtype.kind == "f" else True)
+            if ok.all() or not ok.any():
+                continue
+            if classes:
+                ids, counts = np.unique(band[ok], return_counts=True)
+                band[~ok] = ids[np.argmax(counts)]
+            else:
+                band[~ok] = band[ok].mean()
+        return values
+
+    def _field_means(self, target: str) -> np.ndarray:
+        if target not in self._means:
+            keys = {(r["tile_id"], r["year"]) for r in self.loader._rows if r["target"] == target}
+            rows = [self.loader.resolve(t, y, target).values for t, y in sorted(keys)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                self._means[target] = np.nanmean(np.array(rows), axis=0)
+        return self._means[target]
+
+
+PREDICTORS = ("training_mean", "nearest_tile")
+"""Reference predictors ``citycube evaluate`` scores."""

@@ -228,3 +228,38 @@ def cldice(reference: ArrayLike, prediction: ArrayLike) -> float:
     if precision + sensitivity == 0:
         return 0.0
     return float(2 * precision * sensitivity / (precision + sensitivity))
+
+
+# ------------------------------------------------------------------------------ forecasting
+# Seed 000 App. D: LST and carbon are judged by MAE in their units, property by MAPE (local
+# currencies differ, so errors are compared as percentages); RMSE and R² supplement them. R²
+# takes the reference mean of the evaluated group itself.
+
+
+def mae(reference: ArrayLike, prediction: ArrayLike) -> float:
+    """Mean absolute error, in the reference's unit."""
+    y, p = _pair(reference, prediction)
+    return float(np.mean(np.abs(y - p)))
+
+
+def mape(reference: ArrayLike, prediction: ArrayLike) -> float:
+    """Mean absolute percentage error, 100 · mean |y − ŷ| / |y| (references must not be 0)."""
+    y, p = _pair(reference, prediction)
+    if np.any(y == 0):
+        raise ValueError("MAPE is undefined for a reference of 0")
+    return float(100.0 * np.mean(np.abs(y - p) / np.abs(y)))
+
+
+def rmse(reference: ArrayLike, prediction: ArrayLike) -> float:
+    """Root mean squared error, in the reference's unit."""
+    y, p = _pair(reference, prediction)
+    return float(np.sqrt(np.mean((y - p) ** 2)))
+
+
+def r_squared(reference: ArrayLike, prediction: ArrayLike) -> float:
+    """Coefficient of determination, 1 − Σ(y − ŷ)² / Σ(y − ȳ)²; NaN when every y is equal."""
+    y, p = _pair(reference, prediction)
+    total = float(np.sum((y - y.mean()) ** 2))
+    if not total > 0:
+        return float("nan")
+    return 1.0 - float(np.sum((y - p) ** 2)) / total

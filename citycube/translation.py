@@ -389,7 +389,9 @@ def create_views(
     view("splits", files.splits)
     view("translation_instances", files.instances)
     view("translation_instance_routes", files.instance_routes)
-    return created
+    from citycube.forecast import create_forecast_views
+
+    return created + create_forecast_views(con, release)
 
 
 def publish_views(release: Release, catalogue: Catalogue) -> list[str]:

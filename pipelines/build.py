@@ -862,7 +862,26 @@ def _conclude(
         flush=True,
     )
     print(_benchmark_line(release), file=out, flush=True)
+    print(_forecast_line(release), file=out, flush=True)
     return 0
+
+
+def _forecast_line(release: Release) -> str:
+    """How many forecasting cases the release holds, per target, against those asked for."""
+    import json
+
+    from citycube.forecast import ForecastFiles
+
+    files = ForecastFiles(release)
+    if not files.manifest.exists():
+        return f"Forecasting cases: not built ({files.manifest} is missing)"
+    manifest = json.loads(files.manifest.read_text(encoding="utf-8"))
+    achieved, asked = manifest["achieved"], manifest["requested"]
+    counts = ", ".join(
+        f"{t} {achieved[t]} of {asked[t]}" for t in ("lst", "carbon", "property") if t in asked
+    )
+    why = "" if manifest["complete"] else " (too few tiles with a complete 2010–2024 panel)"
+    return f"Forecasting cases: {counts}{why}; baseline scores in {files.scores('md')}"
 
 
 def _benchmark_line(release: Release) -> str:

@@ -209,10 +209,15 @@ def views(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    """Score the training-mean reference on a split of the translation instances."""
+    """Score a reference predictor on a split of the translation instances."""
     from citycube.catalogue import load_catalogue
     from citycube.cube import Release
-    from citycube.evaluate import score, score_matrix_markdown, write_scores
+    from citycube.evaluate import (
+        NearestTilePredictor,
+        score,
+        score_matrix_markdown,
+        write_scores,
+    )
     from citycube.pairs import modality_order
     from citycube.translation import BenchmarkFiles
 
@@ -222,7 +227,10 @@ def evaluate(args: argparse.Namespace) -> int:
         return 2
     catalogue = load_catalogue()
     targets = [t.strip() for t in args.targets.split(",")] if args.targets else None
-    table = score(release, catalogue, split=args.split, targets=targets)
+    predictor = (
+        NearestTilePredictor(release, catalogue) if args.predictor == "nearest_tile" else None
+    )
+    table = score(release, catalogue, split=args.split, targets=targets, predictor=predictor)
     out = (
         Path(args.out)
         if args.out
@@ -230,12 +238,99 @@ def evaluate(args: argparse.Namespace) -> int:
             release.data_root
             / "evaluations"
             / release.version
-            / f"training_mean_{args.split}.parquet"
+            / f"{args.predictor}_{args.split}.parquet"
         )
     )
     path = write_scores(table, out, release)
-    print(f"training-mean reference on {args.split}: {table.num_rows} routes scored -> {path}")
+    name = args.predictor.replace("_", "-")
+    print(f"{name} reference on {args.split}: {table.num_rows} routes scored -> {path}")
     print(score_matrix_markdown(table, modality_order(catalogue)))
+    return 0
+
+
+def read_predictions(path: Path) -> dict[str, tuple[list[str], list[float]]]:
+    """method -> (case ids, values) from a CSV or Parquet of predictions.
+
+    Columns: ``case_id`` (a paper-form case id or a case key), ``prediction`` (or ``value``),
+    and optionally ``method`` (several methods in one file; else the file's stem names it).
+    """
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from citycube.errors import CityCubeError
+
+    parquet = path.suffix.lower() == ".parquet"
+    table = pq.read_table(path) if parquet else pacsv.read_csv(path)
+    names = set(table.column_names)
+    ids = "case_id" if "case_id" in names else "case_key" if "case_key" in names else None
+    values = "prediction" if "prediction" in names else "value" if "value" in names else None
+    if ids is None or values is None:
+        raise CityCubeError(
+            f"{path} needs columns case_id (or case_key) and prediction (or value); it has "
+            f"{', '.join(table.column_names)}"
+        )
+    case_ids = [str(v) for v in table[ids].to_pylist()]
+    numbers = [float("nan") if v is None else float(v) for v in table[values].to_pylist()]
+    methods = (
+        [str(m) for m in table["method"].to_pylist()]
+        if "method" in names
+        else [path.stem] * len(case_ids)
+    )
+    out: dict[str, tuple[list[str], list[float]]] = {}
+    for m, i, v in zip(methods, case_ids, numbers, strict=True):
+        mine = out.setdefault(m, ([], []))
+        mine[0].append(i)
+        mine[1].append(v)
+    return out
+
+
+def forecast_score(args: argparse.Namespace) -> int:
+    """Score forecasts (and the two baselines) on the release's forecasting cases."""
+    from citycube.cube import Release
+    from citycube.errors import CityCubeError
+    from citycube.forecast import (
+        ForecastFiles,
+        resolve_predictions,
+        score_release,
+        summary_markdown,
+        write_scores,
+    )
+
+    release = Release(Path(args.data).resolve(), args.release)
+    files = ForecastFiles(release)
+    if not files.references.exists():
+        print(f"no forecasting cases in {release.root}; run `make run` first", file=sys.stderr)
+        return 2
+    import pyarrow.parquet as pq
+
+    references = pq.read_table(files.references)
+    predictions = {}
+    name = args.name or "baselines"
+    if args.predictions:
+        path = Path(args.predictions)
+        if not path.exists():
+            print(f"no predictions file at {path}", file=sys.stderr)
+            return 2
+        try:
+            for method, (ids, values) in read_predictions(path).items():
+                predictions[method] = resolve_predictions(references, ids, values)
+        except ValueError as exc:
+            raise CityCubeError(str(exc)) from None
+        name = args.name or path.stem
+    if references.num_rows == 0:
+        print(
+            "the release holds no forecasting cases (no tile has a complete 2010–2024 panel "
+            f"of any target; see {files.manifest}): nothing to score",
+            file=sys.stderr,
+        )
+    try:
+        scores = score_release(release, predictions, replicates=args.replicates)
+    except ValueError as exc:
+        raise CityCubeError(str(exc)) from None
+    out = Path(args.out) if args.out else release.data_root / "evaluations" / release.version
+    paths = write_scores(scores, out / f"forecast_{name}", release)
+    print(f"{references.num_rows} forecasting cases scored -> {paths['md']} (+ .csv, .parquet)")
+    print(summary_markdown(scores))
     return 0
 
 
@@ -537,22 +632,67 @@ def parser() -> argparse.ArgumentParser:
     cd.set_defaults(func=card)
     e = sub.add_parser(
         "evaluate",
-        help="score the training-mean reference predictor on the translation instances",
+        help="score a reference predictor (training mean, nearest tile) on the translation "
+        "instances",
         description=(
             "Score every route of a split of the release's translation instances with its "
-            "target's metric (seed 000 Table 2), normalised by the training split, for the "
-            "training-mean reference predictor. Writes a Parquet of (source, target, metric, "
-            "score, instances) outside the release (its manifest stays valid) and prints the "
-            "source × target table."
+            "target's metric (seed 000 Table 2), normalised by the training split, for a "
+            "reference predictor: the training mean (each target's training mean, mean chip or "
+            "majority class) or the nearest tile (the target of the training instance of the "
+            "same route and scale whose source observation fields are nearest, fields "
+            "standardised by the training split; class ids match or not). Writes a Parquet of "
+            "(source, target, metric, score, instances) outside the release (its manifest "
+            "stays valid) and prints the source × target table."
         ),
     )
     e.add_argument("--split", default="test", choices=["train", "val", "test"])
     e.add_argument("--targets", help="comma-separated target codes (default: every target)")
     e.add_argument(
+        "--predictor",
+        default="training_mean",
+        choices=["training_mean", "nearest_tile"],
+        help="reference predictor to score (default training_mean)",
+    )
+    e.add_argument(
         "--out",
-        help="output Parquet (default <data>/evaluations/<release>/training_mean_<split>.parquet)",
+        help="output Parquet (default <data>/evaluations/<release>/<predictor>_<split>.parquet)",
     )
     e.set_defaults(func=evaluate)
+    fs = sub.add_parser(
+        "forecast-score",
+        help="score forecasts of the forecasting cases against the baselines (Table 4 form)",
+        description=(
+            "Score a predictions file (one value per case) on the release's LST, carbon and "
+            "property forecasting cases, next to the last-year and ten-year-mean baselines: "
+            "MAE, MAPE, RMSE and R² with 95 %% intervals from city-stratified tile-block "
+            "bootstrap replicates (seed 20261024; a block is all five cases of one tile; the "
+            "same draws for every method). LST and carbon pool their cases; property is scored "
+            "per city in local currency, and its MAPE also pooled. Writes "
+            "forecast_<name>.{md,csv,parquet} (markdown: Table 4 and the RMSE / R² tables) "
+            "outside the release. Without --predictions only the baselines are scored."
+        ),
+        epilog=(
+            "Predictions file (CSV or Parquet): column case_id (the paper-form id from "
+            "forecast_targets, e.g. Boston_2KM_r7_c8_lst_2022, or the opaque case_key from "
+            "forecast_cases) and column prediction (or value), in the target's unit (°C; "
+            "tonne C/tile/year; the case's local currency); optional column method for several "
+            "methods in one file. A method predicts every case of a target or none of it."
+        ),
+    )
+    fs.add_argument("--predictions", metavar="FILE", help="CSV or Parquet of case_id, prediction")
+    fs.add_argument(
+        "--name", help="name of the output files (default: the predictions file's stem)"
+    )
+    fs.add_argument(
+        "--out", metavar="DIR", help="output folder (default <data>/evaluations/<release>)"
+    )
+    fs.add_argument(
+        "--replicates",
+        type=int,
+        default=10_000,
+        help="bootstrap replicates per evaluation group (default 10000)",
+    )
+    fs.set_defaults(func=forecast_score)
     d = sub.add_parser("dagster-home", help="prepare DAGSTER_HOME for offline `dagster dev`")
     d.set_defaults(func=dagster_home)
     r = sub.add_parser(

@@ -12,7 +12,15 @@ from assets.derived import build_derived_assets
 from assets.modalities import build_modality_assets
 from assets.reports import build_report_assets
 from assets.sources import build_source_assets
-from benchmark_assets import INSTANCES_KEY, PAIRS_KEY, SPLITS_KEY, build_benchmark_assets
+from benchmark_assets import (
+    FORECAST_CASES_KEY,
+    FORECAST_SCORES_KEY,
+    INSTANCES_KEY,
+    PAIRS_KEY,
+    SPLITS_KEY,
+    build_benchmark_assets,
+    build_forecast_assets,
+)
 from citycube.catalogue import Catalogue, load_catalogue
 from pipelines.lifetime import follow_build_process
 from pipelines.resources import ComputeResource, default_cube_resource
@@ -27,7 +35,11 @@ def build_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         *build_modality_assets(catalogue),
         *build_cube_assets(catalogue),
         *build_benchmark_assets(catalogue),
-        *build_report_assets(catalogue, after=[PAIRS_KEY, SPLITS_KEY, INSTANCES_KEY]),
+        *build_forecast_assets(),
+        *build_report_assets(
+            catalogue,
+            after=[PAIRS_KEY, SPLITS_KEY, INSTANCES_KEY, FORECAST_CASES_KEY, FORECAST_SCORES_KEY],
+        ),
     ]
 
 

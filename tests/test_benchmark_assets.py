@@ -222,3 +222,76 @@ def test_training_mean_reference_scores_end_to_end(materialised: Release, tmp_pa
     args = ["--data", str(materialised.data_root), "--release", materialised.version]
     assert main([*args, "evaluate", "--targets", "POP", "--out", str(out)]) == 0
     assert pq.read_table(out).num_rows == sum(1 for _, t in rows if t == "POP")
+
+
+def test_nearest_tile_reference_scores_end_to_end(materialised: Release, tmp_path: Path) -> None:
+    from citycube.evaluate import NearestTilePredictor, score, training_stats
+    from citycube.metrics import log1p_nmse, percentile_range
+    from pipelines.cli import main
+
+    stats = training_stats(materialised, CAT)
+    predictor = NearestTilePredictor(materialised, CAT)
+    table = score(materialised, CAT, stats=stats, targets=["POP"], predictor=predictor)
+    rows = {(r["source"], r["target"]): r for r in table.to_pylist()}
+    # NTL → POP by hand: one source field, so the nearest training key of the route and scale
+    # is the one with the closest NTL value (first in tile, year order on ties)
+    with duckdb.connect(str(materialised.duckdb_file), read_only=True) as con:
+        pairs = con.execute(
+            """
+            SELECT i.split, i.scale, i.tile_id, i.year, s.value AS ntl, t.value AS pop
+            FROM translation_instances i
+            JOIN observations s ON s.tile_id = i.tile_id AND s.year = i.year
+                               AND s.modality = 'NTL'
+            JOIN observations t ON t.tile_id = i.tile_id AND t.year = i.year
+                               AND t.modality = 'POP'
+            WHERE i.source = 'NTL' AND i.target = 'POP' AND i.split IN ('train', 'test')
+            ORDER BY i.tile_id, i.year
+            """
+        ).fetchall()
+        train = con.execute(
+            "SELECT value FROM observations JOIN splits USING (tile_id) "
+            "WHERE split = 'train' AND modality = 'POP' AND available"
+        ).fetchnumpy()["value"]
+    candidates = [p for p in pairs if p[0] == "train"]
+    tests = [p for p in pairs if p[0] == "test"]
+    assert candidates and tests
+    reference, predicted = [], []
+    for _, scale, _, _, ntl, pop in tests:
+        mine = [c for c in candidates if c[1] == scale]
+        best = min(range(len(mine)), key=lambda i: (abs(mine[i][4] - ntl), i))
+        reference.append(pop)
+        predicted.append(mine[best][5])
+    expected = log1p_nmse(
+        np.array(reference), np.array(predicted), percentile_range(train, log1p=True)
+    )
+    assert rows[("NTL", "POP")]["score"] == pytest.approx(expected)
+    assert rows[("NTL", "POP")]["instances"] == len(tests)
+    # a borrowed chip's invalid pixels are filled from its valid ones, never left as NaN
+    from citycube.loader import ModalityValue
+
+    valid = np.array([[True, True], [True, False]])
+    heights = ModalityValue("HF", ("height_m",), np.array([[[1.0, 2.0], [3.0, np.nan]]]), valid)
+    assert predictor._filled(heights, "HF").tolist() == [[[1.0, 2.0], [3.0, 2.0]]]
+    classes = ModalityValue("LC", ("class_id",), np.array([[[10, 51], [10, 255]]], np.uint8), valid)
+    assert predictor._filled(classes, "LC").tolist() == [[[10, 51], [10, 10]]]
+    # a class id is near only when it agrees
+    d = predictor.distances("LC", np.array([10.0]), np.array([[10.0], [51.0], [np.nan]]))
+    assert d.tolist() == [0.0, 1.0, float("inf")]
+    out = tmp_path / "nearest.parquet"
+    args = ["--data", str(materialised.data_root), "--release", materialised.version]
+    assert (
+        main(
+            [
+                *args,
+                "evaluate",
+                "--predictor",
+                "nearest_tile",
+                "--targets",
+                "POP",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert pq.read_table(out).to_pylist() == table.to_pylist()

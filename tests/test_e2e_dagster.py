@@ -79,6 +79,8 @@ def test_build_is_one_backfill_of_successful_runs(build: dict[str, object]) -> N
         "benchmark/translation_pairs",
         "benchmark/splits",
         "benchmark/translation_instances",
+        "benchmark/forecast_cases",
+        "benchmark/forecast_baseline_scores",
     }
     assert benchmark <= materialized
 
@@ -106,6 +108,13 @@ def test_benchmark_views_are_queryable_after_the_build(build: dict[str, object])
     # one city-year is a partial cube: every pair became an instance, and the build says so
     assert sum(per_split.values()) == routes
     assert "Translation benchmark:" in str(build["out"]) and "asked for" in str(build["out"])
+    # 2025 lies outside the 2010–2024 panel: no tile to consider, no forecasting case, and the
+    # build says so
+    for view in ("forecast_cases", "forecast_targets", "forecast_eligibility", "forecast_scores"):
+        assert con.execute(f"SELECT count(*) FROM {view}").fetchone() == (0,)
+    assert "Forecasting cases: lst 0 of 220, carbon 0 of 220, property 0 of 160" in str(
+        build["out"]
+    )
 
 
 def test_categorical_chips_record_their_classes(release_dir: Path) -> None:

@@ -111,3 +111,19 @@ def test_every_target_has_its_paper_metric() -> None:
     assert metric_for("POI") == Metric.MACRO_MIOU
     with pytest.raises(KeyError):
         metric_for("XYZ")
+
+
+def test_forecast_metrics_by_hand() -> None:
+    from citycube.metrics import mae, mape, r_squared, rmse
+
+    assert mae([1.0, 2.0, 3.0], [2.0, 2.0, 5.0]) == pytest.approx(1.0)  # (1 + 0 + 2) / 3
+    assert mape([100.0, 200.0], [110.0, 180.0]) == pytest.approx(10.0)  # (10 % + 10 %) / 2
+    assert mape([-50.0], [-45.0]) == pytest.approx(10.0)  # |y| in the denominator
+    assert rmse([0.0, 0.0], [3.0, 4.0]) == pytest.approx(np.sqrt(12.5))
+    assert r_squared([1.0, 2.0, 3.0], [1.0, 2.0, 4.0]) == pytest.approx(0.5)  # 1 - 1 / 2
+    assert r_squared([1.0, 2.0, 3.0], [2.0, 2.0, 2.0]) == pytest.approx(0.0)  # the mean
+    assert np.isnan(r_squared([2.0, 2.0], [1.0, 3.0]))  # no variance to explain
+    with pytest.raises(ValueError, match="undefined"):
+        mape([0.0, 1.0], [1.0, 1.0])
+    with pytest.raises(ValueError, match="differ in shape"):
+        mae([1.0, 2.0], [1.0])
