@@ -210,3 +210,16 @@ def test_a_record_answers_only_the_same_question(tmp_path: Path) -> None:
         assert records.load_search(other) is None, search_key(other)
     records.path(search_key(request)).write_text("{ damaged", encoding="utf-8")
     assert records.load_search(request) is None
+
+
+def test_a_folder_that_cannot_take_records_costs_only_the_offline_rebuild(
+    stac_world: StacWorld, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the records would go", encoding="utf-8")
+    stac_world.set_faults([])
+    chosen = _adapters(stac_world, searches_dir=str(blocked))
+    with caplog.at_level("WARNING", logger="sources.stac.adapter"):
+        item = chosen["cop_dem_glo30"].fetch(CITY, None, tmp_path / "dest")
+    assert Path(item.href("data")).exists()
+    assert "could not record the STAC answer" in caplog.text

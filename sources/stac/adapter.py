@@ -14,6 +14,7 @@ bounded thread pool, at most ``per_host`` at a time against one host per process
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ from sources.stac.records import SearchRecords, search_key
 from sources.stac.retrying import RetryPolicy, TransientError
 from sources.stac.search import SearchRequest, get_collection, search_items
 from sources.stac.signing import HrefSigner
+
+log = logging.getLogger(__name__)
 
 ADAPTER_VERSION = "stac-1"
 """Version of this family's recipes; bump it whenever the pixels they write change."""
@@ -116,7 +119,7 @@ class FetchContext:
             raise SourceFetchError(
                 f"{self.where()}: {exc.message}", transient=exc.transient, reason=exc.reason
             ) from None
-        self.records.save_search(request, items)
+        self._record(lambda: self.records.save_search(request, items))
         return items
 
     def collection(self) -> pystac.Collection:
@@ -146,8 +149,21 @@ class FetchContext:
             raise SourceFetchError(
                 f"{self.where()}: {exc.message}", transient=exc.transient, reason=exc.reason
             ) from None
-        self.records.save_collection(api_url, collection)
+        self._record(lambda: self.records.save_collection(api_url, collection))
         return collection
+
+    def _record(self, save: Callable[[], Path]) -> None:
+        """Write a record; a folder that cannot take it costs only the offline rebuild."""
+        try:
+            save()
+        except OSError as exc:
+            log.warning(
+                "%s: could not record the STAC answer under %s (%s); an offline rebuild will "
+                "not find it",
+                self.where(),
+                self.records.root,
+                exc,
+            )
 
     def open_href(self, href: str) -> str:
         """What to open for an href: signed (online) or the mirror copy (offline)."""
