@@ -134,6 +134,17 @@ class SourceFetchError(CityCubeError):
         """The HTTP status the server answered with, when one did (404 tells 'not published')."""
 
 
+class OfflineRecordError(SourceFetchError):
+    """Offline, a source request has nothing recorded to answer it (a STAC search never made
+    online, an asset not in the mirror). Not transient: rerunning offline cannot help; run the
+    same build online once, or add the file to the mirror."""
+
+    code = "CC203"
+
+    def __init__(self, message: str, reason: str = "not_recorded") -> None:
+        super().__init__(message, transient=False, reason=reason)
+
+
 class CubeWriteError(CityCubeError):
     """A cube partition could not be written; the previous version is left intact."""
 

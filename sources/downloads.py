@@ -228,8 +228,9 @@ _host_slots: dict[tuple[str, int], threading.BoundedSemaphore] = {}
 _host_slots_lock = threading.Lock()
 
 
-def _host_slot(host: str, limit: int) -> threading.BoundedSemaphore:
-    """The process-wide semaphore bounding concurrent downloads from ``host``."""
+def host_slot(host: str, limit: int) -> threading.BoundedSemaphore:
+    """The process-wide semaphore bounding concurrent requests to ``host`` (downloads here,
+    window reads of the STAC family)."""
     with _host_slots_lock:
         return _host_slots.setdefault((host, limit), threading.BoundedSemaphore(limit))
 
@@ -275,7 +276,7 @@ class DownloadManager:
             if cached is not None:
                 return cached
             host = urlsplit(url).netloc.rpartition("@")[2]
-            with _host_slot(host, self.settings.per_host):
+            with host_slot(host, self.settings.per_host):
                 digest, size = self._download_with_retries(
                     url, shown, partial, expected, headers or {}, progress
                 )

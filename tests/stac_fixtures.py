@@ -620,6 +620,8 @@ class StacWorld:
     """Token requests the SAS endpoint answered."""
     daymet: DaymetStore | None = None
     """The loopback Daymet Zarr store."""
+    catalogue: Path | None = None
+    """Collections and items rustac serves (``start_stac_api`` serves them again)."""
 
     def options(self, **overrides: Any) -> dict[str, Any]:
         """Family options pointing at the loopback services (quick retries)."""
@@ -657,6 +659,32 @@ class StacWorld:
         time.sleep(0.01)  # a new mtime even on coarse clocks
 
 
+def start_stac_api(catalogue: Path, log: Path) -> tuple[subprocess.Popen[Any], str]:
+    """``rustac serve`` of a catalogue folder's collections and items on a free port (the caller
+    waits for it and stops it)."""
+    rustac = shutil.which("rustac", path=str(Path(sys.executable).parent))
+    if rustac is None:
+        raise RuntimeError("rustac is not installed in this environment: run `make install`")
+    port = free_port()
+    collections = [
+        catalogue / f"{cid}.json" for cid in ("landsat-c2-l2", "cop-dem-glo-30", "daymet-annual-na")
+    ]
+    with open(log, "w", encoding="utf-8") as out:
+        process = subprocess.Popen(
+            [
+                rustac,
+                "serve",
+                "--addr",
+                f"127.0.0.1:{port}",
+                *[str(c) for c in collections],
+                str(catalogue / "items.json"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return process, f"http://127.0.0.1:{port}"
+
+
 @pytest.fixture(scope="session")
 def stac_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StacWorld]:
     """Loopback COGs, file server, ``rustac serve`` and SAS endpoint for the session."""
@@ -671,9 +699,6 @@ def loopback_stac_world(base: Path) -> Iterator[StacWorld]:
     Also used by ``make bench`` (``benchmarks/bench_stac_bytes.py``) to count the bytes a
     city-year's fetch takes against the bytes its windows need.
     """
-    rustac = shutil.which("rustac", path=str(Path(sys.executable).parent))
-    if rustac is None:
-        raise RuntimeError("rustac is not installed in this environment: run `make install`")
     storage = base / "storage"
     scenes = boston_scenes()
     items = {s.scene_id: write_scene(storage, s) for s in scenes.values()}
@@ -707,23 +732,7 @@ def loopback_stac_world(base: Path) -> Iterator[StacWorld]:
         stdout=subprocess.PIPE,
         text=True,
     )
-    api_port = free_port()
-    api_log = base / "rustac.log"
-    with open(api_log, "w", encoding="utf-8") as api_out:
-        api = subprocess.Popen(
-            [
-                rustac,
-                "serve",
-                "--addr",
-                f"127.0.0.1:{api_port}",
-                str(catalogue / "landsat-c2-l2.json"),
-                str(catalogue / "cop-dem-glo-30.json"),
-                str(catalogue / "daymet-annual-na.json"),
-                str(catalogue / "items.json"),
-            ],
-            stdout=api_out,
-            stderr=subprocess.STDOUT,
-        )
+    api, api_url = start_stac_api(catalogue, base / "rustac.log")
     served: list[str] = []
     handler = type("SasHandler", (_SasHandler,), {"served": served})
     sas = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -735,8 +744,7 @@ def loopback_stac_world(base: Path) -> Iterator[StacWorld]:
         if not line.strip().isdigit():
             raise RuntimeError(f"the loopback file server did not start: {line!r}")
         files_url = f"http://127.0.0.1:{int(line)}"
-        api_url = f"http://127.0.0.1:{api_port}"
-        wait_for(api_url + "/", api, "rustac serve", api_log)
+        wait_for(api_url + "/", api, "rustac serve", base / "rustac.log")
         yield StacWorld(
             api_url=api_url,
             files_url=files_url,
@@ -748,6 +756,7 @@ def loopback_stac_world(base: Path) -> Iterator[StacWorld]:
             items=items,
             sas_requests=served,
             daymet=daymet,
+            catalogue=catalogue,
         )
     finally:
         sas.shutdown()

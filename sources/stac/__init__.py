@@ -6,7 +6,7 @@ family per product and may point it at another API, token endpoint or mirror::
 
     products: {landsat_c2l2: planetary-computer, cop_dem_glo30: planetary-computer}
     options:
-      planetary-computer: {api_url: …, sas_url: …, mirror: {…}}
+      planetary-computer: {api_url: …, sas_url: …, mirror: {…}, offline: false}
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def stac_adapters(options: Mapping[str, Any]) -> list[StacSource]:
                 sas_url=settings.sas_url,
                 mirror=settings.mirror,
                 timeout=(settings.connect_timeout_s, settings.timeout_s),
+                offline=settings.offline,
+                mirror_dir=settings.mirror_dir,
             )
         adapters.append(StacSource(spec, settings, RECIPES[spec.recipe], signers[spec.signing]))
     return adapters

@@ -5,32 +5,51 @@ reads only the window of each asset it needs, lets the product's recipe combine 
 installs the files with the core's staging helper, so a killed fetch never leaves a half item
 and a complete item made under the same rules is reused. Every failure names the product,
 source, city, year and — where one is to blame — the STAC item and asset.
+
+Online, each search and collection read is recorded (``sources.stac.records``); offline
+(``offline: true``) they are answered from those records and assets are read from the mirror,
+so a build recorded once can be made again without the network. Reads of one fetch run on a
+bounded thread pool, at most ``per_host`` at a time against one host per process.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pystac
 import rasterio
 
 from citycube.cities import get_city
-from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
+from citycube.errors import (
+    OfflineRecordError,
+    SourceFetchError,
+    SourceReadError,
+    SourceUnavailableError,
+)
 from citycube.sources import SourceInfo, SourceItem, SourceProduct
 from citycube.stac_spec import Signing, StacProductSpec
 from citycube.staging import StagedFiles, install_item
+from sources.downloads import host_slot
+from sources.stac.clearmasks import ClearMaskCache
 from sources.stac.grids import TargetGrid
 from sources.stac.options import StacFamilyOptions
 from sources.stac.reading import AssetRead, CorruptAssetError, gdal_env, read_band
+from sources.stac.records import SearchRecords, search_key
 from sources.stac.retrying import RetryPolicy, TransientError
 from sources.stac.search import SearchRequest, get_collection, search_items
 from sources.stac.signing import HrefSigner
 
+log = logging.getLogger(__name__)
+
 ADAPTER_VERSION = "stac-1"
 """Version of this family's recipes; bump it whenever the pixels they write change."""
+STAC_STATE_DIR = ".stac"
+"""Folder of the family's shared state under the sources folder (search records, QA masks)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +70,10 @@ class FetchContext:
     """Retry bounds of every request."""
     options: StacFamilyOptions
     """Family settings (timeouts, limits)."""
+    records: SearchRecords
+    """Where searches are recorded (online) and answered from (offline)."""
+    clear_masks: ClearMaskCache | None = None
+    """Scene clear masks shared by the Landsat products; None: every product reads QA."""
 
     def where(self, item_id: str | None = None, asset: str | None = None) -> str:
         """'landsat_st from pc:landsat-c2-l2 for Boston 2020, item X, asset Y'."""
@@ -68,9 +91,23 @@ class FetchContext:
         return (self.options.connect_timeout_s, self.options.timeout_s)
 
     def search(self, request: SearchRequest) -> list[pystac.Item]:
-        """Search with the family's retry policy; failures name the product, city and year."""
+        """Search with the family's retry policy and record the answer; offline, answer from the
+        record. Failures name the product, city and year."""
+        if self.options.offline:
+            items = self.records.load_search(request)
+            if items is None:
+                key = search_key(request)
+                raise OfflineRecordError(
+                    f"{self.where()}: offline, and this search was never recorded (collection "
+                    f"{key['collection']}, bbox {key['bbox']}, datetime {key['datetime']}, "
+                    f"query {key['query']}, filter {key['filter']}; no record at "
+                    f"{self.records.path(key)}). Build it online once to record the search, or "
+                    "point searches_dir at the folder holding the records",
+                    reason="search_not_recorded",
+                )
+            return items
         try:
-            return search_items(request, self.policy, self.timeout)
+            items = search_items(request, self.policy, self.timeout)
         except TransientError as exc:
             raise SourceFetchError(
                 f"{self.where()}: the STAC search kept failing within the retry bounds: "
@@ -82,13 +119,25 @@ class FetchContext:
             raise SourceFetchError(
                 f"{self.where()}: {exc.message}", transient=exc.transient, reason=exc.reason
             ) from None
+        self._record(lambda: self.records.save_search(request, items))
+        return items
 
     def collection(self) -> pystac.Collection:
-        """The product's STAC collection (for collection-level assets), with the retry policy."""
+        """The product's STAC collection (for collection-level assets), with the retry policy;
+        recorded online, answered from the record offline."""
+        api_url = self.spec.api_url or ""
+        if self.options.offline:
+            found = self.records.load_collection(api_url, self.spec.collection)
+            if found is None:
+                raise OfflineRecordError(
+                    f"{self.where()}: offline, and collection {self.spec.collection} of "
+                    f"{api_url} was never recorded. Build it online once to record it, or point "
+                    "searches_dir at the folder holding the records",
+                    reason="search_not_recorded",
+                )
+            return found
         try:
-            return get_collection(
-                self.spec.api_url or "", self.spec.collection, self.policy, self.timeout
-            )
+            collection = get_collection(api_url, self.spec.collection, self.policy, self.timeout)
         except TransientError as exc:
             raise SourceFetchError(
                 f"{self.where()}: reading the STAC collection kept failing within the retry "
@@ -100,6 +149,29 @@ class FetchContext:
             raise SourceFetchError(
                 f"{self.where()}: {exc.message}", transient=exc.transient, reason=exc.reason
             ) from None
+        self._record(lambda: self.records.save_collection(api_url, collection))
+        return collection
+
+    def _record(self, save: Callable[[], Path]) -> None:
+        """Write a record; a folder that cannot take it costs only the offline rebuild."""
+        try:
+            save()
+        except OSError as exc:
+            log.warning(
+                "%s: could not record the STAC answer under %s (%s); an offline rebuild will "
+                "not find it",
+                self.where(),
+                self.records.root,
+                exc,
+            )
+
+    def open_href(self, href: str) -> str:
+        """What to open for an href: signed (online) or the mirror copy (offline)."""
+        try:
+            return self.signer.sign(href)
+        except OfflineRecordError as exc:
+            exc.add_context(self.where())
+            raise
 
     def read(
         self,
@@ -121,8 +193,9 @@ class FetchContext:
         env = gdal_env(self.options)
 
         def attempt() -> AssetRead:
-            href = self.signer.sign(asset.href)
-            with rasterio.Env(**env):
+            href = self.open_href(asset.href)
+            slot = host_slot(urlsplit(href).netloc or "local", self.options.per_host)
+            with slot, rasterio.Env(**env):
                 return read_band(href, grid, fill=fill, nodata=nodata)
 
         try:
@@ -213,6 +286,8 @@ class StacSource(SourceProduct):
         """Search, read the city's windows, combine and install one item (or reuse it)."""
         get_city(city)
         self._check_year(city, source_year)
+        state = Path(dest) / STAC_STATE_DIR
+        searches = self.options.searches_dir
         context = FetchContext(
             spec=self.spec,
             source_id=self.info.source_id,
@@ -221,6 +296,8 @@ class StacSource(SourceProduct):
             signer=self.signer,
             policy=self.policy,
             options=self.options,
+            records=SearchRecords(state / "searches" if searches is None else Path(searches)),
+            clear_masks=ClearMaskCache(state / "qa") if self.options.share_qa else None,
         )
         installed = install_item(
             self.item_dir(city, source_year, dest),

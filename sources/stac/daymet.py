@@ -34,6 +34,7 @@ import zarr.storage
 from affine import Affine
 from fsspec.implementations.http import HTTPFileSystem
 from pyproj import CRS, Transformer
+from zarr.abc.store import Store
 
 from citycube.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
@@ -91,19 +92,26 @@ def open_store(
     keys to the path, so a query in the root itself would be lost).
     """
     root, _, query = signed_root.partition("?")
-    connect_s, read_s = timeout
-    options: dict[str, object] = {}
-    if query:
-        options["params"] = dict(parse_qsl(query, keep_blank_values=True))
-    fs = HTTPFileSystem(
-        asynchronous=True,
-        skip_instance_cache=True,
-        client_kwargs={
-            "timeout": aiohttp.ClientTimeout(total=None, sock_connect=connect_s, sock_read=read_s)
-        },
-        **options,
-    )
-    store = zarr.storage.FsspecStore(fs, read_only=True, path=root.rstrip("/"))
+    fs: HTTPFileSystem | None = None
+    store: Store
+    if root.startswith(("http://", "https://")):
+        connect_s, read_s = timeout
+        options: dict[str, object] = {}
+        if query:
+            options["params"] = dict(parse_qsl(query, keep_blank_values=True))
+        fs = HTTPFileSystem(
+            asynchronous=True,
+            skip_instance_cache=True,
+            client_kwargs={
+                "timeout": aiohttp.ClientTimeout(
+                    total=None, sock_connect=connect_s, sock_read=read_s
+                )
+            },
+            **options,
+        )
+        store = zarr.storage.FsspecStore(fs, read_only=True, path=root.rstrip("/"))
+    else:  # an offline mirror copy on disk
+        store = zarr.storage.LocalStore(root, read_only=True)
     try:
         dataset = xr.open_zarr(
             store,
@@ -118,7 +126,8 @@ def open_store(
         yield dataset
     finally:
         dataset.close()
-        _close_session(fs)
+        if fs is not None:
+            _close_session(fs)
 
 
 def _close_session(fs: HTTPFileSystem) -> None:
@@ -193,7 +202,7 @@ def read_window(ctx: FetchContext, href: str, consolidated: bool) -> StoreWindow
     assert spec is not None and ctx.year is not None
     expected = load_products()[ctx.spec.product].expected_crs(ctx.city)
     centre = get_city(ctx.city).centre
-    with open_store(ctx.signer.sign(href), spec, ctx.timeout, consolidated) as ds:
+    with open_store(ctx.open_href(href), spec, ctx.timeout, consolidated) as ds:
         check_same_crs(store_crs(ds, spec), expected, centre.lon, centre.lat)
         time_dim, y_dim, x_dim = spec.dims
         years = ds[time_dim].dt.year.values

@@ -40,7 +40,7 @@ def tile_lattice(ctx: FetchContext, item: pystac.Item, asset_key: str) -> Affine
         try:
             with (
                 rasterio.Env(**gdal_env(ctx.options)),
-                rasterio.open(vsicurl(ctx.signer.sign(asset.href))) as src,
+                rasterio.open(vsicurl(ctx.open_href(asset.href))) as src,
             ):
                 return src.transform
         except rasterio.errors.RasterioError as exc:

@@ -10,6 +10,11 @@ cloud, cloud shadow or snow, and its raw value is not fill. The composites are p
 statistics over the clear observations (see ``sources.stac.pixels``); a pixel with none is
 nodata, never 0.
 
+A scene's clear mask is kept on disk (``sources.stac.clearmasks``), so the three products of a
+city-year read its QA_PIXEL window once. Scenes are read by a bounded thread pool
+(``read_workers``); their observations are stacked in the order of the selected scenes, never in
+the order reads finish, so a composite is the same bit for bit however the reads interleave.
+
 Files match the sample twins: OPT is uint8 RGB (nodata 0) plus a QA_PIXEL-form layer (bit 6
 clear where the composite has a value, bit 0 fill elsewhere); NDVI is float32 (nodata −9999);
 surface temperature is float32 Kelvin, band 1 the annual mean and band 2 the annual median
@@ -19,6 +24,7 @@ surface temperature is float32 Kelvin, band 1 the annual mean and band 2 the ann
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,7 @@ from citycube.staging import StagedFiles
 from sources.stac import pixels
 from sources.stac.adapter import FetchContext
 from sources.stac.grids import TargetGrid, city_bbox_wgs84, landsat_grid
+from sources.stac.records import unsigned
 from sources.stac.search import SearchRequest, cloud_cover, year_interval
 from sources.stac.writing import PROVENANCE_FILE, Layer, write_cog, write_provenance
 
@@ -71,14 +78,37 @@ def _sensor(item: pystac.Item) -> str:
     return head if len(head) == 4 else str(item.properties.get("platform", "unknown"))
 
 
+def clear_mask(ctx: FetchContext, item: pystac.Item, grid: TargetGrid) -> np.ndarray:
+    """Where a scene has a clear pixel on the grid (none of the invalid QA bits set, inside its
+    footprint): read from QA_PIXEL, or loaded when another product of the city-year read it."""
+    spec = ctx.spec
+    qa_spec = spec.qa
+    assert qa_spec is not None
+
+    def compute() -> np.ndarray:
+        qa = ctx.read(item, qa_spec.asset, grid, fill=QA_NODATA, nodata=QA_NODATA)
+        return pixels.qa_clear(qa.values, qa_spec.mask) & qa.covered
+
+    asset = item.assets.get(qa_spec.asset)
+    if ctx.clear_masks is None or asset is None or ctx.year is None:
+        return compute()
+    key = {
+        "scene": item.id,
+        "qa_href": unsigned(asset.href),
+        "crs": grid.crs.to_wkt(),
+        "transform": [float(v) for v in tuple(grid.transform)[:6]],
+        "shape": [int(v) for v in grid.shape],
+        "invalid_mask": qa_spec.mask,
+    }
+    return ctx.clear_masks.get(ctx.city, ctx.year, item.id, key, compute)
+
+
 def _observations(
     ctx: FetchContext, item: pystac.Item, grid: TargetGrid
 ) -> tuple[list[np.ndarray], int]:
     """The recipe's bands of one scene on the grid, physical values, NaN where not clear."""
     spec = ctx.spec
-    assert spec.qa is not None
-    qa = ctx.read(item, spec.qa.asset, grid, fill=QA_NODATA, nodata=QA_NODATA)
-    clear = pixels.qa_clear(qa.values, spec.qa.mask) & qa.covered
+    clear = clear_mask(ctx, item, grid)
     platform = item.properties.get("platform")
     bands = []
     for band in spec.bands:
@@ -89,6 +119,29 @@ def _observations(
         values = pixels.scale_dn(read.values, scale, offset, spec.fill_value)
         bands.append(pixels.masked(values, clear & read.covered))
     return bands, int(clear.sum())
+
+
+def read_scenes(
+    ctx: FetchContext, scenes: Sequence[pystac.Item], grid: TargetGrid
+) -> list[tuple[list[np.ndarray], int]]:
+    """Every scene's observations, in the order of ``scenes`` whatever order reads finish in.
+
+    Up to ``read_workers`` scenes are read at once (GDAL releases the GIL while it waits on
+    ranges and decodes); each asset read also takes one of its host's ``per_host`` slots. The
+    first failure, in scene order, is raised once every started read has ended, and reads not
+    yet started are cancelled.
+    """
+    workers = min(ctx.options.read_workers, len(scenes))
+    if workers <= 1:
+        return [_observations(ctx, item, grid) for item in scenes]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stac-read") as pool:
+        futures = [pool.submit(_observations, ctx, item, grid) for item in scenes]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
@@ -115,8 +168,7 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
         )
     stacks: list[list[np.ndarray]] = [[] for _ in spec.bands]
     used: list[dict[str, Any]] = []
-    for item in scenes:
-        bands, clear_pixels = _observations(ctx, item, grid)
+    for item, (bands, clear_pixels) in zip(scenes, read_scenes(ctx, scenes, grid), strict=True):
         for stack, band in zip(stacks, bands, strict=True):
             stack.append(band)
         used.append(_provenance(item, spec, clear_pixels))

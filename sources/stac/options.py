@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -42,9 +43,38 @@ class StacFamilyOptions(BaseModel):
     products: list[str] | None = Field(
         None, description="Serve only these products (default: every product of the spec)."
     )
+    offline: bool = Field(
+        False,
+        description="Never touch the network (the download manager's switch): searches and "
+        "collections are answered from their records, assets read from mirror_dir (or a "
+        "local `mirror` prefix), no token is fetched.",
+    )
+    mirror_dir: Path | None = Field(
+        None,
+        description="Offline copy of the assets laid out as <mirror>/<host>/<path>, as the "
+        "download manager's mirror.",
+    )
+    searches_dir: Path | None = Field(
+        None,
+        description="Where search and collection records live; default "
+        "<data root>/sources/.stac/searches (next to the items the fetches install).",
+    )
+    read_workers: int = Field(
+        4, ge=1, description="Scenes of one fetch read at the same time (threads)."
+    )
+    per_host: int = Field(
+        4, ge=1, description="Asset reads in flight against one host, per process."
+    )
+    share_qa: bool = Field(
+        True,
+        description="Keep each scene's clear mask on disk (<data root>/sources/.stac/qa) so "
+        "OPT, NDVI and HEAT of a city-year read QA_PIXEL once.",
+    )
 
     @model_validator(mode="after")
     def _waits(self) -> Self:
         if self.retry_wait_max_s < self.retry_wait_initial_s:
             raise ValueError("retry_wait_max_s must be at least retry_wait_initial_s")
+        if self.mirror_dir is not None and not Path(self.mirror_dir).is_dir():
+            raise ValueError(f"mirror_dir {self.mirror_dir} is not a directory")
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,6 +29,10 @@ class SearchRequest:
     """(west, south, east, north) in degrees."""
     datetime_interval: str | None
     """RFC 3339 interval, e.g. '2020-01-01T00:00:00Z/2020-12-31T23:59:59Z'; None: any."""
+    query: Mapping[str, Any] | None = None
+    """STAC API ``query`` (property filter); None: none. Not every API applies it."""
+    filter: Mapping[str, Any] | None = None
+    """CQL2-JSON ``filter``; None: none."""
 
 
 def year_interval(year: int) -> str:
@@ -44,11 +49,18 @@ def search_items(
         stac_io = StacApiIO(timeout=timeout, max_retries=0)  # one retry policy: ours
         try:
             client = Client.open(request.api_url, stac_io=stac_io)
+            extra: dict[str, Any] = {}
+            if request.query is not None:
+                extra["query"] = dict(request.query)
+            if request.filter is not None:
+                extra["filter"] = dict(request.filter)
+                extra["filter_lang"] = "cql2-json"
             search = client.search(
                 collections=[request.collection],
                 bbox=list(request.bbox_wgs84),
                 datetime=request.datetime_interval,
                 limit=100,
+                **extra,
             )
             return list(search.items())
         except APIError as exc:

@@ -7,20 +7,25 @@ another; it is fetched here with a timeout under the family's retry policy (the 
 ``get_token`` waits without a timeout and retries for minutes), parsed and applied with the
 package's ``SASToken``. Tokens are secrets: signed hrefs are used only to open files, never
 written anywhere, and :meth:`HrefSigner.redact` strips them from any message.
+
+Offline, nothing is signed and no token is fetched: an href is opened through a ``mirror``
+prefix, else from ``mirror_dir`` laid out as ``<mirror>/<host>/<path>`` (the download
+manager's layout); an href neither covers fails with ``OfflineRecordError``.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from urllib.parse import urlparse
+from pathlib import Path
+from urllib.parse import urlparse, urlsplit
 
 import requests
 from planetary_computer.sas import BLOB_STORAGE_DOMAIN, SASToken
 from planetary_computer.settings import Settings
 from planetary_computer.utils import parse_blob_url
 
-from citycube.errors import SourceFetchError
+from citycube.errors import OfflineRecordError, SourceFetchError
 from citycube.stac_spec import Signing
 from sources.stac.retrying import (
     RetryPolicy,
@@ -45,17 +50,24 @@ class HrefSigner:
         sas_url: str | None = None,
         mirror: dict[str, str] | None = None,
         timeout: tuple[float, float] = (10.0, 30.0),
+        offline: bool = False,
+        mirror_dir: Path | None = None,
     ) -> None:
         self.signing = signing
         self.policy = policy
         self.sas_url = (sas_url or Settings.get().sas_url or "").rstrip("/")
         self.mirror = dict(mirror or {})
         self.timeout = timeout
+        self.offline = offline
+        self.mirror_dir = None if mirror_dir is None else Path(mirror_dir)
         self._tokens: dict[tuple[str, str], SASToken] = {}
         self._lock = threading.Lock()
 
     def sign(self, href: str) -> str:
-        """The href to open: signed when it is in blob storage, then mirrored."""
+        """The href to open: signed when it is in blob storage, then mirrored (offline: the
+        mirror copy, unsigned)."""
+        if self.offline:
+            return self.offline_copy(href)
         signed = href
         if self.signing is Signing.PLANETARY_COMPUTER:
             parsed = urlparse(href)
@@ -66,6 +78,25 @@ class HrefSigner:
             if signed.startswith(prefix):
                 return replacement + signed[len(prefix) :]
         return signed
+
+    def offline_copy(self, href: str) -> str:
+        """Where an href is read offline: through a ``mirror`` prefix, else
+        ``<mirror_dir>/<host>/<path>``."""
+        for prefix, replacement in self.mirror.items():
+            if href.startswith(prefix):
+                return replacement + href[len(prefix) :]
+        copy = None
+        if self.mirror_dir is not None:
+            parts = urlsplit(href)
+            copy = self.mirror_dir / parts.netloc / parts.path.lstrip("/")
+            if copy.exists():
+                return str(copy)
+        where = f"expected at {copy}" if copy is not None else "no mirror_dir is set"
+        raise OfflineRecordError(
+            f"offline: {self.redact(href)} is not in the mirror ({where}); copy it there "
+            "(<mirror_dir>/<host>/<path>) or build online",
+            reason="asset_not_mirrored",
+        )
 
     def redact(self, text: str) -> str:
         """``text`` without any token this signer handed out (and without URL queries)."""
