@@ -14,6 +14,7 @@ from affine import Affine
 
 from citycube.errors import SourceUnavailableError
 from citycube.sources import SourceInfo, SourceItem, SourceProduct, SourceSet
+from tests.processes import stop_process
 from tests.stac_fixtures import stac_world  # noqa: F401  (loopback STAC services, per session)
 
 
@@ -128,8 +129,7 @@ def file_server(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
         port = int(server.stdout.readline())
         yield f"http://127.0.0.1:{port}", root, log
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        stop_process(server)
 
 
 def materialize_keys(

@@ -23,6 +23,7 @@ from sources.stac import stac_adapters
 from sources.stac.adapter import StacSource
 from sources.stac.records import SearchRecords, search_key, unsigned
 from sources.stac.search import SearchRequest
+from tests.processes import stop_process
 from tests.stac_fixtures import (
     BLOB,
     CITY,
@@ -73,8 +74,7 @@ def recorded(stac_world: StacWorld, tmp_path_factory: pytest.TempPathFactory) ->
         items = {p: online[p].fetch(CITY, 2020, dest) for p in PRODUCTS_2020}
         items["cop_dem_glo30"] = online["cop_dem_glo30"].fetch(CITY, None, dest)
     finally:
-        api.terminate()
-        api.wait(timeout=10)
+        stop_process(api)
     with pytest.raises(requests.ConnectionError):
         requests.get(api_url + "/", timeout=2)
     return {
