@@ -113,6 +113,13 @@ def test_footprint_layers_burn_as_rasterio_burns_them(tmp_path: Path) -> None:
     frame.to_file(path, layer="features")
     geometry = shapely.from_wkb(frame.geometry.to_wkb().to_numpy())
     assert vectors._plain_polygons(geometry, shapely.get_type_id(geometry))
+    mosaic = _burn_block_by_block(path)
+    np.testing.assert_array_equal(mosaic, _burn_whole_file(path))
+    assert len(np.unique(mosaic)) > 40  # most footprints show, overlaps in burn order
+
+
+def _burn_block_by_block(path: Path) -> np.ndarray:
+    """The layer drawn onto Amsterdam's 50 m grid one 10 km block at a time."""
     grid = pixel_grid(CITY, 50)
     layer = open_vector_layer(path, SPEC, EPSG, WGS84, None)
     mosaic = np.zeros((grid.height, grid.width), np.float32)
@@ -121,15 +128,19 @@ def test_footprint_layers_burn_as_rasterio_burns_them(tmp_path: Path) -> None:
             layer, grid, r0, r1, c0, c1, background=0.0, dtype=np.dtype("float32")
         )
         mosaic[r0:r1, c0:c1] = values[0]
+    return mosaic
+
+
+def _burn_whole_file(path: Path) -> np.ndarray:
+    """The reference: the whole file read by geopandas and burnt by rasterio in one go."""
+    grid = pixel_grid(CITY, 50)
     whole = gpd.read_file(path, layer="features").to_crs(epsg=EPSG)
-    expected = rasterize(
+    return rasterize(
         zip(whole.geometry, whole["value"], strict=True),
         out_shape=(grid.height, grid.width),
         transform=grid.transform,
         dtype="float32",
     )
-    np.testing.assert_array_equal(mosaic, expected)
-    assert len(np.unique(mosaic)) > 40  # most footprints show, overlaps in burn order
 
 
 def _every_geometry_type(path: Path) -> None:
@@ -166,22 +177,8 @@ def _every_geometry_type(path: Path) -> None:
 def test_every_geometry_type_burns_as_rasterio_burns_it(tmp_path: Path) -> None:
     path = tmp_path / "mixed.gpkg"
     _every_geometry_type(path)
-    grid = pixel_grid(CITY, 50)
-    layer = open_vector_layer(path, SPEC, EPSG, WGS84, None)
-    mosaic = np.zeros((grid.height, grid.width), np.float32)
-    for r0, r1, c0, c1 in blocks(grid):
-        values, _ = rasterize_block(
-            layer, grid, r0, r1, c0, c1, background=0.0, dtype=np.dtype("float32")
-        )
-        mosaic[r0:r1, c0:c1] = values[0]
-    whole = gpd.read_file(path, layer="features").to_crs(epsg=EPSG)
-    expected = rasterize(
-        zip(whole.geometry, whole["value"], strict=True),
-        out_shape=(grid.height, grid.width),
-        transform=grid.transform,
-        dtype="float32",
-    )
-    np.testing.assert_array_equal(mosaic, expected)
+    mosaic = _burn_block_by_block(path)
+    np.testing.assert_array_equal(mosaic, _burn_whole_file(path))
     assert set(np.unique(mosaic).tolist()) == set(range(9))  # every feature shows
 
 
