@@ -26,8 +26,9 @@ from citycube.versions import ENGINE_VERSION, modality_code_version
 
 MANIFEST_FILE = "manifest.json"
 """The manifest's name in the release directory."""
-MANIFEST_FORMAT = 2
-"""Bump when the manifest's layout changes (2: ``package_version`` and ``code_versions``)."""
+MANIFEST_FORMAT = 3
+"""Bump when the manifest's layout changes (2: ``package_version`` and ``code_versions``; 3: each
+file's ``state``, so an untouched file's hash is carried over)."""
 FINAL_FILE = "final.json"
 """Written when a release is frozen; it pins the manifest's own SHA-256 (``citycube freeze``)."""
 EXCLUDED_NAMES = frozenset({MANIFEST_FILE, FINAL_FILE, "cube.duckdb", "cube.duckdb.wal"})
@@ -64,6 +65,37 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+def _file_state(path: Path) -> list[int]:
+    """What changes whenever a file's bytes can have changed: size, modification and change
+    times, inode. The change time cannot be set back from user space, so a rewritten file
+    never matches its earlier state, even with its modification time restored."""
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+
+
+def _entry(path: Path, earlier: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A file's manifest entry; its earlier hash is kept when the file is untouched since.
+
+    A rebuild rewrites a few partitions of a release of a hundred thousand files, and hashing
+    them all again took minutes on the whole calendar.
+    """
+    state = _file_state(path)
+    if earlier is not None and earlier.get("state") == state and "sha256" in earlier:
+        sha256 = earlier["sha256"]
+    else:
+        sha256 = file_sha256(path)
+    return {"sha256": sha256, "bytes": state[0], "state": state}
+
+
+def _earlier_entries(release: Release) -> dict[str, Mapping[str, Any]]:
+    """The entries of the manifest already on disk (none if there is none, or it is damaged)."""
+    try:
+        files = read_manifest(release)["files"]
+    except ReleaseNotFoundError:
+        return {}
+    return {k: v for k, v in files.items() if isinstance(v, Mapping)}
+
+
 def package_version() -> str | None:
     """The installed citycube package's version, if it is installed."""
     from importlib.metadata import PackageNotFoundError, version
@@ -84,12 +116,11 @@ def build_manifest(
     """
     if not release.root.is_dir():
         raise ReleaseNotFoundError(f"no release at {release.root}")
+    earlier = _earlier_entries(release)
     files: dict[str, dict[str, Any]] = {}
     for path in release_files(release):
-        files[path.relative_to(release.root).as_posix()] = {
-            "sha256": file_sha256(path),
-            "bytes": path.stat().st_size,
-        }
+        name = path.relative_to(release.root).as_posix()
+        files[name] = _entry(path, earlier.get(name))
     return {
         "format": MANIFEST_FORMAT,
         "release": release.version,
@@ -124,10 +155,7 @@ def add_to_manifest(release: Release, paths: list[Path]) -> None:
         return
     manifest = read_manifest(release)
     for path in paths:
-        manifest["files"][path.relative_to(release.root).as_posix()] = {
-            "sha256": file_sha256(path),
-            "bytes": path.stat().st_size,
-        }
+        manifest["files"][path.relative_to(release.root).as_posix()] = _entry(path, None)
     manifest["files"] = dict(sorted(manifest["files"].items()))
     files = manifest["files"].values()
     manifest["totals"] = {"files": len(files), "bytes": sum(f["bytes"] for f in files)}

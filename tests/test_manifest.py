@@ -94,3 +94,32 @@ def test_a_damaged_manifest_is_an_error_not_a_pass(release: Release) -> None:
     manifest_path(release).write_text(json.dumps({"files": "none"}))
     with pytest.raises(ReleaseNotFoundError, match="no file list"):
         verify_release(release)
+
+
+def test_a_rebuilt_manifest_hashes_only_the_files_written_since(
+    release: Release, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    import citycube.manifest as manifest_module
+
+    rewritten = release.root / "observations/city=Boston/year=2020/OPT.parquet"
+    rewritten.write_bytes(b"PAR1 rebuilt observations PAR1")
+    restored = release.root / "quicklooks/OPT/Boston/2020.png"
+    before = restored.stat()
+    restored.write_bytes(b"\x89PNG quick-lool")  # same size, one byte off
+    os.utime(restored, ns=(before.st_atime_ns, before.st_mtime_ns))  # mtime put back
+    hashed: list[str] = []
+    real = manifest_module.file_sha256
+
+    def counting(path: Path) -> str:
+        hashed.append(path.relative_to(release.root).as_posix())
+        return real(path)
+
+    monkeypatch.setattr(manifest_module, "file_sha256", counting)
+    write_manifest(release, {})
+    assert sorted(hashed) == sorted(
+        ["observations/city=Boston/year=2020/OPT.parquet", "quicklooks/OPT/Boston/2020.png"]
+    )
+    monkeypatch.undo()
+    assert verify_release(release).ok  # every carried-over hash is still the file's
