@@ -34,7 +34,7 @@ test: install
 ## Serve the Dagster UI and daemon offline (http://127.0.0.1:3000); runs use WORKERS dask workers.
 dev: install
 	$(BIN)/python -m pipelines.cli dagster-home
-	CITYCUBE_WORKERS=$(WORKERS) DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=true \
+	CITYCUBE_WORKERS=$(WORKERS) DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=true DAGSTER_EVENT_BATCH_SIZE=1000 \
 		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 lint: install

@@ -65,21 +65,32 @@ dask workers, so this only bounds how many runs wait on them."""
 FORCED_STOP_GRACE_S = 20.0
 """After a forced stop, seconds to wait for runs to report their end before marking them."""
 EXIT_STOPPED = 130
-DAGSTER_SETTINGS = {"DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true"}
+UNPRINTED_EVENTS = ("ASSET_MATERIALIZATION", "ASSET_MATERIALIZATION_PLANNED", "ASSET_OBSERVATION")
+"""Event types the progress printer has no line for: a build writes tens of thousands."""
+EVENT_BATCH_SIZE = 1000
+"""Asset events a step hands to the event log at once (Dagster's ``DAGSTER_EVENT_BATCH_SIZE``),
+written in one transaction by pipelines/event_storage.py."""
+DAGSTER_SETTINGS = {
+    "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true",
+    "DAGSTER_EVENT_BATCH_SIZE": str(EVENT_BATCH_SIZE),
+}
 """Environment for every Dagster process of a build (and of `make dev`): a run of a single-run
 backfill plans one event per asset with its partition range, not one per partition — for the
-whole calendar that is some 20,000 fewer SQLite writes before the runs even start."""
+whole calendar that is some 20,000 fewer SQLite writes before the runs even start — and hands
+a step's materialisations to the event log in batches (see pipelines/event_storage.py)."""
 
 DAGSTER_YAML = """\
 # Written by `citycube dagster-home`; edit freely, it is not overwritten.
 telemetry:
   enabled: false
 # One SQLite event log for all runs instead of one file per run plus an index: a build writes
-# tens of thousands of materialisations, and `citycube build` keeps this one file open (see
-# pipelines/build.py, sqlite_kept_open) so that each write costs a commit, not a checkpoint.
+# tens of thousands of materialisations. Dagster's consolidated SQLite event log, with one
+# engine per process and a step's materialisations written in batches
+# (pipelines/event_storage.py); `citycube build` also keeps the file open (sqlite_kept_open in
+# pipelines/build.py) so that a write costs a commit, not a checkpoint.
 event_log_storage:
-  module: dagster.core.storage.event_log
-  class: ConsolidatedSqliteEventLogStorage
+  module: pipelines.event_storage
+  class: BatchedSqliteEventLogStorage
   config:
     base_dir: {history}
 run_coordinator:
@@ -470,10 +481,16 @@ class ProgressPrinter:
         from dagster import DagsterEventType
 
         name = self.names[run.run_id]
+        storage = self.instance.event_log_storage
         while True:
-            page = self.instance.get_records_for_run(
-                run.run_id, cursor=self.cursors[run.run_id], limit=500
-            )
+            if hasattr(storage, "get_records_for_run_except"):  # materialisations not decoded
+                page = storage.get_records_for_run_except(
+                    run.run_id, self.cursors[run.run_id], UNPRINTED_EVENTS, 500
+                )
+            else:
+                page = self.instance.get_records_for_run(
+                    run.run_id, cursor=self.cursors[run.run_id], limit=500
+                )
             self.cursors[run.run_id] = page.cursor
             for record in page.records:
                 entry = record.event_log_entry

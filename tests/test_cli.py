@@ -116,7 +116,7 @@ def test_a_build_keeps_the_instance_databases_open_and_events_in_one_log(tmp_pat
 
     home = ensure_dagster_home(tmp_path / "home")
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
-        assert type(instance.event_log_storage).__name__ == "ConsolidatedSqliteEventLogStorage"
+        assert type(instance.event_log_storage).__name__ == "BatchedSqliteEventLogStorage"
     event_log = home / "history" / "event_log.db"
     with sqlite_kept_open(home) as held:
         assert held == 2  # the event log and the run storage
