@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ SCHEDULER_ENV = "CITYCUBE_DASK_SCHEDULER"
 """Address of a running dask scheduler (e.g. tcp://host:8786) that partition work goes to."""
 WORKERS_ENV = "CITYCUBE_WORKERS"
 """Worker processes of the local dask cluster a run starts when no scheduler is given."""
+SHARED_ARGUMENT_BYTES = 4096
+"""A task argument shared by every task of a step is sent to the workers once from this size."""
 PROGRESS_EVERY_S = 10.0
 """Seconds between progress lines of a long step."""
 FIRST_PRIORITY_BOOST = 10**13
@@ -215,11 +218,12 @@ class ComputeResource(dg.ConfigurableResource):
         # so a run's later steps go ahead of the steps of runs that started after it.
         priority = task_priority(started, first)
         began = time.monotonic()
+        shared = _broadcast_shared(client, [args for _, args in tasks])
         futures = {
             client.submit(
                 _timed,
                 function,
-                *args,
+                *[shared.get(id(arg), arg) for arg in args],
                 pure=False,
                 key=f"{progress.label}-{key}-{i}",
                 priority=priority,
@@ -241,6 +245,31 @@ class ComputeResource(dg.ConfigurableResource):
             if pending:  # interrupted: nothing more is started for this step
                 client.cancel(pending)
         return outcomes
+
+
+def _broadcast_shared(client: Any, arguments: Sequence[tuple[Any, ...]]) -> dict[int, Any]:
+    """Send each large argument that every task of a step shares (the modality catalogue, for
+    one) to the workers once; {id of the object: its dask future}.
+
+    Passed as it is, it would be pickled into every task by the run, and unpickled for every
+    task by the scheduler: 20 KB times tens of thousands of tasks in a whole-calendar build.
+    """
+    if len(arguments) < 2:
+        return {}
+    common = {id(arg): arg for arg in arguments[0]}
+    for args in arguments[1:]:
+        common = {key: arg for key, arg in common.items() if any(a is arg for a in args)}
+    large = {key: arg for key, arg in common.items() if _pickled_size(arg) >= SHARED_ARGUMENT_BYTES}
+    return {key: client.scatter(arg, broadcast=True, hash=False) for key, arg in large.items()}
+
+
+def _pickled_size(value: Any) -> int:
+    """Bytes of ``value`` pickled; 0 when plain pickle cannot take it (dask's cloudpickle can,
+    and then it travels with each task as before)."""
+    try:
+        return len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:
+        return 0
 
 
 def task_priority(started: float | None, first: bool) -> int:

@@ -34,6 +34,26 @@ def _nested_dask(_: int) -> tuple[str, int, str | None]:
     return dask.base.get_scheduler().__name__, total, os.environ.get("MALLOC_TRIM_THRESHOLD_")
 
 
+UNPICKLED = []
+"""Each copy of a ``_Shared`` unpickled in this process."""
+
+
+class _Shared:
+    """A large argument shared by every task of a step; counts its copies where it lands."""
+
+    def __init__(self) -> None:
+        self.payload = bytes(64_000)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        UNPICKLED.append(1)
+
+
+def _copies_seen(shared: _Shared, _: int) -> tuple[int, int]:
+    time.sleep(0.05)
+    return os.getpid(), len(UNPICKLED)
+
+
 def test_tasks_run_inline_with_one_worker() -> None:
     outcomes = ComputeResource(workers=1).run(
         LOG, "t", _pid_and_square, [("a", (2,)), ("b", (-1,))]
@@ -61,6 +81,11 @@ def test_tasks_run_on_a_two_worker_local_cluster() -> None:
         # adaptive allocator (dask's default MALLOC_TRIM_THRESHOLD_ is dropped).
         nested = compute.run(LOG, "t", _nested_dask, [("n", (0,))] * 2)
         assert [o.result for o in nested] == [("get_sync", 10, None)] * 2
+        # A large argument every task shares reaches each worker once, not once per task.
+        shared = _Shared()
+        tasks = [(str(i), (shared, i)) for i in range(16)]
+        copies = [o.result for o in compute.run(LOG, "t", _copies_seen, tasks)]
+        assert len(copies) == 16 and max(seen for _, seen in copies) <= 2
     finally:
         compute.teardown_after_execution(dg.build_init_resource_context())
 
