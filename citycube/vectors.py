@@ -19,6 +19,7 @@ from pathlib import Path
 import geopandas as gpd
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pyogrio
 import shapely
@@ -139,10 +140,37 @@ def features_in(
     return _to_crs(geometry, layer.source_crs, layer.city_crs), values
 
 
+@dataclass(frozen=True)
+class PlainPolygons:
+    """2-D polygons without holes, as one coordinate array: what a footprint layer is.
+
+    Decoded straight from the file's WKB, with no geometry object per feature (making tens of
+    thousands of shapely polygons per block, only to take their coordinates out again, was a
+    fifth of a footprint modality's time). Points are in file order, each ring closed.
+    """
+
+    coords: np.ndarray
+    """(points, 2) float64, source CRS."""
+    counts: np.ndarray
+    """Points of each polygon's ring."""
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def take(self, keep: np.ndarray) -> PlainPolygons:
+        """The polygons where ``keep`` (one bool per polygon) is true."""
+        owner = np.repeat(np.arange(len(self.counts)), self.counts)
+        return PlainPolygons(self.coords[keep[owner]], self.counts[keep])
+
+
 def _source_features_in(
-    layer: VectorLayer, bounds: tuple[float, float, float, float]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Like :func:`features_in`, but the geometries stay in the source CRS (not yet projected)."""
+    layer: VectorLayer, bounds: tuple[float, float, float, float], plain: bool = False
+) -> tuple[np.ndarray | PlainPolygons, np.ndarray]:
+    """Like :func:`features_in`, but the geometries stay in the source CRS (not yet projected).
+
+    With ``plain``, a block whose features are all polygons without holes comes back as
+    :class:`PlainPolygons` (no shapely objects); any other block as shapely geometries.
+    """
     left, bottom, right, top = transformer(layer.city_crs, layer.source_crs).transform_bounds(
         *bounds, densify_pts=21
     )
@@ -150,27 +178,85 @@ def _source_features_in(
         m = FEATURE_MARGIN_DEG
         left, bottom, right, top = left - m, bottom - m, right + m, top + m
     spec = layer.spec
-    geometry, attributes = _read_block(layer, (left, bottom, right, top))
-    keep = ~shapely.is_missing(geometry) & ~shapely.is_empty(geometry)
+    geometry, attributes = _read_block(layer, (left, bottom, right, top), plain)
+    if isinstance(geometry, PlainPolygons):  # none is missing or empty, by construction
+        keep = np.ones(len(geometry), dtype=bool)
+    else:
+        keep = ~shapely.is_missing(geometry) & ~shapely.is_empty(geometry)
     if spec.filter_column:
         keep &= attributes[spec.filter_column].isin(spec.filter_values).to_numpy()
-    geometry, attributes = geometry[keep], attributes[keep]
+    geometry, attributes = _take(geometry, keep), attributes[keep]
     if spec.classify:
         values = get_classifier(spec.classify)(attributes)
     elif spec.burn_column:
         values = pd.to_numeric(attributes[spec.burn_column], errors="coerce").to_numpy(float)
         finite = np.isfinite(values)
-        geometry, values = geometry[finite], values[finite]
+        geometry, values = _take(geometry, finite), values[finite]
     else:
         values = np.full(len(geometry), spec.burn_value, dtype=float)
     return geometry, np.asarray(values)
 
 
+def _take(geometry: np.ndarray | PlainPolygons, keep: np.ndarray) -> np.ndarray | PlainPolygons:
+    if keep.all():
+        return geometry
+    return geometry.take(keep) if isinstance(geometry, PlainPolygons) else geometry[keep]
+
+
+_WKB_POLYGON = 3
+"""ISO WKB type code of a 2-D polygon."""
+_WKB_HEADER = 13
+"""Bytes before a one-ring polygon's points: byte order, type, ring count, point count."""
+
+
+def _uint32_at(data: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Little-endian uint32 values starting at byte ``positions`` of ``data``."""
+    values = np.zeros(len(positions), dtype=np.uint32)
+    for shift in range(4):
+        values |= data[positions + shift].astype(np.uint32) << np.uint32(8 * shift)
+    return values
+
+
+def plain_polygons_from_wkb(column: pa.Array | pa.ChunkedArray) -> PlainPolygons | None:
+    """The polygons of a WKB column, if every one is a little-endian 2-D polygon with exactly
+    one ring (no holes, not empty); None otherwise (the caller then decodes it with shapely)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(array, pa.ExtensionArray):
+        array = array.storage
+    large = pa.types.is_large_binary(array.type)
+    if array.null_count or not (large or pa.types.is_binary(array.type)):
+        return None
+    if len(array) == 0:
+        return PlainPolygons(np.empty((0, 2)), np.empty(0, dtype=np.int64))
+    _, offset_buffer, data_buffer = array.buffers()
+    offset_type = np.int64 if large else np.int32
+    offsets = np.frombuffer(offset_buffer, dtype=offset_type)[
+        array.offset : array.offset + len(array) + 1
+    ].astype(np.int64)
+    data = np.frombuffer(data_buffer, dtype=np.uint8)
+    starts, sizes = offsets[:-1], np.diff(offsets)
+    if (sizes < _WKB_HEADER).any() or (data[starts] != 1).any():
+        return None
+    if (_uint32_at(data, starts + 1) != _WKB_POLYGON).any():
+        return None
+    if (_uint32_at(data, starts + 5) != 1).any():
+        return None
+    counts = _uint32_at(data, starts + 9).astype(np.int64)
+    if (counts == 0).any() or (sizes != _WKB_HEADER + 16 * counts).any():
+        return None
+    # The features lie back to back in the buffer: the points are everything but the headers.
+    span = data[offsets[0] : offsets[-1]]
+    points = np.ones(len(span), dtype=bool)
+    points[(starts - offsets[0])[:, None] + np.arange(_WKB_HEADER)] = False
+    coords = span[points].view("<f8").astype(np.float64, copy=False).reshape(-1, 2)
+    return PlainPolygons(coords, counts)
+
+
 def _read_block(
-    layer: VectorLayer, bbox: tuple[float, float, float, float]
-) -> tuple[np.ndarray, pd.DataFrame]:
+    layer: VectorLayer, bbox: tuple[float, float, float, float], plain: bool = False
+) -> tuple[np.ndarray | PlainPolygons, pd.DataFrame]:
     """Geometries and attribute columns of the features the spatial index finds in ``bbox``,
-    in the file's feature order.
+    in the file's feature order (as :class:`PlainPolygons` when ``plain`` and they all are).
 
     Read as Arrow and decoded directly: a GeoDataFrame would only be taken apart again. A
     spatial index hands features back in its own order; they are put back in file order, so
@@ -189,8 +275,10 @@ def _read_block(
         if len(fids) > 1 and not (np.diff(fids) > 0).all():
             table = table.take(np.argsort(fids, kind="stable"))
         geometry_column = meta["geometry_name"] or "wkb_geometry"
-        wkb = table.column(geometry_column).to_numpy(zero_copy_only=False)
-        geometry = shapely.from_wkb(wkb)
+        wkb = table.column(geometry_column)
+        geometry = plain_polygons_from_wkb(wkb) if plain else None
+        if geometry is None:
+            geometry = shapely.from_wkb(wkb.to_numpy(zero_copy_only=False))
         attributes = table.drop_columns([geometry_column, fid_column]).to_pandas()
     except Exception as exc:  # pyogrio/pyarrow/shapely raise many types for damaged files
         raise _damaged(layer.path, "vector data", exc) from exc
@@ -245,9 +333,13 @@ def _burn_shapes(
     projected point by point exactly as :func:`_to_crs` does, so the same pixels burn. Types
     without a fast form here (collections, rings, 3-D) go through ``__geo_interface__``.
     """
+    if isinstance(geometry, PlainPolygons):
+        return _ring_shapes(geometry.coords, geometry.counts, values, source, target)
     types = shapely.get_type_id(geometry)
     if _plain_polygons(geometry, types):
-        return _polygon_shapes(geometry, values, source, target)
+        coords, owner = shapely.get_coordinates(geometry, return_index=True)
+        counts = np.bincount(owner, minlength=len(geometry))
+        return _ring_shapes(coords, counts, values, source, target)
     fast = np.isin(types, list(_GEOJSON_TYPES)) & ~shapely.has_z(geometry)
     parts, part_owner = shapely.get_parts(geometry[fast], return_index=True)
     empty_parts = np.bincount(part_owner, weights=shapely.is_empty(parts), minlength=fast.sum())
@@ -311,15 +403,14 @@ def _plain_polygons(geometry: np.ndarray, types: np.ndarray) -> bool:
     )
 
 
-def _polygon_shapes(
-    geometry: np.ndarray, values: np.ndarray, source: CRS, target: CRS
+def _ring_shapes(
+    coords: np.ndarray, counts: np.ndarray, values: np.ndarray, source: CRS, target: CRS
 ) -> list[tuple[object, object]]:
     """``_burn_shapes`` for polygons without holes: each one's coordinates are its exterior
-    ring, so they come straight from one coordinate array, with no parts or rings to split."""
-    coords, owner = shapely.get_coordinates(geometry, return_index=True)
+    ring, ``counts[i]`` points of ``coords`` in order, so there are no parts or rings to split."""
     x, y = transformer(source, target).transform(coords[:, 0], coords[:, 1])
     xy = np.column_stack([x, y]).tolist()
-    ends = np.cumsum(np.bincount(owner, minlength=len(geometry))).tolist()
+    ends = np.cumsum(counts).tolist()
     return [
         ({"type": "Polygon", "coordinates": [xy[start:end]]}, value)
         for start, end, value in zip(
@@ -375,7 +466,7 @@ def rasterize_block(
     left = pixel_grid.x_min + col_start * res
     transform = Affine(res, 0, left, 0, -res, top)
     geometry, values = _source_features_in(
-        layer, (left, top - height * res, left + width * res, top)
+        layer, (left, top - height * res, left + width * res, top), plain=True
     )
     out = np.full((height, width), background, dtype=dtype)
     if len(geometry):

@@ -286,3 +286,38 @@ def test_records_that_are_cut_or_garbled_are_refused_not_summed(tmp_path: Path) 
         check_declared_counts(load_records(garbled, "kwh", None), declared, garbled)
 
     check_declared_counts(load_records(cut, "kwh", None), {}, cut)  # nothing declared: unchecked
+
+
+def test_footprint_wkb_is_decoded_without_geometry_objects_only_when_it_is_plain() -> None:
+    """Polygons without holes come straight out of their WKB, point for point as shapely
+    reads them; anything else (holes, empty, 3-D, multi, big-endian, missing) is left to
+    shapely."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(7)
+    plain = [
+        shapely.Polygon(np.c_[rng.random(n) * 100, rng.random(n) * 100].tolist())
+        for n in rng.integers(3, 12, 200)
+    ]
+    column = pa.array(shapely.to_wkb(plain, flavor="iso"), pa.binary())
+    decoded = vectors.plain_polygons_from_wkb(column.slice(5))  # an offset into the buffer
+    coords, owner = shapely.get_coordinates(plain[5:], return_index=True)
+    assert decoded is not None and np.array_equal(decoded.coords, coords)
+    assert np.array_equal(decoded.counts, np.bincount(owner))
+    kept = decoded.take(np.arange(len(decoded)) % 2 == 0)
+    assert np.array_equal(kept.coords, shapely.get_coordinates(plain[5::2]))
+
+    holed = Polygon([(0, 0), (9, 0), (9, 9), (0, 9)], [[(1, 1), (2, 1), (2, 2), (1, 1)]])
+    not_plain = {
+        "a hole": [*plain[:3], holed],
+        "an empty polygon": [*plain[:3], Polygon()],
+        "3-D": [Polygon([(0, 0, 1), (1, 0, 1), (1, 1, 1)])],
+        "a multi-polygon": [MultiPolygon([plain[0]])],
+    }
+    for case, geometries in not_plain.items():
+        wkb = pa.array(shapely.to_wkb(geometries, flavor="iso"), pa.binary())
+        assert vectors.plain_polygons_from_wkb(wkb) is None, case
+    big_endian = pa.array(shapely.to_wkb(plain[:3], byte_order=0), pa.binary())
+    missing = pa.array([shapely.to_wkb(plain[0]), None], pa.binary())
+    assert vectors.plain_polygons_from_wkb(big_endian) is None
+    assert vectors.plain_polygons_from_wkb(missing) is None
