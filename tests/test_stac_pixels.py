@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -54,6 +55,19 @@ def test_median_and_mean_composites_skip_unclear_and_leave_empty_pixels_nan() ->
     assert pixels.clear_count(stack).tolist() == [3, 2, 0]
     with pytest.raises(ValueError, match="at least one"):
         pixels.median_composite(np.empty((0, 2), dtype=np.float32))
+
+
+def test_the_median_composite_equals_numpy_nanmedian_bit_for_bit() -> None:
+    rng = np.random.default_rng(3)
+    for observations in (1, 2, 5, 12):
+        stack = (rng.random((observations, 60, 70)) * 0.7 - 0.2).astype(np.float32)
+        stack[rng.random(stack.shape) < 0.45] = NAN  # odd, even and zero clear counts
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            expected = np.nanmedian(stack, axis=0).astype(np.float32)
+        composite = pixels.median_composite(stack)
+        assert composite.dtype == np.float32
+        np.testing.assert_array_equal(composite, expected)
 
 
 def test_ndvi_is_invalid_where_the_sum_is_not_positive() -> None:

@@ -48,10 +48,22 @@ def _all_nan_quiet(function, stack: np.ndarray) -> np.ndarray:  # type: ignore[n
 
 
 def median_composite(stack: np.ndarray) -> np.ndarray:
-    """Per-pixel median over observations (axis 0), ignoring NaN; NaN where none is clear."""
+    """Per-pixel median over observations (axis 0), ignoring NaN; NaN where none is clear.
+
+    The same values as ``numpy.nanmedian`` (the mean of the two middle values for an even
+    count), from one sort along the observations, which puts NaN last: ``nanmedian`` masks
+    every pixel's observations and took most of a composite's time.
+    """
     if stack.shape[0] == 0:
         raise ValueError("a composite needs at least one observation")
-    return _all_nan_quiet(np.nanmedian, stack)
+    ordered = np.sort(stack, axis=0)
+    count = np.count_nonzero(~np.isnan(stack), axis=0)
+    lower = np.take_along_axis(ordered, ((np.maximum(count, 1) - 1) // 2)[None], axis=0)[0]
+    upper_index = np.minimum(count // 2, stack.shape[0] - 1)
+    upper = np.take_along_axis(ordered, upper_index[None], axis=0)[0]
+    with np.errstate(invalid="ignore"):
+        median = np.where(count % 2 == 1, lower, (lower + upper) / lower.dtype.type(2))
+    return np.where(count > 0, median, np.nan).astype(np.float32)
 
 
 def mean_composite(stack: np.ndarray) -> np.ndarray:
