@@ -81,3 +81,28 @@ def test_a_failing_check_stops_the_database_from_being_published(
         years = con.execute("SELECT DISTINCT year FROM observations").fetchall()
         published_years = con.execute("SELECT DISTINCT year FROM published_observations")
         assert years == [(2020,)] and published_years.fetchall() == [(2020,)]
+
+
+def test_the_value_check_names_each_modality_out_of_range_and_counts_zero_fills() -> None:
+    from citycube import checks
+
+    low, high = CAT.get("NDVI").value_range
+    rows = [  # modality, available, value, reason
+        ("NDVI", True, 0.4, None),
+        ("NDVI", True, high + 0.5, None),  # out of NDVI's range
+        ("CO2", True, 10.0, None),
+        ("CO2", False, 0.0, "source_year_missing"),  # an unavailable tile zero-filled
+        ("CO2", False, None, "source_year_missing"),
+        ("DEM", True, low - 1.0, None),  # within DEM's range, below NDVI's
+    ]
+    with duckdb.connect() as con:
+        con.execute(
+            "CREATE TABLE observations (modality VARCHAR, available BOOLEAN, value DOUBLE, "
+            "reason VARCHAR)"
+        )
+        con.executemany("INSERT INTO observations VALUES (?, ?, ?, ?)", rows)
+        outcome = checks.check_values(con, CAT)
+        assert not outcome.passed
+        assert outcome.details == {"inconsistent_rows": 1, "out_of_range": {"NDVI": 1}}
+        con.execute("DELETE FROM observations WHERE value = 0.0 OR value > 1")
+        assert checks.check_values(con, CAT).passed
