@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-from dagster._core.storage.tags import PRIORITY_TAG
 
 from citycube.errors import SourceFetchError
-from pipelines.build import FIRST_PRIORITY
 from pipelines.partitions import PartitionsDef, split_key
 from pipelines.resources import ComputeResource, Outcome
 
@@ -81,8 +79,8 @@ def run_partitions(
     between products. Each successful asset partition gets its own materialisation metadata.
     If any fails, the step fails after the others have finished (their files stay written and
     are reused by a re-run); the error names the failed ones. Only transient fetch errors are
-    retried. ``first`` tasks (and every task of a run the build put first in the run queue) go
-    ahead of every other step's on a shared cluster; otherwise steps of earlier runs go first.
+    retried. ``first`` tasks go ahead of every other step's on a shared cluster; otherwise
+    steps of earlier runs go first.
     """
     owners: dict[str, tuple[dg.AssetKey, str]] = {}
     tasks = []
@@ -95,7 +93,6 @@ def run_partitions(
             tasks.append((name, plan.arguments(city, period)))
     record = context.instance.get_run_record_by_id(context.run.run_id)
     started = record.start_time if record is not None else None
-    first = first or context.run.tags.get(PRIORITY_TAG) == FIRST_PRIORITY  # see build.py
     outcomes = compute.run(context.log, context.op_def.name, function, tasks, started, first)
     for outcome in outcomes:
         if outcome.ok:

@@ -663,22 +663,17 @@ def _has_assets(run: Any, keys: set[Any]) -> bool:
 
 
 def _prioritise(instance: Any, runs: Sequence[Any], per_city_year: set[Any]) -> None:
-    """Queued runs of static and epoch products, and follow-up runs, go first (Dagster's run
-    priority tag; their steps' tasks also go first on the workers, see assets/common.py).
+    """Queued runs of static and epoch products go first (Dagster's run priority tag).
 
-    The city-year runs of a build read the static and epoch products: a city-year's products
-    that need one (its observations, a conversion series) wait for it in a later, follow-up
-    run, which fetches nothing and has little to do. Queued behind the cities' runs, the
-    follow-ups of all sixteen cities ran one after the other once the last city had finished
-    (the last 100 s of a whole-calendar build, with the workers mostly idle); going first,
-    they overlap the cities' work instead of trailing it.
+    The city-year runs of a build read them: a city-year's products that need a static or
+    epoch one (its observations, a conversion series) wait for it in a later run, and started
+    early those runs overlap the city-years' work instead of trailing it.
     """
     from dagster._core.storage.tags import PRIORITY_TAG
 
     for run in runs:
         waiting = run.status.value == "QUEUED" and PRIORITY_TAG not in run.tags
-        follow_up = not any(key.path[0] == "sources" for key in run.asset_selection or ())
-        if waiting and (follow_up or not _has_assets(run, per_city_year)):
+        if waiting and not _has_assets(run, per_city_year):
             instance.add_run_tags(run.run_id, {PRIORITY_TAG: FIRST_PRIORITY})
 
 

@@ -75,9 +75,8 @@ def _instance_state(tmp_path: Path) -> tuple[list[str], int]:
     return statuses.split(","), int(running)
 
 
-def _run_priorities(tmp_path: Path) -> list[tuple[str, bool, bool]]:
-    """(dagster/priority tag, whether it holds city × year assets, whether it fetches sources)
-    of the newest backfill's runs."""
+def _run_priorities(tmp_path: Path) -> list[tuple[str, bool]]:
+    """(dagster/priority tag, whether it holds city × year assets) of the newest backfill's runs."""
     rows = _probe(
         tmp_path,
         "from pipelines.build import _per_city_year_assets\n"
@@ -85,10 +84,9 @@ def _run_priorities(tmp_path: Path) -> list[tuple[str, bool, bool]]:
         "newest = i.get_backfills()[0].backfill_id\n"
         "for r in i.get_runs(filters=dg.RunsFilter(tags={'dagster/backfill': newest})):\n"
         "    mine = any(k in keys for k in (r.asset_selection or ()))\n"
-        "    fetches = any(k.path[0] == 'sources' for k in (r.asset_selection or ()))\n"
-        "    print(r.tags.get('dagster/priority', '0'), mine, fetches)\n",
+        "    print(r.tags.get('dagster/priority', '0'), mine)\n",
     )
-    return [(p, mine == "True", fetch == "True") for p, mine, fetch in map(str.split, rows)]
+    return [(priority, mine == "True") for priority, mine in (row.split() for row in rows)]
 
 
 def test_stop_requests_then_a_rerun_builds_everything(tmp_path: Path) -> None:
@@ -137,10 +135,9 @@ def test_stop_requests_then_a_rerun_builds_everything(tmp_path: Path) -> None:
     assert duplicates == (0,)
     statuses, _ = _instance_state(tmp_path)
     assert statuses[0] == "COMPLETED_SUCCESS"  # newest first
-    # Runs of static and epoch products (and the cube) left the queue first; the cities' main
-    # runs did not (a city's follow-up run goes first only if it had to wait for a slot).
+    # Runs of static and epoch products (and the cube) left the queue first.
     priorities = _run_priorities(tmp_path)
-    assert {p for p, per_city_year, fetches in priorities if per_city_year and fetches} == {"0"}
-    assert {p for p, per_city_year, _ in priorities if not per_city_year} == {"1"}, priorities
+    assert {p for p, per_city_year in priorities if per_city_year} == {"0"}, priorities
+    assert {p for p, per_city_year in priorities if not per_city_year} == {"1"}, priorities
     leftovers = [p for p in data.rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
     assert not leftovers
