@@ -105,6 +105,9 @@ class VectorLayer:
     """Area the source reports on, in the city CRS (None: the whole grid)."""
     columns: tuple[str, ...]
     """Attribute columns the spec needs (filter, burn value, classifier tags) that exist."""
+    polygons: bool = False
+    """The layer declares polygons, so its blocks may decode as :class:`PlainPolygons` (a line
+    or point layer never tries)."""
 
 
 def open_vector_layer(
@@ -129,7 +132,10 @@ def open_vector_layer(
         needed |= CLASSIFIER_COLUMNS.get(spec.classify, fields)
     columns = tuple(sorted(needed & fields))
     area = load_coverage(coverage, city_epsg) if coverage is not None else None
-    return VectorLayer(Path(path), spec, CRS.from_epsg(city_epsg), source_crs, area, columns)
+    polygons = info.get("geometry_type") == "Polygon"
+    return VectorLayer(
+        Path(path), spec, CRS.from_epsg(city_epsg), source_crs, area, columns, polygons
+    )
 
 
 def features_in(
@@ -323,7 +329,7 @@ _GEOJSON_TYPES = {
 
 
 def _burn_shapes(
-    geometry: np.ndarray, values: np.ndarray, source: CRS, target: CRS
+    geometry: np.ndarray | PlainPolygons, values: np.ndarray, source: CRS, target: CRS
 ) -> list[tuple[object, object]]:
     """(geometry, value) pairs for ``rasterize``, projected from ``source`` to ``target``.
 
@@ -466,7 +472,7 @@ def rasterize_block(
     left = pixel_grid.x_min + col_start * res
     transform = Affine(res, 0, left, 0, -res, top)
     geometry, values = _source_features_in(
-        layer, (left, top - height * res, left + width * res, top), plain=True
+        layer, (left, top - height * res, left + width * res, top), plain=layer.polygons
     )
     out = np.full((height, width), background, dtype=dtype)
     if len(geometry):

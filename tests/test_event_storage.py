@@ -1,17 +1,17 @@
 """The build's event log: the same records as Dagster's own SQLite storage, written in batches."""
 
-import json
 from pathlib import Path
 
 import dagster as dg
 import pytest
 from dagster._core.instance.ref import InstanceRef
 
-from pipelines.build import DAGSTER_SETTINGS, DAGSTER_YAML, MAX_CONCURRENT_RUNS
+from pipelines.build import DAGSTER_SETTINGS, ensure_dagster_home
 from pipelines.event_storage import BatchedSqliteEventLogStorage
 
 PARTITIONS = dg.StaticPartitionsDefinition([f"p{i:02d}" for i in range(30)])
 STOCK_CLASS = "module: dagster.core.storage.event_log\n  class: ConsolidatedSqliteEventLogStorage"
+BATCHED_CLASS = "module: pipelines.event_storage\n  class: BatchedSqliteEventLogStorage"
 
 
 @dg.multi_asset(
@@ -31,15 +31,12 @@ def _two_assets(context: dg.AssetExecutionContext):
 
 
 def _instance(home: Path, stock: bool) -> dg.DagsterInstance:
-    home.mkdir(parents=True)
-    text = DAGSTER_YAML.format(
-        history=json.dumps(str(home / "history")), max_runs=MAX_CONCURRENT_RUNS
-    )
+    """A new instance as ``citycube build`` prepares it (or with Dagster's stock event log)."""
+    ensure_dagster_home(home)
     if stock:
-        text = text.replace(
-            "module: pipelines.event_storage\n  class: BatchedSqliteEventLogStorage", STOCK_CLASS
-        )
-    (home / "dagster.yaml").write_text(text, encoding="utf-8")
+        config = home / "dagster.yaml"
+        text = config.read_text(encoding="utf-8").replace(BATCHED_CLASS, STOCK_CLASS)
+        config.write_text(text, encoding="utf-8")
     return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
 
 
