@@ -547,6 +547,9 @@ class ChipStoreWriter:
         self._arrays: dict[str, zarr.Array] = {}
         self._layout: dict[str, zarr.Array] = {}
         self._made_dirs: set[Path] = set()
+        self.on_written: list[Callable[[int, int, np.ndarray, np.ndarray], None]] = []
+        """Called with (row_start, col_start, values as stored, valid) after each write, e.g.
+        to gather a quick-look without reading the store back."""
         self._started = False
         self._committed = False
 
@@ -643,6 +646,8 @@ class ChipStoreWriter:
                 f"{self.path} failed: {exc}"
             ) from exc
         self._written.append((row_start, row_stop, col_start, col_stop))
+        for observer in self.on_written:
+            observer(row_start, col_start, stored, valid)
 
     def _group(self) -> zarr.Group:
         """The temp store, opened once for all block writes."""

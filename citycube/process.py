@@ -90,6 +90,8 @@ from citycube.versions import ENGINE_VERSION, modality_digest
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[str], None]
+BlockObserver = Callable[[int, int, np.ndarray, np.ndarray], None]
+"""Told of every chip block written: (row_start, col_start, values as stored, valid)."""
 
 RESULT_COLUMNS = ["tile_id", "scale", "field", "value", "valid_fraction", "reason", "classes"]
 """Per-tile results; ``classes`` counts the distinct valid ids of a categorical chip (stored for
@@ -128,6 +130,7 @@ def _image_results(
     item: SourceItem,
     release: Release,
     progress: ProgressFn | None,
+    on_written: Sequence[BlockObserver] = (),
 ) -> pd.DataFrame:
     """Warp once onto the city's pixel grid, block by block; write chips; summarise tiles."""
     assert modality.chip is not None
@@ -145,6 +148,7 @@ def _image_results(
         open_masked_source(item, modality, bands, valid_ids) as source,
         chip_writer(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
     ):
+        w.on_written.extend(on_written)
         for row_start, row_stop, col_start, col_stop in summaries.blocks:
             values, valid = warp_block(
                 source, grid, row_start, row_stop, col_start, col_stop, categorical=categorical
@@ -200,6 +204,7 @@ def _vector_image_results(
     item: SourceItem,
     release: Release,
     progress: ProgressFn | None,
+    on_written: Sequence[BlockObserver] = (),
 ) -> pd.DataFrame:
     """Draw vector features straight onto the chip grid (no buffering), write chips, summarise."""
     assert modality.chip is not None and modality.rasterize is not None
@@ -222,6 +227,7 @@ def _vector_image_results(
         block_memory() as release_block,
         chip_writer(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
     ):
+        w.on_written.extend(on_written)
         for row_start, row_stop, col_start, col_stop in summaries.blocks:
             values, valid = rasterize_block(
                 layer,
@@ -603,13 +609,16 @@ def _compute(
     aux: dict[str, SourceItem],
     release: Release,
     progress: ProgressFn | None,
+    on_written: Sequence[BlockObserver] = (),
 ) -> pd.DataFrame:
     fmt = load_products()[item.product].format if item.product in load_products() else "raster"
     if modality.is_image:
         if modality.rasterize is not None:
-            frame = _vector_image_results(modality, catalogue, city, item, release, progress)
+            frame = _vector_image_results(
+                modality, catalogue, city, item, release, progress, on_written
+            )
         else:
-            frame = _image_results(modality, catalogue, city, item, release, progress)
+            frame = _image_results(modality, catalogue, city, item, release, progress, on_written)
     elif modality.aggregation == Aggregation.LOG1P_POINT_DENSITY:
         frame = _point_density_results(modality, city, item, fields)
     elif is_records_item(item):
@@ -825,12 +834,15 @@ def derive(
     sources: SourceSet,
     release: Release,
     progress: ProgressFn | None = None,
+    on_written: Sequence[BlockObserver] = (),
 ) -> DerivedSummary:
     """Compute (or keep, when nothing it depends on changed) one source period's results.
 
     Field groups served by different products (AQ's NO2 and PM2.5, or each weather variable's
     file) are resolved, fetched and aggregated independently: one product's missing year never
-    blanks or fills another.
+    blanks or fills another. ``on_written`` is called with every chip block written (see
+    :attr:`~citycube.chips.ChipStoreWriter.on_written`); results kept from an earlier run
+    write none.
     """
     get_city(city)
     if (period is None) != (modality.temporal == Temporal.STATIC):
@@ -856,7 +868,15 @@ def derive(
         else:
             with in_context(_source_context(modality, city, label, group.item)):
                 results = _compute(
-                    modality, catalogue, city, group.item, group.fields, aux, release, progress
+                    modality,
+                    catalogue,
+                    city,
+                    group.item,
+                    group.fields,
+                    aux,
+                    release,
+                    progress,
+                    on_written,
                 )
             if "records" in results.attrs:
                 ingested[group.product] = results.attrs["records"]

@@ -34,12 +34,13 @@ from citycube.chips import open_chips
 from citycube.cities import Scale, get_city
 from citycube.cube import Release
 from citycube.errors import ChipsNotFoundError, SpecError, UnknownTileError
-from citycube.grids import city_grid, pixel_grid
+from citycube.grids import PixelGrid, city_grid, pixel_grid
 from citycube.temporal import check_year
 
 __all__ = [
     "GRID_LINE_RGBA",
     "UNKNOWN_CLASS_RGB",
+    "QuickLook",
     "legend_image",
     "legend_key",
     "parse_tile_id",
@@ -365,13 +366,9 @@ def render_store(
     never mixed) until both sides are ≤ ``max_size``, and read by row bands of whole store
     chunks, so memory follows one band rather than the city.
     """
-    if max_size < 16:
-        raise ValueError(f"max_size must be at least 16 pixels, got {max_size}")
     city = get_city(city).key
     modality = _image_modality(catalogue, modality_code)
-    assert modality.chip is not None
-    grid = pixel_grid(city, modality.chip.resolution_m)
-    stride = max(1, math.ceil(max(grid.height, grid.width) / max_size))
+    grid, stride = _quicklook_layout(modality, city, max_size)
     out_h, out_w = math.ceil(grid.height / stride), math.ceil(grid.width / stride)
     rgba = np.zeros((out_h, out_w, 4), dtype=np.uint8)
     with open_chips(store, draft=draft) as chips:
@@ -398,6 +395,99 @@ def render_store(
             rgba[o0 : o0 + valid.shape[0]] = render_chip(modality, catalogue, values, valid)
     _draw_tile_grid(rgba, city, grid.x_min, grid.y_max, grid.resolution * stride)
     return rgba
+
+
+def _quicklook_layout(modality: ModalitySpec, city: str, max_size: int) -> tuple[PixelGrid, int]:
+    """The chip grid of a city's quick-look and the stride that brings it within ``max_size``."""
+    if max_size < 16:
+        raise ValueError(f"max_size must be at least 16 pixels, got {max_size}")
+    assert modality.chip is not None
+    grid = pixel_grid(city, modality.chip.resolution_m)
+    return grid, max(1, math.ceil(max(grid.height, grid.width) / max_size))
+
+
+class QuickLook:
+    """A chip store's quick-look gathered from its blocks while they are written.
+
+    The image :func:`render_store` makes of the finished store (same stride, same every-n-th
+    pixel or, for binary renderings, same block maxima; same colours and grid lines), without
+    reading and decoding the whole store back, which cost about a sixth of a city-year's
+    processing. Hand :meth:`add` to the chip writer's ``on_written``; it keeps only the
+    decimated pixels, so memory stays at the quick-look's size.
+    """
+
+    def __init__(
+        self, catalogue: Catalogue, modality_code: str, city: str, max_size: int = 1024
+    ) -> None:
+        self.catalogue = catalogue
+        self.city = get_city(city).key
+        self.modality = _image_modality(catalogue, modality_code)
+        self.grid, self.stride = _quicklook_layout(self.modality, self.city, max_size)
+        self.shape = (
+            math.ceil(self.grid.height / self.stride),
+            math.ceil(self.grid.width / self.stride),
+        )
+        self.block_maxima = self.modality.render.mode == RenderMode.BINARY and self.stride > 1
+        self._values: np.ndarray | None = None
+        self._valid = np.zeros(self.shape, dtype=np.uint8)
+        self._pixels = 0
+
+    def add(self, row_start: int, col_start: int, values: np.ndarray, valid: np.ndarray) -> None:
+        """Take the block written at (row_start, col_start): values[bands,h,w] as stored."""
+        bands, height, width = values.shape
+        if self._values is None:
+            start = _max_identity(values.dtype) if self.block_maxima else 0
+            self._values = np.full((bands, *self.shape), start, dtype=values.dtype)
+        step = self.stride
+        if self.block_maxima:  # max over the stride × stride cells the block meets
+            row_cuts = _cell_starts(row_start, height, step)
+            col_cuts = _cell_starts(col_start, width, step)
+            block = np.maximum.reduceat(np.maximum.reduceat(values, row_cuts, 1), col_cuts, 2)
+            hit = np.maximum.reduceat(
+                np.maximum.reduceat(valid.view(np.uint8), row_cuts, 0), col_cuts, 1
+            )
+            rows = slice(row_start // step, row_start // step + len(row_cuts))
+            cols = slice(col_start // step, col_start // step + len(col_cuts))
+            np.maximum(self._values[:, rows, cols], block, out=self._values[:, rows, cols])
+            np.maximum(self._valid[rows, cols], hit, out=self._valid[rows, cols])
+        else:  # every stride-th pixel of the grid, counted from its corner
+            row_skip, col_skip = -row_start % step, -col_start % step
+            block = values[:, row_skip::step, col_skip::step]
+            rows = slice((row_start + row_skip) // step, None)
+            cols = slice((col_start + col_skip) // step, None)
+            rows = slice(rows.start, rows.start + block.shape[1])
+            cols = slice(cols.start, cols.start + block.shape[2])
+            self._values[:, rows, cols] = block
+            self._valid[rows, cols] = valid[row_skip::step, col_skip::step]
+        self._pixels += height * width
+
+    def render(self) -> np.ndarray:
+        """The (h, w, 4) RGBA quick-look; every pixel of the grid must have been added."""
+        if self._values is None or self._pixels < self.grid.height * self.grid.width:
+            raise ValueError(
+                f"the {self.modality.code} quick-look of {self.city} has {self._pixels} of "
+                f"{self.grid.height * self.grid.width} pixels; render the finished store instead"
+            )
+        rgba = render_chip(self.modality, self.catalogue, self._values, self._valid.astype(bool))
+        _draw_tile_grid(
+            rgba, self.city, self.grid.x_min, self.grid.y_max, self.grid.resolution * self.stride
+        )
+        return rgba
+
+
+def _cell_starts(start: int, length: int, step: int) -> np.ndarray:
+    """Offsets in a block of ``length`` pixels from ``start`` where stride cells begin (the
+    first one may be a cell begun in the previous block)."""
+    return np.unique(np.r_[0, np.arange(-start % step, length, step)])
+
+
+def _max_identity(dtype: np.dtype) -> object:
+    """The value no other value of ``dtype`` is below (the start of a running maximum)."""
+    if dtype == np.bool_:
+        return False
+    if np.issubdtype(dtype, np.integer):
+        return np.iinfo(dtype).min
+    return -np.inf
 
 
 def _block_max(values: np.ndarray, stride: int) -> np.ndarray:

@@ -78,18 +78,32 @@ def derive_with_quicklook(
     """Derive (or keep) one source period's results and render its chips' quick-look once.
 
     A quick-look belongs to a chip store, so it is made per source period too: a static DEM
-    gets one, not one per calendar year.
+    gets one, not one per calendar year. It is drawn from the chip blocks as they are written;
+    only kept results whose picture is missing have their store read back.
     """
     from citycube.process import derive
-    from citycube.render import render_store, write_png
+    from citycube.render import QuickLook, render_store, write_png
 
-    summary = derive(modality, catalogue, city, period, resolve_sources(sources), release)
+    gathered = (
+        QuickLook(catalogue, modality.code, city, QUICKLOOK_MAX_PX) if modality.is_image else None
+    )
+    summary = derive(
+        modality,
+        catalogue,
+        city,
+        period,
+        resolve_sources(sources),
+        release,
+        on_written=[gathered.add] if gathered else (),
+    )
     metadata = summary.as_metadata()
     png = release.quicklook_file(modality.code, city, summary.label)
     if not summary.chips:
         png.unlink(missing_ok=True)
         return metadata
-    if not (summary.reused and png.exists()):
+    if gathered is not None and not summary.reused:  # drawn from the blocks as written
+        write_png(png, gathered.render())
+    elif not png.exists():  # kept results: draw the store once if its picture is missing
         store = release.chip_store(modality.code, city, summary.label)
         quicklook = render_store(
             store, catalogue, modality.code, city, QUICKLOOK_MAX_PX, draft=True

@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from citycube.catalogue import catalogue_text, load_catalogue, parse_catalogue
+from citycube.catalogue import (
+    ModalitySpec,
+    Temporal,
+    catalogue_text,
+    load_catalogue,
+    parse_catalogue,
+)
 from citycube.cube import Release, build_duckdb, release_metadata, tiles_frame
 from citycube.errors import (
     ChipsNotFoundError,
@@ -25,18 +31,21 @@ from citycube.errors import (
     UnknownYearError,
 )
 from citycube.grids import city_grid, pixel_grid
-from citycube.process import process_partition
+from citycube.process import derive, process_partition
 from citycube.render import (
     GRID_LINE_RGBA,
     LEGEND_SIZE,
     UNKNOWN_CLASS_RGB,
+    QuickLook,
     legend_image,
     parse_tile_id,
     render_chip,
     render_mosaic,
+    render_store,
     render_tile,
     write_png,
 )
+from sources.sample import SampleBackend
 from tests.conftest import LocalFilesBackend, materialize_keys, write_tif
 
 CAT = load_catalogue()
@@ -368,3 +377,57 @@ def test_each_source_periods_chips_get_one_quicklook(tmp_path: Path) -> None:
     assert sorted(p.name for p in (release.root / "quicklooks" / "DEM" / CITY).iterdir()) == [
         "static.png"
     ]
+
+
+@pytest.mark.parametrize(
+    ("code", "max_size"),
+    [
+        ("OPT", 1024),
+        ("OPT", 333),
+        ("NDVI", 517),
+        ("LC", 700),
+        ("RD", 1024),
+        ("RD", 290),
+        ("POI", 450),
+        ("HF", 1024),
+    ],
+)
+def test_a_quicklook_gathered_while_writing_equals_the_stores_rendering(
+    sample_city_year: tuple[Release, SampleBackend], code: str, max_size: int
+) -> None:
+    """Drawn from the blocks as the writer stores them, the quick-look is the one read back
+    from the finished store, pixel for pixel: every-n-th pixels, and for the binary road
+    rendering the maxima of cells that straddle 10 km blocks (strides 3 to 13 here)."""
+    release, backend = sample_city_year
+    modality = CAT.get(code)
+    gathered = QuickLook(CAT, code, "Boston", max_size)
+    assert gathered.stride > 1 or max_size == 1024
+    period = period_of(modality)
+    label = "static" if period is None else str(period)
+    release.derived_file(code, "Boston", label).unlink(missing_ok=True)  # derive anew
+    summary = derive(modality, CAT, "Boston", period, backend, release, on_written=[gathered.add])
+    assert summary.chips and not summary.reused
+    store = release.chip_store(code, "Boston", summary.label)
+    np.testing.assert_array_equal(
+        gathered.render(), render_store(store, CAT, code, "Boston", max_size)
+    )
+
+
+def test_an_incomplete_quicklook_is_refused() -> None:
+    gathered = QuickLook(CAT, "OPT", CITY, 256)
+    grid = pixel_grid(CITY, 25)
+    gathered.add(0, 0, np.zeros((3, 400, 400), np.uint8), np.ones((400, 400), bool))
+    assert gathered.stride == math.ceil(max(grid.height, grid.width) / 256)
+    with pytest.raises(ValueError, match="render the finished store"):
+        gathered.render()
+
+
+@pytest.fixture(scope="module")
+def sample_city_year(tmp_path_factory: pytest.TempPathFactory) -> tuple[Release, SampleBackend]:
+    """The sample sources of Boston (one of the smaller cities), fetched into a release."""
+    return Release(tmp_path_factory.mktemp("sample"), "q"), SampleBackend()
+
+
+def period_of(modality: ModalitySpec) -> int | None:
+    """The source period of 2020 for the modality (static products have none)."""
+    return None if modality.temporal == Temporal.STATIC else 2020
