@@ -20,6 +20,7 @@ cannot state the rule for categorical sources (see ``tests/test_chips.py``).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import os
@@ -55,6 +56,7 @@ from zarr.storage import MemoryStore
 from citycube.cities import PARENT_SIZE_M
 from citycube.errors import CubeWriteError
 from citycube.grids import PixelGrid, Tile
+from citycube.manifest import write_digests
 from citycube.memory import bound_process_memory, release_freed
 from citycube.rasters import MaskedSource, rio_crs, transformer
 from citycube.scratch import owned_name, remove_dead_leftovers
@@ -547,6 +549,10 @@ class ChipStoreWriter:
         self._arrays: dict[str, zarr.Array] = {}
         self._layout: dict[str, zarr.Array] = {}
         self._made_dirs: set[Path] = set()
+        self._digests: dict[str, tuple[str, int]] = {}
+        """SHA-256 and size of each key written from bytes in hand, for the manifest."""
+        self._untracked: set[str] = set()
+        """Arrays that zarr itself wrote to: their chunks' bytes were never in hand."""
         self.on_written: list[Callable[[int, int, np.ndarray, np.ndarray], None]] = []
         """Called with (row_start, col_start, values as stored, valid) after each write, e.g.
         to gather a quick-look without reading the store back."""
@@ -637,8 +643,10 @@ class ChipStoreWriter:
         try:
             chunk = self._whole_chunk(row_start, row_stop, col_start, col_stop)
             if chunk is None or not self._write_chunk("data", (0, *chunk), stored):
+                self._untrack("data")
                 self._array("data")[:, rows, cols] = stored
             if chunk is None or not self._write_chunk("valid", chunk, valid.view(np.uint8)):
+                self._untrack("valid")
                 self._array("valid")[rows, cols] = valid.astype(np.uint8)
         except Exception as exc:
             raise CubeWriteError(
@@ -718,10 +726,19 @@ class ChipStoreWriter:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._made_dirs.add(path.parent)
         path.write_bytes(payload)
+        if key.split("/", 1)[0] not in self._untracked:
+            self._digests[key] = (hashlib.sha256(payload).hexdigest(), len(payload))
 
     def _drop_key(self, key: str) -> None:
         """Remove one key from the store being built, if it is there."""
         (self._tmp_path / key).unlink(missing_ok=True)
+        self._digests.pop(key, None)
+
+    def _untrack(self, name: str) -> None:
+        """Forget the digests of an array that zarr writes to itself (bytes not in hand)."""
+        if name not in self._untracked:
+            self._untracked.add(name)
+            self._digests = {k: v for k, v in self._digests.items() if not k.startswith(f"{name}/")}
 
     def commit(self) -> None:
         """Swap the finished temp store into ``path``; the old store is removed afterwards.
@@ -735,6 +752,10 @@ class ChipStoreWriter:
         if not self._started:
             raise RuntimeError("nothing to commit: the writer was never entered")
         self._check_covered()
+        try:  # inside the store, so swapped in with it and gone with it
+            write_digests(self._tmp_path, self._digests)
+        except OSError as exc:
+            raise CubeWriteError.writing(self.path, exc) from exc
         old = None
         if self.path.exists():
             old = owned_name(self.path, "old")

@@ -125,6 +125,36 @@ _verified: dict[tuple[str, int, int], str] = {}
 """(path, size, mtime) → SHA-256 already checked in this process: a worker reading the same
 item for many partitions hashes each file once."""
 
+VERIFIED_FILE = ".verified.json"
+"""Kept in an item directory: each file's state (size, modification and change times, inode)
+when its SHA-256 last matched the record. A file still in that state is not read again by
+other processes; a file written since has another change time (which cannot be set back from
+user space) and is hashed again."""
+
+
+def _file_state(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+
+
+def _read_verified(directory: Path) -> dict[str, Any]:
+    try:
+        states = json.loads((directory / VERIFIED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return states if isinstance(states, dict) else {}
+
+
+def _write_verified(directory: Path, states: Mapping[str, Any]) -> None:
+    """Record verified states, atomically; a directory that cannot be written is left as is
+    (the files are then hashed again next time, nothing worse)."""
+    tmp = owned_name(directory / VERIFIED_FILE)
+    try:
+        tmp.write_text(json.dumps(states, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, directory / VERIFIED_FILE)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
 
 def _remember_verified(directory: Path, sums: Mapping[str, Mapping[str, Any]]) -> None:
     """Files this process just hashed and installed need no second hash when read back.
@@ -138,14 +168,17 @@ def _remember_verified(directory: Path, sums: Mapping[str, Mapping[str, Any]]) -
         return
     if not isinstance(installed, dict) or installed.get("checksums") != sums:
         return
+    states = {}
     for name, expected in sums.items():
         path = directory / name
         try:
-            stat = path.stat()
+            state = _file_state(path)
         except OSError:
             continue
-        if stat.st_size == expected["bytes"]:
-            _verified[(str(path), stat.st_size, stat.st_mtime_ns)] = expected["sha256"]
+        if state[0] == expected["bytes"]:
+            _verified[(str(path), state[0], state[1])] = expected["sha256"]
+            states[name] = {"state": state, "sha256": expected["sha256"]}
+    _write_verified(directory, states)
 
 
 def _damaged_files(item: InstalledItem) -> list[str]:
@@ -157,22 +190,32 @@ def _damaged_files(item: InstalledItem) -> list[str]:
     if not isinstance(sums, dict):
         return []
     damaged = []
+    states = _read_verified(item.directory)
+    hashed = False
     for name, expected in sums.items():
         path = item.directory / name
         try:
-            stat = path.stat()
+            state = _file_state(path)
         except OSError:
             damaged.append(name)
             continue
-        if stat.st_size != expected.get("bytes"):
+        if state[0] != expected.get("bytes"):
             damaged.append(name)
             continue
-        key = (str(path), stat.st_size, stat.st_mtime_ns)
-        digest = _verified.get(key) or _sha256(path)
+        key = (str(path), state[0], state[1])
+        known = states.get(name)
+        if isinstance(known, dict) and known.get("state") == state:
+            digest = known.get("sha256")
+        else:
+            digest = _verified.get(key) or _sha256(path)
+            hashed = True
         if digest != expected.get("sha256"):
             damaged.append(name)
             continue
         _verified[key] = digest
+        states[name] = {"state": state, "sha256": digest}
+    if hashed and not damaged:
+        _write_verified(item.directory, states)
     return damaged
 
 

@@ -329,7 +329,7 @@ def test_block_writes_store_the_chunk_files_zarr_itself_writes(
         return {
             str(f.relative_to(path)): f.read_bytes()
             for f in sorted(path.rglob("*"))
-            if f.is_file() and f.name != "zarr.json"
+            if f.is_file() and f.name != "zarr.json" and not f.name.startswith(".")
         }
 
     def write(path: Path, by_blocks: bool) -> dict[str, bytes]:

@@ -123,3 +123,51 @@ def test_a_rebuilt_manifest_hashes_only_the_files_written_since(
     )
     monkeypatch.undo()
     assert verify_release(release).ok  # every carried-over hash is still the file's
+
+
+def test_chunks_hashed_by_their_writer_are_not_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chip store's chunks written from bytes in hand come with their SHA-256; the manifest
+    takes it while a chunk is untouched, and hashes what zarr wrote itself or what changed."""
+    import hashlib
+
+    import numpy as np
+
+    import citycube.manifest as manifest_module
+    from citycube.chips import ChipStoreWriter, blocks
+    from tests.test_chips import small_grid
+
+    release = Release(tmp_path / "data", "chips")
+    grid = small_grid(resolution=100.0, width=150, height=250)
+    values = np.random.default_rng(3).integers(1, 200, (1, *grid.shape)).astype(np.uint8)
+    valid = np.ones(grid.shape, bool)
+    by_blocks, by_rows = release.root / "chips/a.zarr", release.root / "chips/b.zarr"
+    with ChipStoreWriter(by_blocks, grid, ["b0"], np.uint8, 0, {}) as writer:
+        for r0, r1, c0, c1 in blocks(grid):
+            writer.write_block(r0, c0, values[:, r0:r1, c0:c1], valid[r0:r1, c0:c1])
+    with ChipStoreWriter(by_rows, grid, ["b0"], np.uint8, 0, {}) as writer:
+        for r0, r1, c0, c1 in blocks(grid):
+            writer.write_block(r0, c0, values[:, r0:r1, c0:c1], valid[r0:r1, c0:c1])
+        writer.write_rows(0, values[:, :37] // 2, valid[:37])  # cuts chunks: zarr rewrites
+    changed = by_blocks / "data/c/0/1/1"
+    changed.write_bytes(changed.read_bytes()[:-1] + b"\x00")  # after the writer hashed it
+
+    hashed: list[str] = []
+    real = manifest_module.file_sha256
+
+    def counting(path: Path) -> str:
+        hashed.append(path.relative_to(release.root).as_posix())
+        return real(path)
+
+    monkeypatch.setattr(manifest_module, "file_sha256", counting)
+    write_manifest(release, {})
+    files = read_manifest(release)["files"]
+    chunks = [name for name in files if "/c/" in name]
+    assert [n for n in chunks if n.startswith("chips/a.zarr/") and n in hashed] == [
+        "chips/a.zarr/data/c/0/1/1"
+    ]
+    assert all(n in hashed for n in chunks if n.startswith("chips/b.zarr/data/"))
+    assert not any(name.endswith(".json") and "/." in name for name in files)
+    for name, entry in files.items():
+        assert entry["sha256"] == hashlib.sha256((release.root / name).read_bytes()).hexdigest()

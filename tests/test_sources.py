@@ -209,6 +209,48 @@ def test_an_item_changed_after_install_is_made_again(tmp_path: Path) -> None:
     assert installed_item(final, {"version": "1"}) is not None
 
 
+def test_other_processes_trust_a_verified_state_and_hash_a_changed_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file verified once is not read again by a later process while it stays in the state
+    it was verified in; rewritten, even at the same size with its mtime put back, it is."""
+    import os
+    import time
+
+    import citycube.staging as staging
+
+    final = tmp_path / "odiac" / "Boston" / "2020"
+    payload = bytes(range(256)) * 64
+
+    def writer(staging_dir: Path) -> StagedFiles:
+        (staging_dir / "odiac.tif").write_bytes(payload)
+        return StagedFiles({"data": "odiac.tif"})
+
+    install_item(final, {"version": "1"}, writer)
+    hashed: list[str] = []
+    real = staging._sha256
+
+    def counting(path: Path) -> str:
+        hashed.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(staging, "_sha256", counting)
+    monkeypatch.setattr(staging, "_verified", {})  # as in another worker process
+    assert installed_item(final, {"version": "1"}) is not None
+    assert hashed == []  # the state recorded at install vouches for the file
+
+    path = final / "odiac.tif"
+    before = path.stat()
+    time.sleep(0.02)  # past a coarse clock tick, so the rewrite gets a change time of its own
+    garbled = bytearray(payload)
+    garbled[100] ^= 0x10
+    path.write_bytes(bytes(garbled))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    monkeypatch.setattr(staging, "_verified", {})
+    assert installed_item(final, {"version": "1"}) is None
+    assert hashed == ["odiac.tif"]
+
+
 def test_a_damaged_installed_file_names_its_item_directory_as_the_fix(tmp_path: Path) -> None:
     final = tmp_path / "sources" / "odiac" / "Boston" / "2020"
 
