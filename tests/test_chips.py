@@ -941,21 +941,25 @@ def test_tile_means_are_the_float64_means_of_the_valid_pixels(dtype: type) -> No
 @pytest.mark.parametrize("categorical", [False, True])
 @pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.float32])
 def test_a_blocks_tiles_are_summarised_as_each_tile_alone(categorical: bool, dtype: type) -> None:
-    """All tiles of a block at once (a full lattice, or one with a tile missing) give each
-    tile's own summary exactly: counts, class counts, modes and means bit for bit."""
+    """All tiles of a block at once (a full lattice, one with a tile missing, or tiles of two
+    sizes as a 10 km block holds 2 km and 5 km tiles) give each tile's own summary exactly:
+    counts, class counts, modes and means bit for bit."""
     grid = small_grid()
     rng = np.random.default_rng(5)
     values = rng.integers(0, 40, (1 if categorical else 2, 80, 120)).astype(dtype)
     valid = rng.random((80, 120)) > 0.3
     valid[:40, 40:80] = False  # one tile without any valid pixel
     lattice = [grid_tile(grid, r, c) for r in range(2) for c in range(3)]
-    for tiles in (lattice, lattice[:4] + lattice[5:]):
+    x0, y1 = grid.x_min, grid.y_max
+    larger = Tile(grid.city, "5km", 0, 0, (x0, y1 - 4000, x0 + 4000, y1))  # 80 × 80 pixels
+    for tiles in (lattice, lattice[:4] + lattice[5:], [larger, *lattice]):
         together = tile_pixel_summaries(values, valid, 0, 0, grid, tiles, categorical=categorical)
         alone = [
             tile_pixel_summaries(values, valid, 0, 0, grid, [tile], categorical=categorical)[0]
             for tile in tiles
         ]
-        assert len(together) == len(tiles)
+        assert sorted(s.tile_id for s in together) == sorted(t.tile_id for t in tiles)
+        together.sort(key=lambda s: [t.tile_id for t in tiles].index(s.tile_id))
         for a, b in zip(together, alone, strict=True):
             assert (a.tile_id, a.valid_pixels, a.total_pixels) == (
                 b.tile_id,
