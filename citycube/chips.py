@@ -1165,9 +1165,8 @@ def tile_pixel_summaries(
 
     Called per block with the warped arrays, so tile availability is known without reading
     the store back. Tiles not wholly inside the block are skipped (they belong to another).
-    The tiles of one size in a block (its 2 km tiles, its 5 km tiles) usually form a lattice
-    of equal windows; their counts, sums and class counts are then taken for all of them at
-    once, else tile by tile.
+    The tiles of a block usually form a lattice of equal windows; their counts, sums and class
+    counts are then taken for all of them at once, else tile by tile.
     """
     n_bands, height, width = values.shape
     if categorical and n_bands != 1:
@@ -1182,20 +1181,10 @@ def tile_pixel_summaries(
             and col_off + w <= col_start + width
         ):
             inside.append((tile, (row_off - row_start, col_off - col_start, h, w)))
-    by_size: dict[tuple[int, int], list[tuple[Tile, tuple[int, int, int, int]]]] = {}
-    for tile, window in inside:
-        by_size.setdefault((window[2], window[3]), []).append((tile, window))
-    summaries: list[TilePixelSummary] = []
-    for same_size in by_size.values():
-        lattice = _lattice(same_size)
-        if lattice is not None:
-            summaries += _lattice_summaries(values, valid, same_size, lattice, categorical)
-        else:
-            summaries += [
-                _tile_summary(values, valid, tile, window, categorical)
-                for tile, window in same_size
-            ]
-    return summaries
+    lattice = _lattice(inside)
+    if lattice is not None:
+        return _lattice_summaries(values, valid, inside, lattice, categorical)
+    return [_tile_summary(values, valid, tile, window, categorical) for tile, window in inside]
 
 
 @dataclass(frozen=True)
