@@ -101,22 +101,13 @@ def test_a_rebuilt_manifest_hashes_only_the_files_written_since(
 ) -> None:
     import os
 
-    import citycube.manifest as manifest_module
-
     rewritten = release.root / "observations/city=Boston/year=2020/OPT.parquet"
     rewritten.write_bytes(b"PAR1 rebuilt observations PAR1")
     restored = release.root / "quicklooks/OPT/Boston/2020.png"
     before = restored.stat()
     restored.write_bytes(b"\x89PNG quick-lool")  # same size, one byte off
     os.utime(restored, ns=(before.st_atime_ns, before.st_mtime_ns))  # mtime put back
-    hashed: list[str] = []
-    real = manifest_module.file_sha256
-
-    def counting(path: Path) -> str:
-        hashed.append(path.relative_to(release.root).as_posix())
-        return real(path)
-
-    monkeypatch.setattr(manifest_module, "file_sha256", counting)
+    hashed = _count_hashes(monkeypatch, release)
     write_manifest(release, {})
     assert sorted(hashed) == sorted(
         ["observations/city=Boston/year=2020/OPT.parquet", "quicklooks/OPT/Boston/2020.png"]
@@ -134,7 +125,6 @@ def test_chunks_hashed_by_their_writer_are_not_read_back(
 
     import numpy as np
 
-    import citycube.manifest as manifest_module
     from citycube.chips import ChipStoreWriter, blocks
     from tests.test_chips import small_grid
 
@@ -153,14 +143,7 @@ def test_chunks_hashed_by_their_writer_are_not_read_back(
     changed = by_blocks / "data/c/0/1/1"
     changed.write_bytes(changed.read_bytes()[:-1] + b"\x00")  # after the writer hashed it
 
-    hashed: list[str] = []
-    real = manifest_module.file_sha256
-
-    def counting(path: Path) -> str:
-        hashed.append(path.relative_to(release.root).as_posix())
-        return real(path)
-
-    monkeypatch.setattr(manifest_module, "file_sha256", counting)
+    hashed = _count_hashes(monkeypatch, release)
     write_manifest(release, {})
     files = read_manifest(release)["files"]
     chunks = [name for name in files if "/c/" in name]
@@ -171,3 +154,18 @@ def test_chunks_hashed_by_their_writer_are_not_read_back(
     assert not any(name.endswith(".json") and "/." in name for name in files)
     for name, entry in files.items():
         assert entry["sha256"] == hashlib.sha256((release.root / name).read_bytes()).hexdigest()
+
+
+def _count_hashes(monkeypatch: pytest.MonkeyPatch, release: Release) -> list[str]:
+    """The release-relative names of the files the manifest hashes from now on, as it does."""
+    import citycube.manifest as manifest_module
+
+    hashed: list[str] = []
+    real = manifest_module.file_sha256
+
+    def counting(path: Path) -> str:
+        hashed.append(path.relative_to(release.root).as_posix())
+        return real(path)
+
+    monkeypatch.setattr(manifest_module, "file_sha256", counting)
+    return hashed
