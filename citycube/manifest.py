@@ -23,6 +23,7 @@ from typing import Any
 from citycube.catalogue import Catalogue
 from citycube.cube import Release, write_json_atomic
 from citycube.errors import ReleaseNotFoundError
+from citycube.staging import file_state
 from citycube.versions import ENGINE_VERSION, modality_code_version
 
 MANIFEST_FILE = "manifest.json"
@@ -79,7 +80,7 @@ def write_digests(folder: Path, digests: Mapping[str, tuple[str, int]]) -> None:
     it), with each file's state now; a file whose size is not the one hashed is left out."""
     entries = {}
     for name, (sha256, size) in sorted(digests.items()):
-        state = _file_state(folder / name)
+        state = file_state(folder / name)
         if state[0] == size:
             entries[name] = {"sha256": sha256, "bytes": size, "state": state}
     (folder / WRITTEN_DIGESTS).write_text(json.dumps(entries), encoding="utf-8")
@@ -114,14 +115,6 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _file_state(path: Path) -> list[int]:
-    """What changes whenever a file's bytes can have changed: size, modification and change
-    times, inode. The change time cannot be set back from user space, so a rewritten file
-    never matches its earlier state, even with its modification time restored."""
-    stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
-
-
 def _entry(path: Path, *known: Mapping[str, Any] | None) -> dict[str, Any]:
     """A file's manifest entry; a hash already known for it (from the earlier manifest, or
     from its writer) is kept when the file is untouched since, else the file is hashed.
@@ -130,7 +123,7 @@ def _entry(path: Path, *known: Mapping[str, Any] | None) -> dict[str, Any]:
     them all again took minutes on the whole calendar; a fresh build's chunks were hashed by
     their writer from the bytes it wrote, which spares reading 5 GB back.
     """
-    state = _file_state(path)
+    state = file_state(path)
     for entry in known:
         if entry is not None and entry.get("state") == state and "sha256" in entry:
             return {"sha256": entry["sha256"], "bytes": state[0], "state": state}

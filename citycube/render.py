@@ -453,10 +453,9 @@ class QuickLook:
         else:  # every stride-th pixel of the grid, counted from its corner
             row_skip, col_skip = -row_start % step, -col_start % step
             block = values[:, row_skip::step, col_skip::step]
-            rows = slice((row_start + row_skip) // step, None)
-            cols = slice((col_start + col_skip) // step, None)
-            rows = slice(rows.start, rows.start + block.shape[1])
-            cols = slice(cols.start, cols.start + block.shape[2])
+            top, left = (row_start + row_skip) // step, (col_start + col_skip) // step
+            rows = slice(top, top + block.shape[1])
+            cols = slice(left, left + block.shape[2])
             self._values[:, rows, cols] = block
             self._valid[rows, cols] = valid[row_skip::step, col_skip::step]
         self._pixels += height * width

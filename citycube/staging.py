@@ -132,7 +132,10 @@ other processes; a file written since has another change time (which cannot be s
 user space) and is hashed again."""
 
 
-def _file_state(path: Path) -> list[int]:
+def file_state(path: Path) -> list[int]:
+    """What changes whenever a file's bytes can have changed: size, modification and change
+    times, inode. The change time cannot be set back from user space, so a rewritten file
+    never matches its earlier state, even with its modification time restored."""
     stat = path.stat()
     return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
 
@@ -172,7 +175,7 @@ def _remember_verified(directory: Path, sums: Mapping[str, Mapping[str, Any]]) -
     for name, expected in sums.items():
         path = directory / name
         try:
-            state = _file_state(path)
+            state = file_state(path)
         except OSError:
             continue
         if state[0] == expected["bytes"]:
@@ -190,12 +193,12 @@ def _damaged_files(item: InstalledItem) -> list[str]:
     if not isinstance(sums, dict):
         return []
     damaged = []
-    states = _read_verified(item.directory)
+    states: dict[str, Any] | None = None  # the item's verified states, read when first needed
     hashed = False
     for name, expected in sums.items():
         path = item.directory / name
         try:
-            state = _file_state(path)
+            state = file_state(path)
         except OSError:
             damaged.append(name)
             continue
@@ -203,18 +206,21 @@ def _damaged_files(item: InstalledItem) -> list[str]:
             damaged.append(name)
             continue
         key = (str(path), state[0], state[1])
-        known = states.get(name)
-        if isinstance(known, dict) and known.get("state") == state:
-            digest = known.get("sha256")
-        else:
-            digest = _verified.get(key) or _sha256(path)
-            hashed = True
+        digest = _verified.get(key)
+        if digest is None:
+            states = _read_verified(item.directory) if states is None else states
+            known = states.get(name)
+            if isinstance(known, dict) and known.get("state") == state:
+                digest = known.get("sha256")
+            else:
+                digest = _sha256(path)
+                hashed = True
+                states[name] = {"state": state, "sha256": digest}
         if digest != expected.get("sha256"):
             damaged.append(name)
             continue
         _verified[key] = digest
-        states[name] = {"state": state, "sha256": digest}
-    if hashed and not damaged:
+    if hashed and not damaged and states is not None:
         _write_verified(item.directory, states)
     return damaged
 
