@@ -50,7 +50,12 @@ QA_CLEAR_L7 = 5440
 LANDSAT_ACCOUNT = "landsateuwest"
 DEM_ACCOUNT = "elevationeuwest"
 BLOB = "blob.core.windows.net"
-SAS_TOKEN = "st=2026-12-01T00%3A00%3A00Z&se=2026-12-02T00%3A00%3A00Z&sp=rl&sv=2024-05-04&sr=c&sig=LoopbackSecret0123456789abcdefXYZ%3D"  # noqa: E501
+TOKEN_SECRET = "LoopbackSecret0123456789abcdefXYZ"
+"""The signature part of the loopback SAS token: no log, file or message may show it."""
+SAS_TOKEN = (
+    "st=2026-12-01T00%3A00%3A00Z&se=2026-12-02T00%3A00%3A00Z&sp=rl&sv=2024-05-04&sr=c"
+    f"&sig={TOKEN_SECRET}%3D"
+)
 """The token the local SAS endpoint hands out; it must never reach a written file."""
 CITY = "Boston"
 SOUTH_CITY = "CapeTown"

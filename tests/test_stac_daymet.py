@@ -9,6 +9,7 @@ adapter's window code.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ from tests.stac_fixtures import (
     DAYMET_Y0,
     DAYMET_YEARS,
     SAS_TOKEN,
+    TOKEN_SECRET,
     StacWorld,
 )
 
@@ -245,6 +247,24 @@ def test_server_errors_are_retried_then_the_read_succeeds(
     finally:
         stac_world.set_faults([])
     assert set(item.files) == set(ROLES)
+
+
+def test_a_retried_chunk_logs_its_failures_without_the_token(
+    stac_world: StacWorld,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    stac_world.set_faults([{"match": "/na.zarr/prcp/", "status": 503, "times": 2}])
+    try:
+        daymet_adapter(stac_world).fetch(CITY, 2017, tmp_path)
+    finally:
+        stac_world.set_faults([])
+    out, err = capfd.readouterr()
+    shown = "\n".join([caplog.text, out, err])
+    assert "503" in shown  # the retries were reported
+    assert TOKEN_SECRET not in shown and "sig=" not in shown
 
 
 # ---- processing: unpublished roles and the fallback ------------------------------------------

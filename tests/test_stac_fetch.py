@@ -7,6 +7,7 @@ rasterio and numpy, and compared with what the adapters wrote.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from tests.stac_fixtures import (
     SR_SCALE,
     ST_OFFSET,
     ST_SCALE,
+    TOKEN_SECRET,
     StacWorld,
     byte_accounting,
 )
@@ -340,6 +342,23 @@ def test_server_errors_are_retried_then_the_read_succeeds(stac_world: StacWorld,
     assert sum(" 500 " in line for line in lines) == 2
     assert any(" 206 " in line for line in lines)
     assert Path(item.href("data")).exists()
+
+
+def test_a_retried_read_logs_its_failures_without_the_token(
+    stac_world: StacWorld, tmp_path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture
+) -> None:
+    """GDAL's error messages and the retry warnings name the failing URL; never its SAS query."""
+    caplog.set_level(logging.DEBUG)
+    name = _thermal_file(stac_world, "faulty")
+    stac_world.set_faults([{"match": name, "status": 500, "times": 2}])
+    try:
+        adapters(stac_world)["landsat_st"].fetch(CITY, 2019, tmp_path)
+    finally:
+        stac_world.set_faults([])
+    out, err = capfd.readouterr()
+    shown = "\n".join([caplog.text, out, err])
+    assert name in shown and "500" in shown  # the failures were reported
+    assert TOKEN_SECRET not in shown and "sig=" not in shown
 
 
 def test_persistent_server_errors_end_in_a_clear_transient_error(stac_world, tmp_path) -> None:

@@ -26,6 +26,7 @@ from rasterio.windows import Window
 
 from sources.stac.grids import TargetGrid, y_shift_into
 from sources.stac.options import StacFamilyOptions
+from sources.stac.redaction import redact_library_logs
 from sources.stac.retrying import TransientError, is_transient_gdal_message
 
 
@@ -65,8 +66,13 @@ class AssetRead:
 
 
 def vsicurl(href: str) -> str:
-    """The GDAL path of an href (local paths are opened as they are)."""
+    """The GDAL path of an href (local paths are opened as they are).
+
+    A remote path may carry a SAS token that GDAL's and rasterio's messages would quote, so
+    rasterio's loggers are given the query-redacting filter first.
+    """
     if href.startswith(("http://", "https://")):
+        redact_library_logs()
         return f"/vsicurl/{href}"
     return href
 

@@ -16,6 +16,7 @@ import requests
 import stamina
 
 from sources.stac.options import StacFamilyOptions
+from sources.stac.redaction import without_url_queries
 
 T = TypeVar("T")
 
@@ -30,7 +31,14 @@ _GDAL_TRANSIENT = re.compile(
 
 
 class TransientError(Exception):
-    """A failure worth retrying (the adapters raise it around a request)."""
+    """A failure worth retrying (the adapters raise it around a request).
+
+    Its message loses any URL query string: the retry warnings quote it, and a signed href's
+    query is its SAS token.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(without_url_queries(message))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ manager's layout); an href neither covers fails with ``OfflineRecordError``.
 
 from __future__ import annotations
 
-import re
 import threading
 from pathlib import Path
 from urllib.parse import urlparse, urlsplit
@@ -27,6 +26,7 @@ from planetary_computer.utils import parse_blob_url
 
 from citycube.errors import OfflineRecordError, SourceFetchError
 from citycube.stac_spec import Signing
+from sources.stac.redaction import without_url_queries
 from sources.stac.retrying import (
     RetryPolicy,
     TransientError,
@@ -35,8 +35,6 @@ from sources.stac.retrying import (
 
 TOKEN_MIN_TTL_S = 300.0
 """A cached token with less life left than this is fetched again."""
-_QUERY = re.compile(r"\?[^\s'\"]*")
-"""A URL's query string, where SAS tokens travel."""
 
 
 class HrefSigner:
@@ -104,7 +102,7 @@ class HrefSigner:
             tokens = [t.token for t in self._tokens.values()]
         for token in tokens:
             text = text.replace(token, "<sas-token>")
-        return _QUERY.sub("?<redacted>", text)
+        return without_url_queries(text)
 
     def _token(self, account: str, container: str) -> SASToken:
         key = (account, container)
