@@ -109,6 +109,32 @@ def test_invalid_declarations_are_rejected_clearly(code: str, change: dict, mess
         parse_catalogue(yaml.safe_dump(doc, allow_unicode=True))
 
 
+def _with_field_aggregation(code: str, aggregation: object) -> str:
+    doc = _doc()
+    fields = _modality(doc, code)["fields"]
+    fields[0] = {**fields[0], "aggregation": aggregation}
+    return yaml.safe_dump(doc, allow_unicode=True)
+
+
+@pytest.mark.parametrize(
+    ("code", "aggregation", "message"),
+    [
+        ("PROP", {"rule": "median_of_cell_medians", "cell_m": 400}, "does not divide"),
+        ("PROP", {"rule": "median_of_cell_medians", "cell_m": 300}, "does not divide"),
+        ("PROP", {"rule": "median_of_cell_medians", "cell_m": 0}, "greater than 0"),
+        ("PROP", {"rule": "trimmed_mean", "cell_m": 500}, "unknown field aggregation rule"),
+        ("PROP", {"rule": "median_of_cell_medians"}, "cell_m"),
+        ("DEM", {"rule": "median_of_cell_medians", "cell_m": 500}, "only numeric modalities"),
+        ("GPS", {"rule": "median_of_cell_medians", "cell_m": 500}, "carry no values"),
+    ],
+)
+def test_bad_field_aggregations_are_refused_clearly(
+    code: str, aggregation: dict, message: str
+) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_catalogue(_with_field_aggregation(code, aggregation))
+
+
 def test_duplicate_codes_rejected() -> None:
     doc = _doc()
     doc["modalities"].append(dict(_modality(doc, "CO2")))
