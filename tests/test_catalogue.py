@@ -7,6 +7,7 @@ import yaml
 
 from citycube.catalogue import (
     Aggregation,
+    FieldRule,
     Kind,
     Temporal,
     catalogue_text,
@@ -114,6 +115,20 @@ def _with_field_aggregation(code: str, aggregation: object) -> str:
     fields = _modality(doc, code)["fields"]
     fields[0] = {**fields[0], "aggregation": aggregation}
     return yaml.safe_dump(doc, allow_unicode=True)
+
+
+def test_property_median_field_declares_its_own_rule() -> None:
+    prop = load_catalogue().get("PROP")
+    fields = {f.name: f for f in prop.fields}
+    assert list(fields) == ["property_mean_2017ppp", "property_mean_local", "property_median_local"]
+    median = fields["property_median_local"]
+    assert median.aggregation is not None and median.aggregation.cell_m == 500
+    assert median.aggregation.rule == FieldRule.MEDIAN_OF_CELL_MEDIANS
+    assert median.currency_unit and median.conversion is None
+    assert [median.aggregation.cells_per_tile(s) for s in (2000, 5000)] == [16, 100]
+    assert prop.aggregation_of(median) == "median_of_cell_medians (500 m cells)"
+    assert prop.aggregation_of(fields["property_mean_local"]) == "area_mean"
+    assert fields["property_mean_local"].aggregation is None
 
 
 @pytest.mark.parametrize(
