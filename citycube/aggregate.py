@@ -169,6 +169,20 @@ def aggregate_tiles(
         tile_cols_per_block: Tile columns processed together; defaults to ~10 km of columns.
     """
     _check_north_up(source.grid)
+    block_rows, block_cols = _block_shape(grid, tile_rows_per_block, tile_cols_per_block)
+    blocks = list(_tile_blocks(grid, block_rows, block_cols))
+    sums = _Sums.zeros(len(source.band_names), grid.n_tiles)
+    if is_epsg(source.grid.crs, grid.epsg):
+        _aggregate_separable(source, grid, blocks, sums)
+    else:
+        _aggregate_reprojected(source, grid, blocks, cache_dir, sums)
+    return sums.finish()
+
+
+def _block_shape(
+    grid: TileGrid, tile_rows_per_block: int | None, tile_cols_per_block: int | None
+) -> tuple[int, int]:
+    """Tile rows and columns per block: the defaults (~10 km) unless given, each at least 1."""
     block_rows = (
         default_tile_rows_per_block(grid) if tile_rows_per_block is None else tile_rows_per_block
     )
@@ -180,13 +194,7 @@ def aggregate_tiles(
             f"tile_rows_per_block and tile_cols_per_block must be ≥ 1, got {block_rows} and "
             f"{block_cols}"
         )
-    blocks = list(_tile_blocks(grid, block_rows, block_cols))
-    sums = _Sums.zeros(len(source.band_names), grid.n_tiles)
-    if is_epsg(source.grid.crs, grid.epsg):
-        _aggregate_separable(source, grid, blocks, sums)
-    else:
-        _aggregate_reprojected(source, grid, blocks, cache_dir, sums)
-    return sums.finish()
+    return block_rows, block_cols
 
 
 def cell_median_tiles(
@@ -212,8 +220,7 @@ def cell_median_tiles(
     """
     _check_north_up(source.grid)
     lattice = CellLattice(grid, cell_m)
-    block_rows = tile_rows_per_block or default_tile_rows_per_block(grid)
-    block_cols = tile_cols_per_block or default_tile_cols_per_block(grid)
+    block_rows, block_cols = _block_shape(grid, tile_rows_per_block, tile_cols_per_block)
     out = np.full((len(source.band_names), grid.n_tiles), np.nan)
     same_crs = is_epsg(source.grid.crs, grid.epsg)
     to_source = None if same_crs else transformer(grid.crs, source.grid.crs)

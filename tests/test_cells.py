@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from affine import Affine
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyproj import CRS
+from rasterio.windows import Window
 
+from citycube.aggregate import cell_median_tiles
 from citycube.cells import CellLattice, grouped_medians, median_of_cell_medians
 from citycube.grids import TileGrid
+from citycube.rasters import MaskedSource, RasterGrid
 
 GRID = TileGrid("Boston", "2km", 32619, 300_000.0, 4_700_000.0, 2000, 2, 3)
 """2 rows × 3 columns of 2 km tiles from (300 km, 4700 km)."""
@@ -65,3 +70,49 @@ def test_median_of_cell_medians_by_hand() -> None:
     assert tiles.tolist() == [0, 1]
     assert medians.tolist() == [6.0, 7.0]
     assert np.median(values[6:11]) == 9.0
+
+
+def _masked_source(values: np.ndarray, valid: np.ndarray, transform: Affine) -> MaskedSource:
+    def read(window: Window) -> tuple[np.ndarray, np.ndarray]:
+        rows = slice(window.row_off, window.row_off + window.height)
+        cols = slice(window.col_off, window.col_off + window.width)
+        return values[None, rows, cols], valid[rows, cols]
+
+    height, width = values.shape
+    grid = RasterGrid(CRS.from_epsg(32619), transform, width, height)
+    return MaskedSource(grid=grid, read=read, band_names=("v",))
+
+
+def test_raster_cells_by_pixel_centre_equal_a_brute_force_whatever_the_blocks() -> None:
+    """300 m pixels (not nesting in the 500 m cells) from 700 m west and north of the grid:
+    each tile's value equals a loop over its cells, and the blocks do not change it."""
+    rng = np.random.default_rng(7)
+    transform = Affine(300, 0, GRID.x_min - 700, 0, -300, GRID.y_max + 700)
+    values = rng.integers(0, 50, (20, 26)).astype(float)
+    valid = rng.random((20, 26)) > 0.3
+    source = _masked_source(values, valid, transform)
+    rows, cols = np.nonzero(valid)
+    x = transform.c + (cols + 0.5) * 300
+    y = transform.f - (rows + 0.5) * 300
+    v = values[rows, cols]
+    expected = np.full(GRID.n_tiles, np.nan)
+    for t, tile in enumerate(GRID.tiles()):
+        x0, _, _, y1 = tile.bounds
+        cell_medians = []
+        for i in range(4):
+            for j in range(4):
+                inside = (
+                    (x >= x0 + 500 * j)
+                    & (x < x0 + 500 * (j + 1))
+                    & (y <= y1 - 500 * i)
+                    & (y > y1 - 500 * (i + 1))
+                )
+                if inside.any():
+                    cell_medians.append(np.median(v[inside]))
+        if cell_medians:
+            expected[t] = np.median(cell_medians)
+    default = cell_median_tiles(source, GRID, 500)[0]
+    one_by_one = cell_median_tiles(source, GRID, 500, tile_rows_per_block=1, tile_cols_per_block=1)
+    assert np.isfinite(expected).all()
+    np.testing.assert_array_equal(default, expected)
+    np.testing.assert_array_equal(one_by_one[0], expected)
