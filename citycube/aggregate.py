@@ -19,6 +19,10 @@ Two paths give the same definitions at very different costs:
 Both paths stream blocks of about 10 km × 10 km of tiles (tile rows × tile columns; on the
 city's 10 km lattice with the default sizes) and read only the source window a block needs, so
 peak memory follows the block, not the city's height or width.
+
+A field with its own rule (``median_of_cell_medians``, ``citycube.cells``) is reduced by
+``cell_median_tiles`` over the same blocks: each valid cell goes, by its centre, to one cell of
+the tile lattice, and the tile takes the median of its cells' medians.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from pyproj import CRS, Geod, Transformer
 from rasterio.windows import Window
 from scipy import sparse
 
+from citycube.cells import CellLattice, median_of_cell_medians
 from citycube.errors import SourceReadError
 from citycube.grids import TileGrid
 from citycube.rasters import MaskedSource, RasterGrid, crs_text, is_epsg, transformer
@@ -51,6 +56,7 @@ __all__ = [
     "DENSIFY_STEP_M",
     "TileStats",
     "aggregate_tiles",
+    "cell_median_tiles",
     "default_tile_cols_per_block",
     "default_tile_rows_per_block",
 ]
@@ -163,6 +169,20 @@ def aggregate_tiles(
         tile_cols_per_block: Tile columns processed together; defaults to ~10 km of columns.
     """
     _check_north_up(source.grid)
+    block_rows, block_cols = _block_shape(grid, tile_rows_per_block, tile_cols_per_block)
+    blocks = list(_tile_blocks(grid, block_rows, block_cols))
+    sums = _Sums.zeros(len(source.band_names), grid.n_tiles)
+    if is_epsg(source.grid.crs, grid.epsg):
+        _aggregate_separable(source, grid, blocks, sums)
+    else:
+        _aggregate_reprojected(source, grid, blocks, cache_dir, sums)
+    return sums.finish()
+
+
+def _block_shape(
+    grid: TileGrid, tile_rows_per_block: int | None, tile_cols_per_block: int | None
+) -> tuple[int, int]:
+    """Tile rows and columns per block: the defaults (~10 km) unless given, each at least 1."""
     block_rows = (
         default_tile_rows_per_block(grid) if tile_rows_per_block is None else tile_rows_per_block
     )
@@ -174,13 +194,72 @@ def aggregate_tiles(
             f"tile_rows_per_block and tile_cols_per_block must be ≥ 1, got {block_rows} and "
             f"{block_cols}"
         )
-    blocks = list(_tile_blocks(grid, block_rows, block_cols))
-    sums = _Sums.zeros(len(source.band_names), grid.n_tiles)
-    if is_epsg(source.grid.crs, grid.epsg):
-        _aggregate_separable(source, grid, blocks, sums)
-    else:
-        _aggregate_reprojected(source, grid, blocks, cache_dir, sums)
-    return sums.finish()
+    return block_rows, block_cols
+
+
+def cell_median_tiles(
+    source: MaskedSource,
+    grid: TileGrid,
+    cell_m: int,
+    *,
+    tile_rows_per_block: int | None = None,
+    tile_cols_per_block: int | None = None,
+) -> np.ndarray:
+    """The median of cell medians of every band of ``source`` on the tiles of ``grid``.
+
+    Each valid source cell (pixel) is placed by its centre, taken into the city's CRS, in one
+    ``cell_m`` cell of the tile lattice; a cell's median is that of the valid values placed in
+    it, and a tile's value the median of its cells' medians (``citycube.cells``). Blocks of
+    tiles are read one at a time, as in ``aggregate_tiles``, each from the source window its
+    tiles cover (one cell wider, so no centre inside the block is missed), and a pixel counts
+    only in the block that holds its centre.
+
+    Returns:
+        (n_bands, n_tiles) values in the grid's tile order; NaN where no cell of the tile holds
+        a valid value. Availability (valid support) comes from ``aggregate_tiles``.
+    """
+    _check_north_up(source.grid)
+    lattice = CellLattice(grid, cell_m)
+    block_rows, block_cols = _block_shape(grid, tile_rows_per_block, tile_cols_per_block)
+    out = np.full((len(source.band_names), grid.n_tiles), np.nan)
+    same_crs = is_epsg(source.grid.crs, grid.epsg)
+    to_source = None if same_crs else transformer(grid.crs, source.grid.crs)
+    to_city = None if same_crs else transformer(source.grid.crs, grid.crs)
+    t = source.grid.transform
+    for block in _tile_blocks(grid, block_rows, block_cols):
+        if to_source is None:
+            rings = _tile_rings(grid, block.tiles(grid))
+        else:
+            rings = _projected_rings(source.grid, grid, block, to_source)
+        window = _cell_window(source.grid, rings, margin=1)
+        if window is None:
+            continue
+        row_off, row_end, col_off, col_end = window
+        values, valid = _read_masked(
+            source, Window(col_off, row_off, col_end - col_off, row_end - row_off)
+        )
+        rows, cols = np.nonzero(valid)
+        if rows.size == 0:
+            continue
+        x = t.c + (col_off + cols + 0.5) * t.a
+        y = t.f + (row_off + rows + 0.5) * t.e
+        if to_city is not None:
+            x, y = (np.asarray(v) for v in to_city.transform(x, y))
+        cells = lattice.cell_index(x, y)
+        tile_row, tile_col = np.divmod(lattice.tile_of(np.maximum(cells, 0)), grid.n_cols)
+        in_block = (
+            (cells >= 0)
+            & (tile_row >= block.row0)
+            & (tile_row < block.row1)
+            & (tile_col >= block.col0)
+            & (tile_col < block.col1)
+        )
+        for band, band_values in enumerate(values):
+            tiles, medians = median_of_cell_medians(
+                lattice, cells[in_block], band_values[rows, cols][in_block]
+            )
+            out[band, tiles] = medians
+    return out
 
 
 @dataclass(frozen=True)
@@ -526,14 +605,19 @@ def _projected_rings(
     return rings
 
 
-def _cell_window(raster: RasterGrid, rings: np.ndarray) -> tuple[int, int, int, int] | None:
-    """(row_off, row_end, col_off, col_end) of the source cells under ``rings``, or None."""
+def _cell_window(
+    raster: RasterGrid, rings: np.ndarray, margin: int = 0
+) -> tuple[int, int, int, int] | None:
+    """(row_off, row_end, col_off, col_end) of the source cells under ``rings``, or None.
+
+    ``margin`` widens the window by that many cells on each side (still clipped to the raster).
+    """
     t = raster.transform
     cell_w, cell_h = t.a, -t.e
-    col_off = max(math.floor((rings[..., 0].min() - t.c) / cell_w), 0)
-    col_end = min(math.ceil((rings[..., 0].max() - t.c) / cell_w), raster.width)
-    row_off = max(math.floor((t.f - rings[..., 1].max()) / cell_h), 0)
-    row_end = min(math.ceil((t.f - rings[..., 1].min()) / cell_h), raster.height)
+    col_off = max(math.floor((rings[..., 0].min() - t.c) / cell_w) - margin, 0)
+    col_end = min(math.ceil((rings[..., 0].max() - t.c) / cell_w) + margin, raster.width)
+    row_off = max(math.floor((t.f - rings[..., 1].max()) / cell_h) - margin, 0)
+    row_end = min(math.ceil((t.f - rings[..., 1].min()) / cell_h) + margin, raster.height)
     if col_end <= col_off or row_end <= row_off:
         return None
     return row_off, row_end, col_off, col_end

@@ -375,7 +375,7 @@ def stac_collection(facts: CardFacts) -> dict[str, Any]:
             "type": "data",
             "unit": f.unit,
             "description": f"{m.name} ({m.display_code}): {f.name}; {m.temporal.value} source, "
-            f"{m.aggregation.value} per tile, available when valid support ≥ "
+            f"{m.aggregation_of(f)} per tile, available when valid support ≥ "
             f"{m.validity.min_valid_fraction:g}.",
         }
         for m in facts.modalities

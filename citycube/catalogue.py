@@ -15,8 +15,16 @@ from importlib import resources
 from typing import Literal, Self, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from citycube.cities import TILE_SIZE_M
 from citycube.errors import SpecError, UnknownModalityError
 
 
@@ -46,6 +54,12 @@ class Aggregation(StrEnum):
     AREA_MEAN = "area_mean"
     SUM_PER_NOMINAL_AREA = "sum_per_nominal_area"
     LOG1P_POINT_DENSITY = "log1p_point_density"
+
+
+class FieldRule(StrEnum):
+    """Tile rules a single field may declare instead of its modality's."""
+
+    MEDIAN_OF_CELL_MEDIANS = "median_of_cell_medians"
 
 
 class Resampling(StrEnum):
@@ -101,6 +115,49 @@ class Conversion(StrEnum):
     PPP_2017 = "ppp_2017"
 
 
+class FieldAggregation(BaseModel):
+    """A field's own tile rule, overriding its modality's aggregation for that field alone.
+
+    ``median_of_cell_medians`` cuts each tile into square cells of ``cell_m`` on the tile
+    lattice, takes the median of the valid source values in each cell and then the median of
+    those cell medians over the cells that hold any (seed 000 App. D's property target).
+    """
+
+    model_config = _STRICT
+    rule: FieldRule = Field(description="The field's tile rule.")
+    cell_m: int = Field(
+        gt=0, description="Cell edge in metres on the tile lattice; divides every tile size."
+    )
+
+    @field_validator("rule", mode="before")
+    @classmethod
+    def _known_rule(cls, value: object) -> object:
+        known = [r.value for r in FieldRule]
+        if value not in known:
+            raise ValueError(
+                f"unknown field aggregation rule {value!r}; a field may declare one of {known}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _nests(self) -> Self:
+        sizes = sorted(TILE_SIZE_M.values())
+        if any(size % self.cell_m for size in sizes):
+            raise ValueError(
+                f"cell_m {self.cell_m} m does not divide the tile sizes {sizes} m, so tiles "
+                "would not hold a whole number of cells; choose a common divisor (e.g. 500)"
+            )
+        return self
+
+    def cells_per_tile(self, tile_size_m: int) -> int:
+        """Cells in one tile of ``tile_size_m`` (16 for 500 m cells in a 2 km tile)."""
+        return (tile_size_m // self.cell_m) ** 2
+
+    def describe(self) -> str:
+        """The rule as the card and the field table show it."""
+        return f"{self.rule.value} ({self.cell_m} m cells)"
+
+
 class FieldSpec(BaseModel):
     """One released field: which band of which file of which product, in which unit."""
 
@@ -121,6 +178,11 @@ class FieldSpec(BaseModel):
         False,
         description="Money kept in the source's own currency: each row's unit names the item's "
         "ISO 4217 code and price year (e.g. 'GBP (nominal, 2020)') when the item declares one.",
+    )
+    aggregation: FieldAggregation | None = Field(
+        None,
+        description="The field's own tile rule (numeric modalities); None: the modality's. "
+        "Availability still follows the modality's validity rules.",
     )
 
     def role_for(self, product: str) -> str:
@@ -291,6 +353,19 @@ class ModalitySpec(BaseModel):
                     f"{self.code}: the fallbacks of {product!r} must be distinct other products, "
                     f"got {list(fallbacks)}"
                 )
+        for f in self.fields:
+            if f.aggregation is None:
+                continue
+            if self.kind != Kind.NUMERIC:
+                raise ValueError(
+                    f"{self.code}: field {f.name} declares its own aggregation, which only "
+                    "numeric modalities may (image fields are summarised from their chips)"
+                )
+            if self.aggregation == Aggregation.LOG1P_POINT_DENSITY:
+                raise ValueError(
+                    f"{self.code}: field {f.name} declares {f.aggregation.rule.value}, but "
+                    "log1p_point_density sources carry no values to take medians of"
+                )
         categorical = self.kind == Kind.CATEGORICAL_IMAGE
         if self.kind == Kind.NUMERIC:
             if self.chip is not None:
@@ -327,6 +402,12 @@ class ModalitySpec(BaseModel):
     def is_image(self) -> bool:
         """True for image and categorical-image modalities."""
         return self.kind != Kind.NUMERIC
+
+    def aggregation_of(self, field: FieldSpec) -> str:
+        """The tile rule of one field: its own when it declares one, else the modality's."""
+        if field.aggregation is not None:
+            return field.aggregation.describe()
+        return self.aggregation.value
 
     def product_for(self, field: FieldSpec, city: str | None = None) -> str:
         """The product a field is read from (for a city, honouring per-city products)."""

@@ -306,7 +306,7 @@ def catalogue_table(catalogue: Catalogue) -> pa.Table:
                     "field": f.name,
                     "unit": f.unit,
                     "product": f.product or m.product,
-                    "aggregation": m.aggregation.value,
+                    "aggregation": m.aggregation_of(f),
                     "min_valid_fraction": m.validity.min_valid_fraction,
                     "chip_resolution_m": m.chip.resolution_m if m.chip else None,
                     "chip_resampling": m.chip.resampling.value if m.chip else None,

@@ -10,10 +10,10 @@ relative periods −10…−1 (period 0 is the forecast origin, 2020–2024):
   1 km cells; ODIAC's 30″ cells do not nest in the UTM tiles, so the release's exact
   coverage-weighted total stands in for them, and "complete" is enforced by requiring full valid
   support (``valid_fraction`` = 1) in every panel year.
-* ``property``: the paper's target is the median of the valid 500 m cell medians, in local
-  currency. The release keeps no sub-tile property values (PROP is numeric: one area-weighted
-  mean per tile), so the closest honest target is the tile's area-weighted mean in local
-  currency (``property_mean_local``), nominal. It must be positive (MAPE divides by it).
+* ``property``: App. D's tile value, the median of the valid 500 m cell medians in local
+  currency, nominal: PROP's ``property_median_local``, whose catalogue entry declares that rule
+  (``median_of_cell_medians`` on 500 m cells, ``citycube.cells``) and is available under the
+  same support rule as PROP's means. It must be positive (MAPE divides by it).
 
 A tile is eligible for a target when every year 2010–2024 has an available, finite value (for
 carbon with complete support) in one unit: the same currency for property, whose unit names
@@ -140,9 +140,10 @@ TARGETS: tuple[ForecastTarget, ...] = (
     ForecastTarget(
         name="property",
         modality="PROP",
-        field="property_mean_local",
+        field="property_median_local",
         unit="local currency",
-        aggregation="annual area-weighted mean property value of the tile, local currency, nominal",
+        aggregation="annual median of the valid 500 m cell-level property-value medians of the "
+        "tile, local currency, nominal",
         default_cases=160,
         per_tile_area=False,
         complete_support=False,

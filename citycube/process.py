@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import shapely
 from pyproj import Transformer
 
-from citycube.aggregate import aggregate_tiles
+from citycube.aggregate import aggregate_tiles, cell_median_tiles
 from citycube.catalogue import (
     Aggregation,
     Catalogue,
@@ -42,6 +42,7 @@ from citycube.catalogue import (
     ModalitySpec,
     Temporal,
 )
+from citycube.cells import CellLattice, median_of_cell_medians
 from citycube.chips import (
     TilePixelSummary,
     block_memory,
@@ -70,7 +71,7 @@ from citycube.memory import bound_process_memory
 from citycube.money import check_currency, ppp_2017_factor
 from citycube.products import load_products
 from citycube.readers import open_masked_source
-from citycube.records import is_records_item, place_records, tile_values
+from citycube.records import is_records_item, place_records, tile_cell_medians, tile_values
 from citycube.sources import SourceInfo, SourceItem, SourceSet
 from citycube.staging import repair_hint
 from citycube.temporal import BASIS, period_label, period_of, resolve
@@ -403,6 +404,11 @@ def _reason(covered: float, fraction: float, threshold: float, value: float, non
     return None
 
 
+def _cell_sizes(fields: Sequence[FieldSpec]) -> list[int]:
+    """The distinct cell sizes of the fields that take the median of cell medians."""
+    return sorted({f.aggregation.cell_m for f in fields if f.aggregation is not None})
+
+
 def _numeric_results(
     modality: ModalitySpec,
     city: str,
@@ -413,7 +419,9 @@ def _numeric_results(
     """Exact area-weighted aggregation of each file (role) onto both tile grids.
 
     Fields in different files are aggregated with their own validity masks, so one field's gaps
-    never remove another's values (e.g. weather variables, or AQ's two products).
+    never remove another's values (e.g. weather variables, or AQ's two products). A field with
+    its own rule (the median of cell medians) takes its value from that rule and its valid
+    support, and so its availability and reason, from the same area-weighted pass.
     """
     rows: list[dict] = []
     threshold = modality.validity.min_valid_fraction
@@ -432,12 +440,19 @@ def _numeric_results(
                 grid = city_grid(city, scale)
                 stats = aggregate_tiles(source, grid, cache_dir=release.cache_dir / "coverage")
                 valid_support += float(np.nansum(stats.valid_fraction))
+                medians = {
+                    cell_m: cell_median_tiles(source, grid, cell_m)
+                    for cell_m in _cell_sizes(role_fields)
+                }
                 nominal_km2 = grid.tile_size**2 / 1e6
                 for t_index, tile_id in enumerate(grid.tile_ids()):
                     fraction = float(stats.valid_fraction[t_index])
                     covered = float(stats.covered_fraction[t_index])
                     for b, f in enumerate(role_fields):
-                        if modality.aggregation == Aggregation.SUM_PER_NOMINAL_AREA:
+                        if f.aggregation is not None:
+                            median = medians[f.aggregation.cell_m][b, t_index]
+                            value = float(median) * f.scale + f.offset
+                        elif modality.aggregation == Aggregation.SUM_PER_NOMINAL_AREA:
                             value = float(stats.total[b, t_index]) * f.scale / nominal_km2
                         elif modality.aggregation == Aggregation.AREA_MEAN:
                             value = float(stats.mean[b, t_index]) * f.scale + f.offset
@@ -489,7 +504,8 @@ def _record_sum_results(
     """Sum of record values inside the reported coverage ÷ nominal tile area; never scaled up.
 
     The valid support of a tile is the share of its area inside the coverage polygon (e.g. a
-    city limit): outside it the tile is unavailable, not zero.
+    city limit): outside it the tile is unavailable, not zero. A field with the median of cell
+    medians takes it over the same records (each at its point), with the same support.
     """
     epsg = get_city(city).epsg
     if "coverage" not in item.files:
@@ -509,10 +525,19 @@ def _record_sum_results(
             index = tile_index(grid, np.asarray(x)[inside], np.asarray(y)[inside])
             keep = index >= 0
             sums = np.bincount(index[keep], weights=values[inside][keep], minlength=grid.n_tiles)
+            if f.aggregation is not None:
+                lattice = CellLattice(grid, f.aggregation.cell_m)
+                cells = lattice.cell_index(np.asarray(x)[inside], np.asarray(y)[inside])
+                tiles, medians = median_of_cell_medians(lattice, cells, values[inside])
+                cell_values = np.full(grid.n_tiles, np.nan)
+                cell_values[tiles] = medians
             nominal_km2 = grid.tile_size**2 / 1e6
             for t_index, tile_id in enumerate(grid.tile_ids()):
                 fraction = float(fractions[t_index])
-                value = float(sums[t_index]) * f.scale / nominal_km2
+                if f.aggregation is not None:
+                    value = float(cell_values[t_index]) * f.scale + f.offset
+                else:
+                    value = float(sums[t_index]) * f.scale / nominal_km2
                 reason = _reason(
                     fraction, fraction, threshold, value, modality.validity.non_negative
                 )
@@ -526,8 +551,10 @@ def _city_record_results(
     """Normalised city records onto both grids by the rule of their spatial form.
 
     Sums (``sum_per_nominal_area``) are divided by the nominal tile area; means
-    (``area_mean``) are weighted by record or by intersected area. The ingest counts
-    (unusable rows, unmatched postcodes or units) travel in the frame's ``attrs``.
+    (``area_mean``) are weighted by record or by intersected area; a field with the median of
+    cell medians takes it (``citycube.records.tile_cell_medians``) with the form's support.
+    The ingest counts (unusable rows, unmatched postcodes or units) travel in the frame's
+    ``attrs``.
     """
     if modality.aggregation not in (Aggregation.SUM_PER_NOMINAL_AREA, Aggregation.AREA_MEAN):
         raise NotImplementedError(f"{modality.code}: {modality.aggregation} is not a record rule")
@@ -538,10 +565,17 @@ def _city_record_results(
     for scale in SCALES:
         grid = city_grid(city, scale)
         tiles = tile_values(placed, grid, total=total)
+        medians = {
+            cell_m: tile_cell_medians(placed, grid, cell_m) for cell_m in _cell_sizes(fields)
+        }
         for t_index, tile_id in enumerate(grid.tile_ids()):
             support = float(tiles.support[t_index])
             for f in fields:
-                value = float(tiles.value[t_index]) * f.scale + (0.0 if total else f.offset)
+                if f.aggregation is not None:
+                    median = medians[f.aggregation.cell_m][t_index]
+                    value = float(median) * f.scale + f.offset
+                else:
+                    value = float(tiles.value[t_index]) * f.scale + (0.0 if total else f.offset)
                 reason = _reason(
                     float(tiles.covered[t_index]),
                     support,

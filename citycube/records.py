@@ -11,6 +11,8 @@ plus the tables its form needs, so the rules live here once:
 
 Sums (electricity) are divided by the nominal tile area and never scaled up for missing area;
 means (property) are weighted by record, by intersected area or by apportioned unit area.
+A field with the median-of-cell-medians rule (``citycube.cells``) places each record in one
+cell of the tile lattice instead; see ``tile_cell_medians`` for where each form goes.
 A tile's valid support is the share of its area inside what the records report on: the
 declared coverage polygon (a city limit), else the union of the parcels or of the units with
 a value. Outside it a tile is unavailable with a reason, never zero.
@@ -30,6 +32,7 @@ import pyarrow.parquet as pq
 import shapely
 from pyproj import CRS
 
+from citycube.cells import CellLattice, median_of_cell_medians
 from citycube.errors import SourceReadError
 from citycube.grids import TileGrid
 from citycube.rasters import transformer
@@ -103,6 +106,8 @@ class PlacedRecords:
     """Admin units: the sum of each unit's records (aligned with ``polygons``)."""
     unit_means: np.ndarray = field(default_factory=lambda: np.empty(0))
     """Admin units: the mean of each unit's records."""
+    unit_medians: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Admin units: the median of each unit's records."""
     coverage: shapely.Geometry | None = None
     """What the records report on (city CRS); None only when nothing is covered."""
     ingest: RecordIngest | None = None
@@ -275,6 +280,7 @@ def _joined_to_units(
         polygons=units.geometry.loc[sums.index].to_numpy(),
         unit_sums=sums.to_numpy(float),
         unit_means=grouped.mean().to_numpy(float),
+        unit_medians=grouped.median().to_numpy(float),
         coverage=coverage if coverage is not None else shapely.union_all(units.geometry.values),
         ingest=ingest,
     )
@@ -362,6 +368,47 @@ def tile_values(placed: PlacedRecords, grid: TileGrid, *, total: bool) -> TileRe
         with np.errstate(invalid="ignore", divide="ignore"):
             value = np.where(weights > 0, weighted / weights, np.nan)
     return TileRecordValues(value, np.minimum(supported, 1.0), covered)
+
+
+def tile_cell_medians(placed: PlacedRecords, grid: TileGrid, cell_m: int) -> np.ndarray:
+    """The median of cell medians on one grid: (n_tiles,), NaN where no cell holds a value.
+
+    Where each form's values go (cells of ``cell_m`` on the tile lattice, ``citycube.cells``):
+
+    - **point** and **postcode**: a record goes to the cell its point falls in, and only when
+      the point lies inside the coverage, as for the mean;
+    - **parcel**: a parcel goes to the cell of its representative point
+      (``shapely.point_on_surface``, always inside the parcel, unlike a centroid), wherever the
+      parcel lies, as its mean counts it wherever it meets a tile. A parcel spanning several
+      cells thus counts once, like a sale at one address;
+    - **admin_unit**: a unit's median record value goes to every cell whose centre the unit
+      covers (inside or on its edge); a cell covered by several units takes the median of
+      their values. A unit smaller than a cell and away from its centre reaches no cell.
+
+    Availability (valid support, coverage) is the form's, from ``tile_values``.
+    """
+    lattice = CellLattice(grid, cell_m)
+    out = np.full(grid.n_tiles, np.nan)
+    if placed.form in (SpatialForm.point, SpatialForm.postcode):
+        inside = (
+            shapely.contains_xy(placed.coverage, placed.x, placed.y)
+            if placed.coverage is not None
+            else np.zeros(len(placed.x), bool)
+        )
+        cells = lattice.cell_index(placed.x[inside], placed.y[inside])
+        values = placed.values[inside]
+    elif placed.form == SpatialForm.parcel:
+        points = shapely.point_on_surface(placed.polygons)
+        cells = lattice.cell_index(shapely.get_x(points), shapely.get_y(points))
+        values = placed.values
+    else:
+        x, y = lattice.centres()
+        tree = shapely.STRtree(placed.polygons)
+        cell_idx, unit_idx = tree.query(shapely.points(x, y), predicate="covered_by")
+        cells, values = cell_idx, placed.unit_medians[unit_idx]
+    tiles, medians = median_of_cell_medians(lattice, cells, values)
+    out[tiles] = medians
+    return out
 
 
 def ingest_metadata(ingest: RecordIngest | None) -> str:

@@ -7,6 +7,7 @@ import yaml
 
 from citycube.catalogue import (
     Aggregation,
+    FieldRule,
     Kind,
     Temporal,
     catalogue_text,
@@ -107,6 +108,46 @@ def test_invalid_declarations_are_rejected_clearly(code: str, change: dict, mess
     _modality(doc, code).update(change)
     with pytest.raises(SpecError, match=message):
         parse_catalogue(yaml.safe_dump(doc, allow_unicode=True))
+
+
+def _with_field_aggregation(code: str, aggregation: object) -> str:
+    doc = _doc()
+    fields = _modality(doc, code)["fields"]
+    fields[0] = {**fields[0], "aggregation": aggregation}
+    return yaml.safe_dump(doc, allow_unicode=True)
+
+
+def test_property_median_field_declares_its_own_rule() -> None:
+    prop = load_catalogue().get("PROP")
+    fields = {f.name: f for f in prop.fields}
+    assert list(fields) == ["property_mean_2017ppp", "property_mean_local", "property_median_local"]
+    median = fields["property_median_local"]
+    assert median.aggregation is not None and median.aggregation.cell_m == 500
+    assert median.aggregation.rule == FieldRule.MEDIAN_OF_CELL_MEDIANS
+    assert median.currency_unit and median.conversion is None
+    assert [median.aggregation.cells_per_tile(s) for s in (2000, 5000)] == [16, 100]
+    assert prop.aggregation_of(median) == "median_of_cell_medians (500 m cells)"
+    assert prop.aggregation_of(fields["property_mean_local"]) == "area_mean"
+    assert fields["property_mean_local"].aggregation is None
+
+
+@pytest.mark.parametrize(
+    ("code", "aggregation", "message"),
+    [
+        ("PROP", {"rule": "median_of_cell_medians", "cell_m": 400}, "does not divide"),
+        ("PROP", {"rule": "median_of_cell_medians", "cell_m": 300}, "does not divide"),
+        ("PROP", {"rule": "median_of_cell_medians", "cell_m": 0}, "greater than 0"),
+        ("PROP", {"rule": "trimmed_mean", "cell_m": 500}, "unknown field aggregation rule"),
+        ("PROP", {"rule": "median_of_cell_medians"}, "cell_m"),
+        ("DEM", {"rule": "median_of_cell_medians", "cell_m": 500}, "only numeric modalities"),
+        ("GPS", {"rule": "median_of_cell_medians", "cell_m": 500}, "carry no values"),
+    ],
+)
+def test_bad_field_aggregations_are_refused_clearly(
+    code: str, aggregation: dict, message: str
+) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_catalogue(_with_field_aggregation(code, aggregation))
 
 
 def test_duplicate_codes_rejected() -> None:

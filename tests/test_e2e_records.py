@@ -3,7 +3,8 @@ ELEC from a Socrata resource and the CPI/PPP series from the World Bank API v2 (
 ``records`` family), everything else from the sample, for Boston in 2020 and 2021.
 
 The observations equal hand computations over the served records: PROP an area-weighted
-mean of parcel values converted to 2017 PPP dollars with the served CPI and PPP, ELEC the
+mean of parcel values converted to 2017 PPP dollars with the served CPI and PPP (and the
+median of its 500 m cell medians in local currency), ELEC the
 tile's kWh over its nominal area; tiles outside the declared coverage are NULL with
 ``outside_source_coverage``; 2021, which neither portal declares, is NULL with
 ``source_year_missing`` and is never asked for.
@@ -171,7 +172,7 @@ def tile_id(row: int, col: int) -> str:
 
 def test_property_from_arcgis_equals_the_hand_computation(build: dict[str, Any]) -> None:
     prop = observations(build["database"], "PROP", 2020)
-    assert len(prop) == 2 * (169 + 16)  # two fields on 169 2 km and 16 5 km tiles
+    assert len(prop) == 3 * (169 + 16)  # three fields on 169 2 km and 16 5 km tiles
     local = prop[(tile_id(5, 5), "property_mean_local")]
     mean = (400_000 * 200 * 200 + 600_000 * 200 * 100) / (200 * 200 + 200 * 100)
     assert local[0] == pytest.approx(mean, rel=1e-4)
@@ -184,6 +185,9 @@ def test_property_from_arcgis_equals_the_hand_computation(build: dict[str, Any])
         2020,
         "USD (nominal, 2020)",
     )
+    # the two parcels' representative points lie in different 500 m cells: median of 4e5, 6e5
+    median = prop[(tile_id(5, 5), "property_median_local")]
+    assert median[0] == pytest.approx(500_000.0) and median[2:] == local[2:]
     ppp = prop[(tile_id(5, 5), "property_mean_2017ppp")]
     assert ppp[0] == pytest.approx(mean * CPI_2017 / CPI_2020 / 1.0, rel=1e-4)
     assert prop[(tile_id(4, 4), "property_mean_local")][3] == "no_valid_support"

@@ -322,6 +322,89 @@ def test_negative_property_value_is_invalid(tmp_path: Path, release: Release) ->
     assert row["value"] is None and row["reason"] == "negative_value"
 
 
+SHIFTED_UTM = (
+    "+proj=tmerc +lat_0=0 +lon_0=3 +k=0.9996 +x_0=600000 +y_0=0 +datum=WGS84 +units=m +no_defs"
+)
+"""Amsterdam's UTM zone with a false easting 100 km larger: another CRS whose cells map onto the
+city's exactly (x + 100 km), so the reprojected path has hand-computable answers."""
+
+
+def _median_raster() -> np.ndarray:
+    """250 m cells of Amsterdam's 2 km grid: hand-made 2 km r0c0, r0c1 and 5 km r0c0.
+
+    2 km r0c0 (pixels 0-7 × 0-7, 500 m cells of 2 × 2 pixels, row-major):
+    cells 0-5 one valid pixel 100; cell 6 [200, 200]; cell 7 [260] × 4; cells 8-13
+    [300, 300, 300, 5000]; cells 14-15 nodata. Valid 36 of 64 pixels. Cell medians
+    100 × 6, 200, 260, 300 × 6 → tile 230; pixel mean 37,440 / 36 = 1040; pixel median 300.
+    2 km r0c1: one row of 8 valid pixels (8 of 64: insufficient support).
+    5 km r0c0 (pixels 0-19 × 40-59): cell columns 0-4 [10, 10], 5-9 [90, 90, 90]:
+    cell medians 10 × 50, 90 × 50 → 50; valid 250 of 400; mean 14,500 / 250 = 58.
+    """
+    nd = -9999.0
+    data = np.full((80, 112), 50.0, np.float32)
+    tile = np.full((8, 8), nd, np.float32)
+    for cell in range(16):
+        r, c = divmod(cell, 4)
+        block = tile[2 * r : 2 * r + 2, 2 * c : 2 * c + 2].reshape(-1)
+        if cell < 6:
+            block[0] = 100.0
+        elif cell == 6:
+            block[:2] = 200.0
+        elif cell == 7:
+            block[:] = 260.0
+        elif cell < 14:
+            block[:] = [300.0, 300.0, 300.0, 5000.0]
+        tile[2 * r : 2 * r + 2, 2 * c : 2 * c + 2] = block.reshape(2, 2)
+    data[:8, :8] = tile
+    data[:8, 8:16] = nd
+    data[0, 8:16] = 70.0
+    five = np.full((20, 20), nd, np.float32)
+    for r in range(10):
+        for c in range(10):
+            block = five[2 * r : 2 * r + 2, 2 * c : 2 * c + 2].reshape(-1)
+            if c < 5:
+                block[:2] = 10.0
+            else:
+                block[:3] = 90.0
+            five[2 * r : 2 * r + 2, 2 * c : 2 * c + 2] = block.reshape(2, 2)
+    data[:20, 40:60] = five
+    return data
+
+
+@pytest.mark.parametrize("crs", ["city", "shifted"])
+def test_property_median_of_500m_cell_medians_by_hand(
+    tmp_path: Path, release: Release, crs: str
+) -> None:
+    """The median of cell medians differs from the mean and from the median of pixels; it is
+    available under the mean's support rule, with its reason."""
+    xmin, _, _, ymax = city_grid(CITY, "2km").bounds
+    shifted = crs == "shifted"
+    path = write_tif(
+        tmp_path / "p.tif",
+        _median_raster(),
+        crs=SHIFTED_UTM if shifted else f"EPSG:{EPSG}",
+        transform=Affine(250, 0, xmin + (100_000 if shifted else 0), 0, -250, ymax),
+        nodata=-9999,
+    )
+    backend = LocalFilesBackend({("test_prop", CITY, 2020): {"data": path}})
+    prop = _test_product("PROP", auxiliary_products=())
+    process_partition(prop, CAT, CITY, 2020, backend, release)
+    rows = _rows(release, 2020, "PROP")
+    median = rows[("Amsterdam_2KM_r0_c0", "property_median_local")]
+    mean = rows[("Amsterdam_2KM_r0_c0", "property_mean_local")]
+    assert median["value"] == pytest.approx(230.0)
+    assert mean["value"] == pytest.approx(1040.0)
+    assert median["valid_fraction"] == pytest.approx(36 / 64) == mean["valid_fraction"]
+    assert median["available"] and median["unit"] == "local currency (nominal, reported year)"
+    five = rows[("Amsterdam_5KM_r0_c0", "property_median_local")]
+    assert five["value"] == pytest.approx(50.0)
+    assert rows[("Amsterdam_5KM_r0_c0", "property_mean_local")]["value"] == pytest.approx(58.0)
+    assert rows[("Amsterdam_2KM_r5_c5", "property_median_local")]["value"] == pytest.approx(50.0)
+    sparse = rows[("Amsterdam_2KM_r0_c1", "property_median_local")]
+    assert sparse["value"] is None and sparse["reason"] == "insufficient_valid_support"
+    assert rows[("Amsterdam_2KM_r0_c1", "property_mean_local")]["reason"] == sparse["reason"]
+
+
 # --------------------------------------------------------------------------- points and records
 
 

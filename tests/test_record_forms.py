@@ -24,7 +24,7 @@ from citycube.cube import Release
 from citycube.errors import SourceReadError
 from citycube.grids import TileGrid, city_grid
 from citycube.process import derive, process_partition
-from citycube.records import place_records, tile_values
+from citycube.records import place_records, tile_cell_medians, tile_values
 from citycube.sources import SourceInfo, SourceItem, SourceProduct, SourceSet
 from sources.records.base import RECORDS_SCHEMA
 
@@ -143,6 +143,66 @@ def test_admin_units_means_are_weighted_by_apportioned_area(tmp_path: Path) -> N
     tiles = tile_values(place_records(item, EPSG, 2020), SMALL, total=False)
     assert tiles.value[2] == pytest.approx(200.0, rel=1e-6)
     assert tiles.value[3] == pytest.approx((200.0 * 2 + 500.0 * 1) / 3, rel=1e-5)
+
+
+def test_admin_units_give_their_median_to_the_cells_whose_centre_they_cover(
+    tmp_path: Path,
+) -> None:
+    """U1's records 100, 300, 900 → 300; U2's 500; U3 has none. Tile r1c1's 500 m cells: 8
+    centres in U1, 4 in U2 and 4 in no unit with records → median of 300 × 8, 500 × 4 = 300
+    (the area-weighted mean of unit means is (433.3 · 2 + 500) / 3)."""
+    rows = [
+        {"unit_id": "U1", "value": 100.0},
+        {"unit_id": "U1", "value": 300.0},
+        {"unit_id": "U1", "value": 900.0},
+        {"unit_id": "U2", "value": 500.0},
+    ]
+    item = write_item(tmp_path, "admin_unit", rows, tables={"units": UNITS})
+    placed = place_records(item, EPSG, 2020)
+    medians = tile_cell_medians(placed, SMALL, 500)
+    r0c0, r0c1, r1c0, r1c1 = range(4)
+    assert medians[r1c0] == pytest.approx(300.0)
+    assert medians[r1c1] == pytest.approx(300.0)
+    assert np.isnan(medians[r0c0]) and np.isnan(medians[r0c1])
+    # 1 km cells: r1c1 holds 2 × 2 cells, centres at +500 m: U1 gives 300 to the west column,
+    # U2 500 to the south-east cell, the north-east one has none → median(300, 300, 500).
+    assert tile_cell_medians(placed, SMALL, 1000)[r1c1] == pytest.approx(300.0)
+    means = tile_values(placed, SMALL, total=False)
+    assert means.value[r1c1] == pytest.approx((1300 / 3 * 2 + 500) / 3, rel=1e-5)
+    # cells must nest in the tiles: 4 km cells are refused on a 2 km grid
+    with pytest.raises(ValueError, match="do not divide"):
+        tile_cell_medians(placed, SMALL, 4000)
+
+
+def test_parcels_go_to_the_cell_of_their_representative_point(tmp_path: Path) -> None:
+    """Two parcels share tile r1c0's north-west 500 m cell (100 and 300 → 200), an L-shaped one
+    (whose centroid lies outside it) sits in the south-east cell (1000): median(200, 1000) =
+    600, where the area-weighted mean is another number."""
+    x0, y1 = X0, Y1 - 2000  # tile r1c0's north-west corner
+    first = shapely.box(x0 + 50, y1 - 200, x0 + 200, y1 - 50)
+    second = shapely.box(x0 + 250, y1 - 450, x0 + 450, y1 - 250)
+    ell = shapely.Polygon(
+        [
+            (x0 + 1510, y1 - 1990),
+            (x0 + 1990, y1 - 1990),
+            (x0 + 1990, y1 - 1510),
+            (x0 + 1950, y1 - 1510),
+            (x0 + 1950, y1 - 1950),
+            (x0 + 1510, y1 - 1950),
+        ]
+    )
+    assert not ell.contains(ell.centroid)
+    rows = [
+        {"geometry": first, "value": 100.0},
+        {"geometry": second, "value": 300.0},
+        {"geometry": ell, "value": 1000.0},
+    ]
+    item = write_item(tmp_path, "parcel", rows, product="city_property")
+    placed = place_records(item, EPSG, 2020)
+    medians = tile_cell_medians(placed, SMALL, 500)
+    assert medians[2] == pytest.approx(600.0)
+    assert np.isnan(medians[[0, 1, 3]]).all()
+    assert tile_values(placed, SMALL, total=False).value[2] != pytest.approx(600.0, rel=1e-3)
 
 
 def test_postcodes_join_their_centroids_and_unmatched_are_counted(tmp_path: Path) -> None:
@@ -313,4 +373,42 @@ def test_point_property_means_in_2017_ppp_dollars_by_hand(tmp_path: Path, curren
     assert ppp == pytest.approx(600_000.0 * 245.1 / 258.8 / 1.0)  # = 568,238.02…
     assert ppp == pytest.approx(568_238.02, abs=0.01)
     empty = rows_out[(BOSTON.tile(2, 3).tile_id, "property_mean_local")]
+    assert empty["value"] is None and empty["reason"] == "outside_source_coverage"
+
+
+def test_point_property_median_of_cell_medians_through_process_partition(tmp_path: Path) -> None:
+    """Tile r2c2's 500 m cells: (0, 0) holds 100, 200, 900 → 200; (0, 1) 400; (3, 3) 10 and 20
+    → 15. Median of cell medians 200; the mean of the records is 271.67 and their plain median
+    150. The local currency names the unit, as for the mean."""
+    t = BOSTON.tile(2, 2).bounds
+    x0, y1 = t[0], t[3]
+    rows = [
+        {"geometry": shapely.Point(x0 + 100, y1 - 100), "value": 100.0},
+        {"geometry": shapely.Point(x0 + 300, y1 - 300), "value": 200.0},
+        {"geometry": shapely.Point(x0 + 400, y1 - 50), "value": 900.0},
+        {"geometry": shapely.Point(x0 + 700, y1 - 250), "value": 400.0},
+        {"geometry": shapely.Point(x0 + 1800, y1 - 1800), "value": 10.0},
+        {"geometry": shapely.Point(x0 + 1600, y1 - 1900), "value": 20.0},
+    ]
+    coverage = gpd.GeoDataFrame(geometry=[utm_to_wgs84(shapely.box(*t))], crs=4326)
+    item = write_item(
+        tmp_path / "item",
+        "point",
+        rows,
+        product="city_property",
+        tables={"coverage": coverage},
+        extra={"currency": "USD"},
+    )
+    sources = SourceSet([RecordItems("city_property", {2020: item})])
+    release = Release(tmp_path / "data", "records")
+    process_partition(CAT.get("PROP"), CAT, CITY, 2020, sources, release)
+    rows_out = _rows(release, 2020, "PROP")
+    tile = BOSTON.tile(2, 2).tile_id
+    median = rows_out[(tile, "property_median_local")]
+    assert median["value"] == pytest.approx(200.0)
+    assert median["unit"] == "USD (nominal, 2020)" and median["available"]
+    assert rows_out[(tile, "property_mean_local")]["value"] == pytest.approx(1630.0 / 6)
+    # no World Bank series served: the PPP field alone lacks its conversion
+    assert rows_out[(tile, "property_mean_2017ppp")]["reason"] == "conversion_factor_missing"
+    empty = rows_out[(BOSTON.tile(2, 3).tile_id, "property_median_local")]
     assert empty["value"] is None and empty["reason"] == "outside_source_coverage"
