@@ -6,10 +6,11 @@ relative periods −10…−1 (period 0 is the forecast origin, 2020–2024):
 * ``lst``: the tile's annual mean land-surface temperature, HEAT ``mean_c`` in °C.
 * ``carbon``: tonne C per tile per year. The release stores CO2 as a density (tonne C/km²/year:
   the valid ODIAC cell totals × covered fraction ÷ the nominal tile area), so the tile total is
-  that density × the tile's area from the tiles table (4 km²). The paper sums four complete
-  1 km cells; ODIAC's 30″ cells do not nest in the UTM tiles, so the release's exact
-  coverage-weighted total stands in for them, and "complete" is enforced by requiring full valid
-  support (``valid_fraction`` = 1) in every panel year.
+  that density × the tile's area from the tiles table (4 km²). App. D sums the tile's four
+  complete 1 km cells: the four cells partition the tile, so the sum of their exact
+  coverage-weighted totals is this tile total (ODIAC's 30″ cells do not nest in UTM cells; each
+  is counted by the share of its area inside), and the four are complete exactly when the tile
+  has full valid support (``valid_fraction`` = 1), which every panel year must have.
 * ``property``: App. D's tile value, the median of the valid 500 m cell medians in local
   currency, nominal: PROP's ``property_median_local``, whose catalogue entry declares that rule
   (``median_of_cell_medians`` on 500 m cells, ``citycube.cells``) and is available under the
