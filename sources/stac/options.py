@@ -70,6 +70,12 @@ class StacFamilyOptions(BaseModel):
         description="Keep each scene's clear mask on disk (<data root>/sources/.stac/qa) so "
         "OPT, NDVI and HEAT of a city-year read QA_PIXEL once.",
     )
+    cache_reads: bool = Field(
+        True,
+        description="Keep every fetched Landsat band window (<data root>/sources/.stac/windows) "
+        "on disk, checksummed, so OPT and NDVI read the red band once and a retried fetch reads "
+        "only what it lacks.",
+    )
 
     @model_validator(mode="after")
     def _waits(self) -> Self:
