@@ -73,8 +73,9 @@ class StacFamilyOptions(BaseModel):
     cache_reads: bool = Field(
         True,
         description="Keep every fetched Landsat band window (<data root>/sources/.stac/windows) "
-        "on disk, checksummed, so OPT and NDVI read the red band once and a retried fetch reads "
-        "only what it lacks.",
+        "and Zarr chunk (<data root>/sources/.stac/zarr) on disk, checksummed, so OPT and NDVI "
+        "read the red band once, a retried fetch reads only what it lacks, and Daymet's cities "
+        "and years sharing a chunk download it once.",
     )
 
     @model_validator(mode="after")
