@@ -809,25 +809,45 @@ def needed_bytes(path: Path, grid: Any) -> int:
         return total
 
 
+KINDS = ("landsat", "dem", "daymet")
+"""Kinds of assets the byte accounting counts apart."""
+
+
+def asset_kind(path: str) -> str:
+    """'landsat', 'dem' or 'daymet': which product family a served path belongs to."""
+    if f"/{DAYMET_ACCOUNT}/" in path:
+        return "daymet"
+    return "dem" if "copernicus-dem" in path else "landsat"
+
+
 def byte_accounting(world: StacWorld, requests: list[str], city: str) -> dict[str, dict[str, int]]:
-    """Per kind (landsat, dem): bytes the server sent, bytes of the tiles the windows needed,
-    and bytes of the whole files, for the file server's request-log lines of one fetch."""
+    """Per kind (landsat, dem, daymet): bytes the server sent, bytes the windows needed, and
+    bytes of the whole files, for the file server's request-log lines of a set of fetches.
+
+    A file is counted **once** as needed, however many reads asked for it (the red band read by
+    OPT and by NDVI, a Zarr chunk shared by two years or two cities): an ideal fetch of the set
+    transfers each needed byte once. For a COG that is the compressed tiles under the city's
+    window; a Zarr object is always fetched whole, so it needs its whole size (the Daymet tests
+    check that only the chunks under the windows are read).
+    """
     served: dict[str, int] = {}
-    opens: dict[str, int] = {}
     for line in requests:
-        _, path, byte_range, _, sent, _ = line.split()
+        _, path, _, _, sent, _ = line.split()
         served[path] = served.get(path, 0) + int(sent)
-        opens[path] = opens.get(path, 0) + byte_range.startswith("bytes=0-")
-    totals = {kind: {"fetched": 0, "needed": 0, "whole": 0} for kind in ("landsat", "dem")}
+    totals = {kind: {"fetched": 0, "needed": 0, "whole": 0} for kind in KINDS}
     for path, sent in served.items():
         local = world.storage / path.lstrip("/")
-        kind = "dem" if "copernicus-dem" in path else "landsat"
+        kind = asset_kind(path)
+        whole = local.stat().st_size if local.is_file() else 0
+        totals[kind]["fetched"] += sent
+        totals[kind]["whole"] += whole
+        if kind == "daymet":
+            totals[kind]["needed"] += whole
+            continue
         if kind == "dem":
             with rasterio.open(local) as src:
                 grid = geographic_grid(city, src.transform)
         else:
             grid = landsat_grid(city)
-        totals[kind]["fetched"] += sent
-        totals[kind]["needed"] += needed_bytes(local, grid) * opens[path]
-        totals[kind]["whole"] += local.stat().st_size * opens[path]
+        totals[kind]["needed"] += needed_bytes(local, grid)
     return totals
