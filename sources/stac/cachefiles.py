@@ -64,10 +64,11 @@ def write(path: Path, key: Mapping[str, Any], payload: bytes, **fields: Any) -> 
         tmp.unlink(missing_ok=True)
 
 
-def read(path: Path, key: Mapping[str, Any]) -> tuple[dict[str, Any], bytes] | None:
+def read(path: Path, key: Mapping[str, Any]) -> tuple[dict[str, Any], memoryview] | None:
     """(header, payload) of the entry at ``path`` if it is whole and holds ``key``; else None.
 
-    A file that exists but fails a check is deleted (it would fail again).
+    The payload is a view of the file's bytes (no copy: a Zarr chunk may be hundreds of MB). A
+    file that exists but fails a check is deleted (it would fail again).
     """
     try:
         data = path.read_bytes()
@@ -88,7 +89,7 @@ def discard(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _checked(data: bytes, key: Mapping[str, Any]) -> tuple[dict[str, Any], bytes] | None:
+def _checked(data: bytes, key: Mapping[str, Any]) -> tuple[dict[str, Any], memoryview] | None:
     if not data.startswith(MAGIC):
         return None
     end = data.find(b"\n", len(MAGIC))
@@ -100,7 +101,7 @@ def _checked(data: bytes, key: Mapping[str, Any]) -> tuple[dict[str, Any], bytes
         return None
     if not isinstance(header, dict) or header.get("key") != json.loads(canonical(key)):
         return None
-    payload = data[end + 1 :]
+    payload = memoryview(data)[end + 1 :]
     if header.get("size") != len(payload):
         return None
     if header.get("sha256") != hashlib.sha256(payload).hexdigest():

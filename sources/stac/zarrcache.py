@@ -182,6 +182,6 @@ class CachingStore(WrapperStore[Store]):
         return isinstance(value, CachingStore) and self._store == value._store
 
 
-def _load(path: Path, entry: dict[str, Any]) -> bytes | None:
+def _load(path: Path, entry: dict[str, Any]) -> memoryview | None:
     kept = cachefiles.read(path, entry)
     return None if kept is None else kept[1]
