@@ -1,24 +1,30 @@
 """Benchmark: bytes a STAC-served city-year takes over HTTP against the bytes its windows need.
 
 The ``planetary-computer`` family reads Landsat and Copernicus DEM assets by windows over
-``/vsicurl/`` range requests, never whole scenes. This fetches Boston 2020's three Landsat
-products (OPT, NDVI, HEAT composites) and the static DEM mosaic from the loopback services the
-tests use (``rustac serve``, a Range file server that logs the bytes it sends, a SAS token
-endpoint; ``tests/stac_fixtures.py``) and counts, from the server's own log:
+``/vsicurl/`` range requests, never whole scenes, and Daymet by the Zarr chunks under the city
+window. This fetches Boston 2020's three Landsat products (OPT, NDVI, HEAT composites), the
+static DEM mosaic, and Daymet for Boston 2020, Boston 2019 (the loopback store's time chunks
+hold three years) and NYC 2020, from the loopback services the tests use (``rustac serve``, a
+Range file server that logs the bytes it sends, a SAS token endpoint; ``tests/stac_fixtures.py``)
+and counts, from the server's own log:
 
-- **fetched:** body bytes the file server sent for the fetch (and of those, QA_PIXEL bytes);
-- **baseline, needed:** compressed bytes of the internal COG tiles under each read's window
-  (what an ideal windowed reader must transfer), counted once per opening of the file;
-- **whole files:** what downloading every file read would have cost.
+- **fetched:** body bytes the file server sent for the fetches (and of those, QA_PIXEL and red
+  band bytes);
+- **baseline, needed:** each distinct window the fetches need, counted **once** however many
+  products or city-years use it: for a COG the compressed bytes of the internal tiles under the
+  city window (what an ideal windowed reader must transfer), for the Zarr store every object the
+  windows need, whole (``tests.stac_fixtures.byte_accounting``);
+- **whole files:** what downloading every file read once would have cost.
 
 Target: fetched ≤ 1.5 × needed. Two configurations are fetched, alternating, so that both see
 the same machine load: the family's defaults (each scene's QA read once for the three products,
-scenes read by a pool of ``read_workers`` threads) and the earlier way (every product reads its
-own QA, scenes one after another: ``share_qa: false, read_workers: 1``). Both are fetched
-again with 50 ms added to every request by the file server (``LATENCY_S``), a stand-in for the
-round trip to a storage region, since loopback has none and concurrency pays off on latency.
-Fetch time is the median of the repeats; each repeat fetches into a fresh folder, so nothing is
-reused.
+every band window and Zarr chunk kept on disk, checksummed, and read once; scenes read by a pool
+of ``read_workers`` threads) and nothing shared (every product reads its own QA and bands, every
+Daymet fetch downloads its chunks, scenes one after another: ``share_qa: false, cache_reads:
+false, read_workers: 1``). Both are fetched again with 50 ms added to every request by the file
+server (``LATENCY_S``), a stand-in for the round trip to a storage region, since loopback has
+none and concurrency pays off on latency. Fetch time is the median of the repeats; each repeat
+fetches into a fresh folder, so nothing is reused across repeats.
 """
 
 from __future__ import annotations
@@ -32,23 +38,37 @@ from benchmarks import BenchConfig, BenchResult, Timing, log
 
 CITY = "Boston"
 YEAR = 2020
-BASELINE = "compressed bytes of the COG tiles under each read's window (counted from the files)"
+DAYMET_FETCHES = ((CITY, 2020), (CITY, 2019), ("NYC", 2020))
+"""Daymet city-years fetched one after another: a year sharing the time chunk, another city."""
+BASELINE = (
+    "each distinct window needed once: compressed COG tiles under the city window, whole Zarr "
+    "objects under the Daymet windows (counted from the files)"
+)
 TARGET_RATIO = 1.5
 CONFIGURATIONS: dict[str, dict[str, Any]] = {
-    "default (one QA read, parallel reads)": {},
-    "QA per product, sequential reads": {"share_qa": False, "read_workers": 1},
+    "default (QA, band windows and chunks read once, parallel reads)": {},
+    "nothing shared, sequential reads": {
+        "share_qa": False,
+        "cache_reads": False,
+        "read_workers": 1,
+    },
 }
 """Family options of each configuration, on top of the loopback world's."""
 LATENCY_S = 0.05
 """Delay the file server adds to every request in the second round."""
+KINDS = (
+    ("landsat", "Landsat (OPT, NDVI, HEAT)"),
+    ("dem", "Copernicus DEM"),
+    ("daymet", "Daymet (Boston 2020, 2019; NYC 2020)"),
+)
 
 
-def _qa_bytes(lines: list[str]) -> int:
-    return sum(int(line.split()[4]) for line in lines if "QA_PIXEL" in line.split()[1])
+def _bytes_of(lines: list[str], part: str) -> int:
+    return sum(int(line.split()[4]) for line in lines if part in line.split()[1])
 
 
 def run(config: BenchConfig) -> BenchResult:
-    """Fetch the city-year ``config.repeats`` times per configuration and account every byte."""
+    """Fetch the city-years ``config.repeats`` times per configuration and account every byte."""
     from sources.stac import stac_adapters
     from tests.stac_fixtures import byte_accounting, loopback_stac_world
 
@@ -56,9 +76,13 @@ def run(config: BenchConfig) -> BenchResult:
     seconds: dict[str, dict[str, list[float]]] = {
         r: {n: [] for n in CONFIGURATIONS} for r in rounds
     }
+    daymet_seconds: dict[str, dict[str, list[float]]] = {
+        r: {n: [] for n in CONFIGURATIONS} for r in rounds
+    }
     totals: dict[str, dict[str, dict[str, int]]] = {}
     qa: dict[str, int] = {}
-    requests: dict[str, int] = {}
+    red: dict[str, int] = {}
+    requests: dict[str, dict[str, int]] = {}
     with (
         tempfile.TemporaryDirectory(prefix="citycube-bench-stac-") as tmp,
         loopback_stac_world(Path(tmp) / "world") as world,
@@ -76,79 +100,120 @@ def run(config: BenchConfig) -> BenchResult:
                         adapters[product].fetch(CITY, YEAR, dest)
                     adapters["cop_dem_glo30"].fetch(CITY, None, dest)
                     seconds[round_name][name].append(time.perf_counter() - started)
+                    started = time.perf_counter()
+                    for city, year in DAYMET_FETCHES:
+                        adapters["daymet"].fetch(city, year, dest)
+                    daymet_seconds[round_name][name].append(time.perf_counter() - started)
                     lines = world.log_lines()[before:]
                     totals[name] = byte_accounting(world, lines, CITY)
-                    qa[name] = _qa_bytes(lines)
-                    requests[name] = len(lines)
+                    qa[name] = _bytes_of(lines, "QA_PIXEL")
+                    red[name] = _bytes_of(lines, "SR_B4")
+                    requests[name] = {
+                        "landsat and dem": sum("/daymeteuwest/" not in line for line in lines),
+                        "daymet": sum("/daymeteuwest/" in line for line in lines),
+                    }
                     log(
                         f"    {round_name}, {name}, fetch {attempt + 1}/{config.repeats}: "
-                        f"{seconds[round_name][name][-1]:.2f} s"
+                        f"{seconds[round_name][name][-1]:.2f} s + Daymet "
+                        f"{daymet_seconds[round_name][name][-1]:.2f} s"
                     )
         world.set_faults([])
     timings = {
         r: {name: Timing(tuple(s)) for name, s in by_name.items()} for r, by_name in seconds.items()
     }
+    daymet_timings = {
+        r: {name: Timing(tuple(s)) for name, s in by_name.items()}
+        for r, by_name in daymet_seconds.items()
+    }
     plain, slow = list(rounds)
     rows: list[list[Any]] = []
     details: dict[str, Any] = {
         "configurations": CONFIGURATIONS,
+        "daymet_fetches": [list(f) for f in DAYMET_FETCHES],
         "latency_s": LATENCY_S,
         "fetch": {r: {n: t.as_dict() for n, t in by.items()} for r, by in timings.items()},
+        "daymet_fetch": {
+            r: {n: t.as_dict() for n, t in by.items()} for r, by in daymet_timings.items()
+        },
         "bytes": totals,
         "qa_bytes": qa,
+        "red_bytes": red,
         "requests": requests,
     }
     worst = 0.0
+    default, unshared = list(CONFIGURATIONS)
     for name in CONFIGURATIONS:
-        for kind, label in (("landsat", "Landsat (OPT, NDVI, HEAT)"), ("dem", "Copernicus DEM")):
+        for kind, label in KINDS:
             t = totals[name][kind]
             ratio = t["fetched"] / t["needed"]
-            worst = max(worst, ratio)
-            details[f"{kind}_ratio"] = details.get(f"{kind}_ratio") or ratio
+            if name == default:
+                worst = max(worst, ratio)
+                details[f"{kind}_ratio"] = ratio
+            else:
+                details[f"{kind}_ratio_unshared"] = ratio
+            landsat = kind == "landsat"
+            daymet = kind == "daymet"
             rows.append(
                 [
                     name,
                     label,
                     f"{t['fetched']:,}",
-                    f"{qa[name]:,}" if kind == "landsat" else "–",
+                    f"{qa[name]:,} / {red[name]:,}" if landsat else "–",
                     f"{t['needed']:,}",
                     f"{ratio:.3f}×",
                     f"{t['whole']:,}",
-                    f"{requests[name]:,}" if kind == "landsat" else "",
-                    f"{timings[plain][name].median_s:.2f}" if kind == "landsat" else "",
-                    f"{timings[slow][name].median_s:.2f}" if kind == "landsat" else "",
+                    f"{requests[name]['landsat and dem']:,}"
+                    if landsat
+                    else (f"{requests[name]['daymet']:,}" if daymet else ""),
+                    f"{timings[plain][name].median_s:.2f}"
+                    if landsat
+                    else (f"{daymet_timings[plain][name].median_s:.2f}" if daymet else ""),
+                    f"{timings[slow][name].median_s:.2f}"
+                    if landsat
+                    else (f"{daymet_timings[slow][name].median_s:.2f}" if daymet else ""),
                 ]
             )
-    default, earlier = list(CONFIGURATIONS)
-    saved = totals[earlier]["landsat"]["fetched"] - totals[default]["landsat"]["fetched"]
+    saved = {
+        kind: totals[unshared][kind]["fetched"] - totals[default][kind]["fetched"]
+        for kind, _ in KINDS
+    }
     return BenchResult(
         name="stac_bytes",
-        title=f"Bytes per STAC-served city-year ({CITY} {YEAR}, loopback STAC API and file server)",
+        title=(
+            f"Bytes per STAC-served city-year ({CITY} {YEAR}; Daymet also {CITY} 2019 and NYC "
+            "2020; loopback STAC API and file server)"
+        ),
         baseline=BASELINE,
         columns=[
             "configuration",
             "assets",
             "fetched B",
-            "of which QA_PIXEL B",
+            "of which QA_PIXEL / red (SR_B4) B",
             "needed B (baseline)",
             "ratio fetched / needed",
             "whole files B",
-            "requests (all assets)",
-            f"fetch of 3 Landsat + DEM, {plain}, s",
+            "requests",
+            f"fetch time, {plain}, s",
             f"same, {slow}, s",
         ],
         rows=rows,
         notes=[
-            f"Target fetched ≤ {TARGET_RATIO}× needed: "
+            f"Target fetched ≤ {TARGET_RATIO}× needed with the defaults: "
             f"{'met' if worst <= TARGET_RATIO else 'NOT met'} (worst {worst:.3f}×).",
-            f"One QA read per scene saves {saved:,} B of "
-            f"{totals[earlier]['landsat']['fetched']:,} B of Landsat "
-            f"({saved / totals[earlier]['landsat']['fetched']:.1%}); QA_PIXEL bytes "
-            f"{qa[earlier]:,} → {qa[default]:,}.",
-            f"Fetch time (median of {config.repeats}, configurations alternating), earlier → "
-            f"default: {plain} {timings[plain][earlier].median_s:.2f} s → "
-            f"{timings[plain][default].median_s:.2f} s; {slow} "
-            f"{timings[slow][earlier].median_s:.2f} s → {timings[slow][default].median_s:.2f} s. "
+            f"Sharing saves {saved['landsat']:,} B of "
+            f"{totals[unshared]['landsat']['fetched']:,} B of Landsat "
+            f"({saved['landsat'] / totals[unshared]['landsat']['fetched']:.1%}): QA_PIXEL "
+            f"{qa[unshared]:,} → {qa[default]:,} B, red {red[unshared]:,} → {red[default]:,} B "
+            "(OPT and NDVI share its windows).",
+            f"The Zarr chunk cache saves {saved['daymet']:,} B of "
+            f"{totals[unshared]['daymet']['fetched']:,} B of Daymet "
+            f"({saved['daymet'] / max(totals[unshared]['daymet']['fetched'], 1):.1%}): 2019 "
+            "shares 2020's time chunk, NYC shares the coordinate arrays; only the metadata is "
+            "asked for again by every open.",
+            f"Fetch time (median of {config.repeats}, configurations alternating), nothing "
+            f"shared → default, Landsat + DEM: {plain} {timings[plain][unshared].median_s:.2f} s "
+            f"→ {timings[plain][default].median_s:.2f} s; {slow} "
+            f"{timings[slow][unshared].median_s:.2f} s → {timings[slow][default].median_s:.2f} s. "
             "Every read signed through the local SAS endpoint; the times include compositing "
             "and writing the items.",
             "The test scenes lie mostly inside the city window, so Landsat's share of whole files "

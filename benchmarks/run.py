@@ -68,7 +68,7 @@ BENCHMARKS = (
     Benchmark(
         "stac_bytes",
         "benchmarks.bench_stac_bytes",
-        "bytes a STAC-served city-year fetches over HTTP vs the COG tiles its windows need",
+        "bytes STAC-served city-years fetch over HTTP vs the distinct windows they need",
         True,
     ),
     Benchmark(

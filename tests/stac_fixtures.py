@@ -70,10 +70,15 @@ DAYMET_LCC = (
 DAYMET_X0, DAYMET_Y0 = -4_560_250.0, 4_984_000.0
 """Centre of the first cell of Daymet's North America lattice (x rises, y falls, 1 km)."""
 DAYMET_YEARS = (2015, 2016, 2017, 2018, 2019, 2020)
-"""Years of the loopback store (2016's tmax chunk under Boston is corrupted)."""
+"""Years of the loopback store (the tmax chunk of 2015–2017 under Boston is corrupted)."""
 DAYMET_CHUNK = 32
 """Chunk edge of the loopback store (the real one uses far larger chunks)."""
+DAYMET_TIME_CHUNK = 3
+"""Time steps per chunk: 2015–2017 and 2018–2020 each share their chunks, as years do in a
+store chunked along time."""
 DAYMET_CORRUPT_YEAR = 2016
+DAYMET_CITIES = (CITY, "NYC")
+"""Cities the loopback store covers (Boston first: the corrupt chunk and the sea are its)."""
 
 
 @dataclass(frozen=True)
@@ -329,7 +334,7 @@ class DaymetStore:
     shape: tuple[int, int]
     """(rows, cols)."""
     corrupt_chunk: str
-    """Store key of the chunk overwritten with garbage (tmax, 2016, under Boston)."""
+    """Store key of the chunk overwritten with garbage (tmax, 2015–2017, under Boston)."""
 
 
 def daymet_values(name: str, year: int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -346,13 +351,14 @@ def daymet_values(name: str, year: int, rows: np.ndarray, cols: np.ndarray) -> n
     return np.asarray(table[name], dtype=np.float64)
 
 
-def write_daymet_store(storage: Path, city: str) -> DaymetStore:
+def write_daymet_store(storage: Path, cities: tuple[str, ...] = DAYMET_CITIES) -> DaymetStore:
     """A small Zarr v2 store laid out like the Planetary Computer's annual North America one.
 
     Same variables (prcp, tmax, tmin, vp, swe; 2-D lat/lon; time bounds), dimensions, CF
     attributes, ``lambert_conformal_conic`` grid mapping, fill value and consolidated metadata,
-    on the real 1 km lattice around the city, in 32-cell chunks so a window needs only some of
-    them. A patch of "sea" is fill in every variable and year.
+    on the real 1 km lattice around the cities, in chunks of 32 × 32 cells so a window needs
+    only some of them, and of 3 time steps so years share chunks. A patch of "sea" near the
+    first city is fill in every variable and year.
     """
     import xarray as xr
     from numcodecs import Blosc
@@ -360,19 +366,28 @@ def write_daymet_store(storage: Path, city: str) -> DaymetStore:
     from sources.stac.grids import city_crs, city_window
 
     lcc = CRS.from_proj4(DAYMET_LCC)
-    to_lcc = Transformer.from_crs(city_crs(city), lcc, always_xy=True)
-    xmin, ymin, xmax, ymax = to_lcc.transform_bounds(*city_window(city), densify_pts=21)
     pad = 40
-    col0 = int((xmin - DAYMET_X0) // 1000) - pad
-    col1 = int((xmax - DAYMET_X0) // 1000) + pad
-    row0 = int((DAYMET_Y0 - ymax) // 1000) - pad
-    row1 = int((DAYMET_Y0 - ymin) // 1000) + pad
+    extents = []
+    for city in cities:
+        to_lcc = Transformer.from_crs(city_crs(city), lcc, always_xy=True)
+        xmin, ymin, xmax, ymax = to_lcc.transform_bounds(*city_window(city), densify_pts=21)
+        extents.append(
+            (
+                int((DAYMET_Y0 - ymax) // 1000) - pad,
+                int((DAYMET_Y0 - ymin) // 1000) + pad,
+                int((xmin - DAYMET_X0) // 1000) - pad,
+                int((xmax - DAYMET_X0) // 1000) + pad,
+            )
+        )
+    row0, col0 = min(e[0] for e in extents), min(e[2] for e in extents)
+    row1, col1 = max(e[1] for e in extents), max(e[3] for e in extents)
     rows, cols = np.mgrid[row0:row1, col0:col1]
     x = DAYMET_X0 + 1000.0 * np.arange(col0, col1)
     y = DAYMET_Y0 - 1000.0 * np.arange(row0, row1)
     xx, yy = np.meshgrid(x, y)
     lon, lat = Transformer.from_crs(lcc, "EPSG:4326", always_xy=True).transform(xx, yy)
-    centre_r, centre_c = (row0 + row1) // 2, (col0 + col1) // 2
+    first = extents[0]
+    centre_r, centre_c = (first[0] + first[1]) // 2, (first[2] + first[3]) // 2
     sea = (rows - centre_r - 25) ** 2 + (cols - centre_c - 30) ** 2 < 15**2
     years = np.array(DAYMET_YEARS)
     days = (
@@ -430,14 +445,14 @@ def write_daymet_store(storage: Path, city: str) -> DaymetStore:
     }  # fmt: skip
     dataset = xr.Dataset(data_vars, coords=coords, attrs={"source": "loopback copy for tests"})
     blosc = Blosc(cname="lz4", clevel=5, shuffle=1)
-    chunks = (1, DAYMET_CHUNK, DAYMET_CHUNK)
+    chunks = (DAYMET_TIME_CHUNK, DAYMET_CHUNK, DAYMET_CHUNK)
     encoding: dict[str, dict[str, Any]] = {
         name: {"chunks": chunks, "_FillValue": -9999.0, "compressors": blosc} for name in attrs
     }
     path = storage / DAYMET_ACCOUNT / DAYMET_STORE
     dataset.to_zarr(path, mode="w", zarr_format=2, consolidated=True, encoding=encoding)
-    # Garbage in the chunk of 2016's tmax under the city centre: a decoder must fail on it.
-    t = DAYMET_YEARS.index(DAYMET_CORRUPT_YEAR)
+    # Garbage in the chunk of 2016's tmax under the first city's centre: a decoder must fail.
+    t = DAYMET_YEARS.index(DAYMET_CORRUPT_YEAR) // DAYMET_TIME_CHUNK
     key = f"tmax/{t}.{(centre_r - row0) // DAYMET_CHUNK}.{(centre_c - col0) // DAYMET_CHUNK}"
     chunk = path / key
     chunk.write_bytes(b"\x02\x01not a blosc frame" + chunk.read_bytes()[40:])
@@ -715,7 +730,7 @@ def loopback_stac_world(base: Path) -> Iterator[StacWorld]:
     qa_path = storage / LANDSAT_ACCOUNT / qa_file.split("/", 3)[3]
     qa_path.write_bytes(qa_path.read_bytes()[: qa_path.stat().st_size // 3])
 
-    daymet = write_daymet_store(storage, CITY)
+    daymet = write_daymet_store(storage)
 
     catalogue = base / "catalogue"
     catalogue.mkdir()
@@ -799,25 +814,45 @@ def needed_bytes(path: Path, grid: Any) -> int:
         return total
 
 
+KINDS = ("landsat", "dem", "daymet")
+"""Kinds of assets the byte accounting counts apart."""
+
+
+def asset_kind(path: str) -> str:
+    """'landsat', 'dem' or 'daymet': which product family a served path belongs to."""
+    if f"/{DAYMET_ACCOUNT}/" in path:
+        return "daymet"
+    return "dem" if "copernicus-dem" in path else "landsat"
+
+
 def byte_accounting(world: StacWorld, requests: list[str], city: str) -> dict[str, dict[str, int]]:
-    """Per kind (landsat, dem): bytes the server sent, bytes of the tiles the windows needed,
-    and bytes of the whole files, for the file server's request-log lines of one fetch."""
+    """Per kind (landsat, dem, daymet): bytes the server sent, bytes the windows needed, and
+    bytes of the whole files, for the file server's request-log lines of a set of fetches.
+
+    A file is counted **once** as needed, however many reads asked for it (the red band read by
+    OPT and by NDVI, a Zarr chunk shared by two years or two cities): an ideal fetch of the set
+    transfers each needed byte once. For a COG that is the compressed tiles under the city's
+    window; a Zarr object is always fetched whole, so it needs its whole size (the Daymet tests
+    check that only the chunks under the windows are read).
+    """
     served: dict[str, int] = {}
-    opens: dict[str, int] = {}
     for line in requests:
-        _, path, byte_range, _, sent, _ = line.split()
+        _, path, _, _, sent, _ = line.split()
         served[path] = served.get(path, 0) + int(sent)
-        opens[path] = opens.get(path, 0) + byte_range.startswith("bytes=0-")
-    totals = {kind: {"fetched": 0, "needed": 0, "whole": 0} for kind in ("landsat", "dem")}
+    totals = {kind: {"fetched": 0, "needed": 0, "whole": 0} for kind in KINDS}
     for path, sent in served.items():
         local = world.storage / path.lstrip("/")
-        kind = "dem" if "copernicus-dem" in path else "landsat"
+        kind = asset_kind(path)
+        whole = local.stat().st_size if local.is_file() else 0
+        totals[kind]["fetched"] += sent
+        totals[kind]["whole"] += whole
+        if kind == "daymet":
+            totals[kind]["needed"] += whole
+            continue
         if kind == "dem":
             with rasterio.open(local) as src:
                 grid = geographic_grid(city, src.transform)
         else:
             grid = landsat_grid(city)
-        totals[kind]["fetched"] += sent
-        totals[kind]["needed"] += needed_bytes(local, grid) * opens[path]
-        totals[kind]["whole"] += local.stat().st_size * opens[path]
+        totals[kind]["needed"] += needed_bytes(local, grid)
     return totals

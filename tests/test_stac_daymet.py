@@ -8,10 +8,12 @@ adapter's window code.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +33,13 @@ from sources.sample.backend import sample_adapters
 from sources.stac import stac_adapters
 from sources.stac.adapter import StacSource
 from sources.stac.grids import city_crs, city_window
+from sources.stac.zarrcache import ChunkCache
 from tests.stac_fixtures import (
     CITY,
     DAYMET_CHUNK,
     DAYMET_CORRUPT_YEAR,
     DAYMET_LCC,
+    DAYMET_TIME_CHUNK,
     DAYMET_X0,
     DAYMET_Y0,
     DAYMET_YEARS,
@@ -157,7 +161,7 @@ def test_only_the_chunks_under_the_window_are_read_and_every_request_is_signed(
         t, rows, cols = src.transform, src.height, src.width
     c0 = round((t.c + 500 - DAYMET_X0) / 1000) - stac_world.daymet.col0
     r0 = round((DAYMET_Y0 - (t.f - 500)) / 1000) - stac_world.daymet.row0
-    t_index = DAYMET_YEARS.index(2020)
+    t_index = DAYMET_YEARS.index(2020) // DAYMET_TIME_CHUNK
     needed = {
         f"{t_index}.{i}.{j}"
         for i in range(r0 // DAYMET_CHUNK, (r0 + rows - 1) // DAYMET_CHUNK + 1)
@@ -178,7 +182,10 @@ def test_the_sas_token_is_in_no_written_file_and_reaches_the_server_intact(
     fetched: dict, stac_world: StacWorld, tmp_path: Path
 ) -> None:
     secret = SAS_TOKEN.split("sig=")[1]
+    chunks = list((Path(fetched["dest"]) / ".stac" / "zarr").rglob("*.chunk"))
+    assert chunks  # the chunk cache is checked too
     for path in Path(fetched["dest"]).rglob("*"):
+        assert "sig=" not in str(path) and secret not in str(path), path
         if path.is_file():
             content = path.read_bytes()
             assert secret.encode() not in content, path
@@ -236,6 +243,8 @@ def test_a_corrupt_chunk_is_a_read_error_naming_source_city_and_year(
         assert part in message, part
     assert "sig=" not in message and SAS_TOKEN not in message
     assert not list(tmp_path.rglob("*.tif"))
+    # The garbage the server sent is not kept, so a store repaired upstream is read afresh.
+    assert not list(tmp_path.rglob("*.chunk"))
 
 
 def test_server_errors_are_retried_then_the_read_succeeds(
@@ -265,6 +274,111 @@ def test_a_retried_chunk_logs_its_failures_without_the_token(
     shown = "\n".join([caplog.text, out, err])
     assert "503" in shown  # the retries were reported
     assert TOKEN_SECRET not in shown and "sig=" not in shown
+
+
+# ---- the chunk cache -------------------------------------------------------------------------
+
+
+def _daymet_requests(world: StacWorld, before: int) -> list[str]:
+    """Paths of the store objects requested since ``before`` (relative to the store root)."""
+    marker = "/na.zarr/"
+    return [
+        line.split()[1].split(marker, 1)[1]
+        for line in world.log_lines()[before:]
+        if marker in line.split()[1]
+    ]
+
+
+def _is_metadata(key: str) -> bool:
+    return key.rsplit("/", 1)[-1] in (".zmetadata", ".zarray", ".zattrs", ".zgroup", "zarr.json")
+
+
+def _check_values(world: StacWorld, item: Any, year: int) -> None:
+    for name in ("tmin", "tmax", "prcp"):
+        want = _expected_on(world, Path(item.files[name]), name, year)
+        with rasterio.open(item.files[name]) as src:
+            written = src.read(1).astype(np.float64)
+        valid = np.isfinite(want)
+        assert valid.any()
+        np.testing.assert_array_equal(written == -9999, ~valid, err_msg=f"{name} {year}")
+        np.testing.assert_allclose(written[valid], want[valid], atol=1e-4, err_msg=name)
+
+
+def test_years_sharing_a_time_chunk_and_a_second_city_request_no_chunk_twice(
+    stac_world: StacWorld, tmp_path: Path
+) -> None:
+    """Boston 2020, then Boston 2019 (the same time chunk), then NYC 2020: every chunk object is
+    requested once over the three fetches; only the metadata is asked for on every open."""
+    stac_world.set_faults([])
+    adapter = daymet_adapter(stac_world)
+    requested: dict[str, list[str]] = {}
+    for city, year in ((CITY, 2020), (CITY, 2019), ("NYC", 2020)):
+        before = len(stac_world.log_lines())
+        item = adapter.fetch(city, year, tmp_path)
+        requested[f"{city} {year}"] = _daymet_requests(stac_world, before)
+        _check_values(stac_world, item, year)
+    chunks = [k for keys in requested.values() for k in keys if not _is_metadata(k)]
+    repeated = {k: n for k, n in Counter(chunks).items() if n > 1}
+    assert not repeated, repeated
+    assert [k for k in requested["Boston 2019"] if not _is_metadata(k)] == []
+    nyc = [k for k in requested["NYC 2020"] if not _is_metadata(k)]
+    assert nyc and all(k.split("/")[0] in ("tmin", "tmax", "prcp") for k in nyc)  # no coords
+    for keys in requested.values():  # metadata is fetched again by every open (revalidated)
+        assert ".zmetadata" in keys
+
+
+def test_a_damaged_cached_chunk_is_detected_and_fetched_again(
+    stac_world: StacWorld, tmp_path: Path
+) -> None:
+    stac_world.set_faults([])
+    adapter = daymet_adapter(stac_world)
+    adapter.fetch(CITY, 2020, tmp_path)
+    cached = sorted((tmp_path / ".stac" / "zarr").rglob("tmin/*.chunk"))
+    assert len(cached) >= 2
+    flipped, truncated = cached[0], cached[-1]
+    data = bytearray(flipped.read_bytes())
+    data[-7] ^= 0x04
+    flipped.write_bytes(bytes(data))
+    truncated.write_bytes(truncated.read_bytes()[:-3])
+    before = len(stac_world.log_lines())
+    item = adapter.fetch(CITY, 2019, tmp_path)  # the same chunks, one time step over
+    chunks = [k for k in _daymet_requests(stac_world, before) if not _is_metadata(k)]
+    assert sorted(chunks) == sorted(
+        f"tmin/{path.name.removesuffix('.chunk')}" for path in (flipped, truncated)
+    )
+    _check_values(stac_world, item, 2019)
+    for path in (flipped, truncated):  # fetched again and kept whole
+        _, header, payload = path.read_bytes().split(b"\n", 2)
+        assert json.loads(header)["sha256"] == hashlib.sha256(payload).hexdigest()
+
+
+def test_a_store_whose_metadata_changes_is_read_into_fresh_entries(tmp_path: Path) -> None:
+    """Chunks are keyed by the store's metadata as read at each open: a changed store is never
+    answered from the entries of the old one. Keys and files hold no credential."""
+    store = zarr.storage.MemoryStore()
+    array = zarr.create_array(
+        store, name="v", shape=(4, 4), chunks=(2, 2), dtype="f4", zarr_format=2, fill_value=-1
+    )
+    array[:] = 1.0
+    zarr.consolidate_metadata(store, zarr_format=2)
+    cache = ChunkCache(tmp_path)
+    url = f"https://acct.blob.core.windows.net/c/s.zarr?{SAS_TOKEN}"
+
+    def read() -> np.ndarray:
+        group = zarr.open_group(cache.wrap(store, url), mode="r", zarr_format=2)
+        return np.asarray(group["v"][:])
+
+    assert (read() == 1).all() and cache.misses == 4
+    assert (read() == 1).all() and cache.hits == 4 and cache.misses == 4
+    array[:] = 2.0
+    array.attrs["revision"] = 2
+    zarr.consolidate_metadata(store, zarr_format=2)
+    assert (read() == 2).all() and cache.misses == 8
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len([p for p in files if p.suffix == ".chunk"]) == 8
+    for path in files:
+        assert "sig=" not in str(path) and b"sig=" not in path.read_bytes(), path
+    assert all("acct.blob.core.windows.net/c/s.zarr" in str(p) for p in files)
 
 
 # ---- processing: unpublished roles and the fallback ------------------------------------------

@@ -1,8 +1,11 @@
-"""How the Landsat products read their scenes: one QA read per scene, concurrent reads, the
-same composite whatever order the reads finish in (loopback services of tests/stac_fixtures)."""
+"""How the Landsat products read their scenes: one QA read per scene, one read per band window
+(kept, checksummed, for the other products and for a retry), concurrent reads, the same
+composite whatever order the reads finish in (loopback services of tests/stac_fixtures)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from pathlib import Path
@@ -12,12 +15,14 @@ import numpy as np
 import pytest
 import rasterio
 
-from citycube.errors import SourceReadError
+from citycube.errors import SourceFetchError, SourceReadError
 from sources.stac import adapter as adapter_module
 from sources.stac import stac_adapters
 from sources.stac.adapter import StacSource
 from sources.stac.clearmasks import ClearMaskCache
-from tests.stac_fixtures import CITY, StacWorld
+from sources.stac.reading import AssetRead
+from sources.stac.windows import WindowCache
+from tests.stac_fixtures import CITY, SAS_TOKEN, StacWorld
 
 LANDSAT = ("landsat_c2l2", "landsat_ndvi", "landsat_st")
 
@@ -35,15 +40,32 @@ def _data(item_dir: Path) -> dict[str, np.ndarray]:
 
 
 def _fetch(world: StacWorld, dest: Path, products=LANDSAT, **overrides: Any) -> dict[str, Any]:
-    """Fetch Boston 2020's Landsat products; their arrays and the requests the server logged."""
-    before = len(world.log_lines())
+    """Fetch Boston 2020's Landsat products one after another; their arrays and the requests
+    the server logged (all, and per product)."""
+    start = len(world.log_lines())
     chosen = _adapters(world, **overrides)
-    items = {p: chosen[p].fetch(CITY, 2020, dest) for p in products}
+    items, by_product = {}, {}
+    for product in products:
+        before = len(world.log_lines())
+        items[product] = chosen[product].fetch(CITY, 2020, dest)
+        by_product[product] = world.log_lines()[before:]
     return {
         "arrays": {p: _data(Path(item.href("data")).parent) for p, item in items.items()},
-        "requests": world.log_lines()[before:],
+        "requests": world.log_lines()[start:],
+        "by_product": by_product,
         "items": items,
+        "dest": dest,
     }
+
+
+def _file(world: StacWorld, role: str, asset: str) -> str:
+    """File name of a scene's asset, as the request log shows it."""
+    scene = world.scenes[role].scene_id
+    return world.items[scene]["assets"][asset]["href"].rsplit("/", 1)[1]
+
+
+def _files(requests: list[str]) -> set[str]:
+    return {line.split()[1].rsplit("/", 1)[1] for line in requests}
 
 
 def _bytes(requests: list[str], part: str) -> int:
@@ -60,27 +82,107 @@ def _assert_same(a: dict[str, dict[str, np.ndarray]], b: dict[str, dict[str, np.
 
 @pytest.fixture(scope="module")
 def sequential(stac_world: StacWorld, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The reference: every product reads its own QA, one scene after another."""
+    """The reference: every product reads its own QA and bands, one scene after another, and
+    keeps nothing."""
     stac_world.set_faults([])
     dest = tmp_path_factory.mktemp("sequential")
-    return _fetch(stac_world, dest, share_qa=False, read_workers=1)
+    return _fetch(stac_world, dest, share_qa=False, cache_reads=False, read_workers=1)
 
 
-# ---- one QA read ------------------------------------------------------------------------------
+# ---- one read per QA mask and band window -----------------------------------------------------
 
 
-def test_the_three_products_read_each_scenes_qa_once(stac_world, sequential, tmp_path) -> None:
+def test_the_three_products_read_each_scenes_qa_and_red_band_once(
+    stac_world, sequential, tmp_path
+) -> None:
+    """OPT, then NDVI, then HEAT: NDVI finds every red window OPT read and reads only nir08."""
     shared = _fetch(stac_world, tmp_path, read_workers=1)
     _assert_same(shared["arrays"], sequential["arrays"])
     qa_shared = _bytes(shared["requests"], "QA_PIXEL")
     qa_each = _bytes(sequential["requests"], "QA_PIXEL")
     assert qa_shared > 0
     assert qa_shared * 3 == qa_each, (qa_shared, qa_each)
-    # The bands are still read by every product that needs them.
-    for band in ("SR_B4", "SR_B5", "ST_B10"):
-        assert _bytes(shared["requests"], band) == _bytes(sequential["requests"], band)
+    red_shared = _bytes(shared["requests"], "SR_B4")
+    assert red_shared > 0
+    assert red_shared * 2 == _bytes(sequential["requests"], "SR_B4"), "red is read by OPT only"
+    assert _bytes(shared["by_product"]["landsat_ndvi"], "SR_B4") == 0
+    assert _bytes(shared["by_product"]["landsat_ndvi"], "SR_B5") > 0
+    # A band only one product reads is read once either way.
+    for band in ("SR_B2", "SR_B3", "SR_B5", "ST_B"):
+        assert _bytes(shared["requests"], band) == _bytes(sequential["requests"], band), band
     masks = sorted((tmp_path / ".stac" / "qa" / CITY / "2020").glob("*.npz"))
     assert len(masks) == 4  # one per scene read
+    windows = sorted((tmp_path / ".stac" / "windows" / CITY / "2020").glob("*.win"))
+    assert len(windows) == 4 * 5  # red, green, blue, nir08 and thermal of each scene
+    assert not list((sequential["dest"] / ".stac").rglob("*.win"))  # cache_reads: false
+
+
+def test_a_damaged_window_is_detected_and_read_again(stac_world, sequential, tmp_path) -> None:
+    """OPT keeps the red windows; one is bit-flipped and one truncated: NDVI reads those two
+    red windows again (and no other red), and its composite is unchanged."""
+    _fetch(stac_world, tmp_path, products=("landsat_c2l2",))
+    folder = tmp_path / ".stac" / "windows" / CITY / "2020"
+    red = {p.name.split(".")[0]: p for p in folder.glob("*.red.*.win")}
+    assert len(red) == 4
+    flipped, truncated = (red[stac_world.scenes[r].scene_id] for r in ("clear", "zone18"))
+    data = bytearray(flipped.read_bytes())
+    data[-100] ^= 0x01
+    flipped.write_bytes(bytes(data))
+    truncated.write_bytes(truncated.read_bytes()[:-1000])
+    again = _fetch(stac_world, tmp_path, products=("landsat_ndvi",))
+    reds = {f for f in _files(again["requests"]) if "SR_B4" in f}
+    assert reds == {_file(stac_world, "clear", "red"), _file(stac_world, "zone18", "red")}
+    _assert_same(again["arrays"], {"landsat_ndvi": sequential["arrays"]["landsat_ndvi"]})
+    for path in (flipped, truncated):
+        assert _whole(path), path  # written again
+
+
+def _whole(path: Path) -> bool:
+    """A cache file whose payload has the length and sha256 its header records."""
+    _, header, payload = path.read_bytes().split(b"\n", 2)
+    head = json.loads(header)
+    return head["size"] == len(payload) and head["sha256"] == hashlib.sha256(payload).hexdigest()
+
+
+def test_a_retry_after_a_failure_at_a_later_scene_reads_only_the_missing_windows(
+    stac_world, sequential, tmp_path
+) -> None:
+    """NDVI fails at the third scene's nir08 (scenes read in order); the retry reads only that
+    window and the fourth scene's, nothing of the first two scenes or the third's red or QA."""
+    order = ["slc_off", "clear", "zone18", "second"]  # by eo:cloud_cover, the read order
+    failing = _file(stac_world, order[2], "nir08")
+    stac_world.set_faults([{"match": failing, "status": 500}])
+    try:
+        with pytest.raises(SourceFetchError) as caught:
+            _fetch(
+                stac_world,
+                tmp_path,
+                products=("landsat_ndvi",),
+                read_workers=1,
+                retry_attempts=1,
+            )
+    finally:
+        stac_world.set_faults([])
+    assert stac_world.scenes[order[2]].scene_id in str(caught.value)
+    retry = _fetch(stac_world, tmp_path, products=("landsat_ndvi",), read_workers=1)
+    assert _files(retry["requests"]) == {
+        failing,
+        _file(stac_world, order[3], "qa_pixel"),
+        _file(stac_world, order[3], "red"),
+        _file(stac_world, order[3], "nir08"),
+    }
+    _assert_same(retry["arrays"], {"landsat_ndvi": sequential["arrays"]["landsat_ndvi"]})
+
+
+def test_the_window_cache_keeps_no_token(stac_world, tmp_path) -> None:
+    _fetch(stac_world, tmp_path, products=("landsat_st",))
+    secret = SAS_TOKEN.split("sig=")[1]
+    files = [p for p in (tmp_path / ".stac").rglob("*") if p.is_file()]
+    assert any(p.suffix == ".win" for p in files)
+    for path in files:
+        assert "sig=" not in str(path) and secret not in str(path), path
+        content = path.read_bytes()
+        assert b"sig=" not in content and secret.encode() not in content, path
 
 
 def test_a_damaged_mask_is_read_again_from_the_scene(stac_world, sequential, tmp_path) -> None:
@@ -124,6 +226,51 @@ def test_the_mask_cache_computes_once_per_key(tmp_path: Path) -> None:
     other = {**key, "invalid_mask": 31}
     cache.get("Boston", 2020, "S", other, compute)
     assert len(calls) == 2
+
+
+def test_the_window_cache_reads_once_per_key_and_never_trusts_a_damaged_file(tmp_path) -> None:
+    cache = WindowCache(tmp_path)
+    rng = np.random.default_rng(0)
+    window = AssetRead(
+        rng.integers(0, 65535, size=(37, 53)).astype(np.uint16), rng.random((37, 53)) > 0.3
+    )
+    calls = []
+
+    def read() -> AssetRead:
+        calls.append(1)
+        return window
+
+    key = {"scene": "S", "asset": "red", "href": "https://x/S_SR_B4.TIF", "fill": 0.0}
+    for _ in range(3):
+        got = cache.get("Boston", 2020, "S", "red", key, read)
+        np.testing.assert_array_equal(got.values, window.values)
+        np.testing.assert_array_equal(got.covered, window.covered)
+        assert got.values.dtype == np.uint16
+    assert len(calls) == 1 and cache.hits == 2 and cache.misses == 1
+    path = cache.path("Boston", 2020, "S", "red", key)
+    for damage in (
+        lambda b: b[:-1],  # truncated
+        lambda b: b[:-5] + bytes([b[-5] ^ 0x10]) + b[-4:],  # one bit of the payload
+        lambda b: b.replace(b'"fill":0.0', b'"fill":1.0'),  # a header naming another window
+        lambda b: b"",
+    ):
+        path.write_bytes(damage(path.read_bytes()))
+        got = cache.get("Boston", 2020, "S", "red", key, read)
+        np.testing.assert_array_equal(got.values, window.values)
+    assert len(calls) == 5
+    cache.get("Boston", 2020, "S", "red", {**key, "fill": 1.0}, read)
+    assert len(calls) == 6  # another key is another window
+
+
+def test_a_failed_window_read_keeps_nothing(tmp_path) -> None:
+    cache = WindowCache(tmp_path)
+
+    def fail() -> AssetRead:
+        raise SourceReadError("truncated", reason="corrupt_asset")
+
+    with pytest.raises(SourceReadError):
+        cache.get("Boston", 2020, "S", "red", {"scene": "S"}, fail)
+    assert not list(tmp_path.rglob("*.win"))
 
 
 # ---- concurrent reads ------------------------------------------------------------------------

@@ -43,13 +43,16 @@ from sources.stac.records import SearchRecords, search_key
 from sources.stac.retrying import RetryPolicy, TransientError
 from sources.stac.search import SearchRequest, get_collection, search_items
 from sources.stac.signing import HrefSigner
+from sources.stac.windows import WindowCache
+from sources.stac.zarrcache import ChunkCache
 
 log = logging.getLogger(__name__)
 
 ADAPTER_VERSION = "stac-1"
 """Version of this family's recipes; bump it whenever the pixels they write change."""
 STAC_STATE_DIR = ".stac"
-"""Folder of the family's shared state under the sources folder (search records, QA masks)."""
+"""Folder of the family's shared state under the sources folder (search records, QA masks,
+band windows, Zarr chunks)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,10 @@ class FetchContext:
     """Where searches are recorded (online) and answered from (offline)."""
     clear_masks: ClearMaskCache | None = None
     """Scene clear masks shared by the Landsat products; None: every product reads QA."""
+    windows: WindowCache | None = None
+    """Band windows kept on disk (Landsat); None: every read goes to the source."""
+    chunks: ChunkCache | None = None
+    """Zarr chunks kept on disk (Daymet); None: every chunk is downloaded."""
 
     def where(self, item_id: str | None = None, asset: str | None = None) -> str:
         """'landsat_st from pc:landsat-c2-l2 for Boston 2020, item X, asset Y'."""
@@ -298,6 +305,8 @@ class StacSource(SourceProduct):
             options=self.options,
             records=SearchRecords(state / "searches" if searches is None else Path(searches)),
             clear_masks=ClearMaskCache(state / "qa") if self.options.share_qa else None,
+            windows=WindowCache(state / "windows") if self.options.cache_reads else None,
+            chunks=ChunkCache(state / "zarr") if self.options.cache_reads else None,
         )
         installed = install_item(
             self.item_dir(city, source_year, dest),

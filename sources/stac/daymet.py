@@ -46,6 +46,7 @@ from sources.stac.adapter import FetchContext
 from sources.stac.grids import TargetGrid, city_crs, city_window
 from sources.stac.retrying import TransientError, is_transient_status
 from sources.stac.writing import PROVENANCE_FILE, Layer, write_cog, write_provenance
+from sources.stac.zarrcache import CachingStore, ChunkCache
 
 CRS_TOLERANCE_M = 0.01
 """The store's grid mapping and the product's declared CRS must place a point this close."""
@@ -53,6 +54,10 @@ CRS_TOLERANCE_M = 0.01
 
 class CorruptStoreError(Exception):
     """The store answered, but its metadata or a chunk cannot be decoded."""
+
+
+DECODE_ERRORS = (CorruptStoreError, RuntimeError, ValueError, zlib.error, KeyError)
+"""What a store that answered but does not decode raises (codecs, chunk sizes, metadata)."""
 
 
 @dataclass(frozen=True)
@@ -84,15 +89,26 @@ def _transient_or_fatal(exc: BaseException) -> Exception | None:
 
 @contextmanager
 def open_store(
-    signed_root: str, spec: ZarrSpec, timeout: tuple[float, float], consolidated: bool
+    signed_root: str,
+    spec: ZarrSpec,
+    timeout: tuple[float, float],
+    consolidated: bool,
+    *,
+    cache: ChunkCache | None = None,
+    href: str | None = None,
 ) -> Iterator[xr.Dataset]:
     """The store at a signed HTTPS root as a lazy dataset (nothing but metadata read yet).
 
     The SAS query of the root is handed to every request as parameters (fsspec appends chunk
-    keys to the path, so a query in the root itself would be lost).
+    keys to the path, so a query in the root itself would be lost). With a ``cache``, chunks
+    are kept on disk keyed by ``href`` (the store's unsigned URL; default the root without its
+    query) and read from there by later opens; a decoding failure removes the chunks this open
+    read from the cache (``sources.stac.zarrcache``). A local (offline mirror) store is read as
+    it is.
     """
     root, _, query = signed_root.partition("?")
     fs: HTTPFileSystem | None = None
+    caching: CachingStore | None = None
     store: Store
     if root.startswith(("http://", "https://")):
         connect_s, read_s = timeout
@@ -110,22 +126,32 @@ def open_store(
             **options,
         )
         store = zarr.storage.FsspecStore(fs, read_only=True, path=root.rstrip("/"))
+        if cache is not None:
+            store = caching = cache.wrap(store, href or root)
     else:  # an offline mirror copy on disk
         store = zarr.storage.LocalStore(root, read_only=True)
     try:
-        dataset = xr.open_zarr(
-            store,
-            consolidated=consolidated,
-            zarr_format=spec.zarr_format,
-            chunks=None,
-            drop_variables=list(spec.drop_variables),
-        )
-    except FileNotFoundError as exc:
-        raise SourceReadError(f"no Zarr store at {root}: {exc}", reason="missing_asset") from None
-    try:
-        yield dataset
+        try:
+            dataset = xr.open_zarr(
+                store,
+                consolidated=consolidated,
+                zarr_format=spec.zarr_format,
+                chunks=None,
+                drop_variables=list(spec.drop_variables),
+            )
+        except FileNotFoundError as exc:
+            raise SourceReadError(
+                f"no Zarr store at {root}: {exc}", reason="missing_asset"
+            ) from None
+        try:
+            yield dataset
+        finally:
+            dataset.close()
+    except DECODE_ERRORS:
+        if caching is not None:
+            caching.discard_read_chunks()  # never replay bytes that did not decode
+        raise
     finally:
-        dataset.close()
         if fs is not None:
             _close_session(fs)
 
@@ -202,7 +228,9 @@ def read_window(ctx: FetchContext, href: str, consolidated: bool) -> StoreWindow
     assert spec is not None and ctx.year is not None
     expected = load_products()[ctx.spec.product].expected_crs(ctx.city)
     centre = get_city(ctx.city).centre
-    with open_store(ctx.open_href(href), spec, ctx.timeout, consolidated) as ds:
+    with open_store(
+        ctx.open_href(href), spec, ctx.timeout, consolidated, cache=ctx.chunks, href=href
+    ) as ds:
         check_same_crs(store_crs(ds, spec), expected, centre.lon, centre.lat)
         time_dim, y_dim, x_dim = spec.dims
         years = ds[time_dim].dt.year.values
@@ -364,7 +392,7 @@ def _read_with_policy(ctx: FetchContext, href: str, consolidated: bool) -> Store
             return read_window(ctx, href, consolidated)
         except (SourceUnavailableError, SourceReadError, CorruptStoreError):
             raise
-        except (RuntimeError, ValueError, zlib.error, KeyError) as exc:
+        except DECODE_ERRORS as exc:
             # Codec failures (blosc, zlib, zstd), chunks of the wrong size, unreadable metadata.
             raise CorruptStoreError(f"{type(exc).__name__}: {exc}") from None
         except Exception as exc:

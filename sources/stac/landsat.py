@@ -11,7 +11,9 @@ statistics over the clear observations (see ``sources.stac.pixels``); a pixel wi
 nodata, never 0.
 
 A scene's clear mask is kept on disk (``sources.stac.clearmasks``), so the three products of a
-city-year read its QA_PIXEL window once. Scenes are read by a bounded thread pool
+city-year read its QA_PIXEL window once, and so is every band window it reads
+(``sources.stac.windows``), so OPT and NDVI read the red band once and a retried fetch reads only
+the windows it lacks. Scenes are read by a bounded thread pool
 (``read_workers``); their observations are stacked in the order of the selected scenes, never in
 the order reads finish, so a composite is the same bit for bit however the reads interleave.
 
@@ -37,6 +39,7 @@ from citycube.staging import StagedFiles
 from sources.stac import pixels
 from sources.stac.adapter import FetchContext
 from sources.stac.grids import TargetGrid, city_bbox_wgs84, landsat_grid
+from sources.stac.reading import AssetRead
 from sources.stac.records import unsigned
 from sources.stac.search import SearchRequest, cloud_cover, year_interval
 from sources.stac.writing import PROVENANCE_FILE, Layer, write_cog, write_provenance
@@ -95,12 +98,49 @@ def clear_mask(ctx: FetchContext, item: pystac.Item, grid: TargetGrid) -> np.nda
     key = {
         "scene": item.id,
         "qa_href": unsigned(asset.href),
-        "crs": grid.crs.to_wkt(),
-        "transform": [float(v) for v in tuple(grid.transform)[:6]],
-        "shape": [int(v) for v in grid.shape],
+        **_grid_key(grid),
         "invalid_mask": qa_spec.mask,
     }
     return ctx.clear_masks.get(ctx.city, ctx.year, item.id, key, compute)
+
+
+def band_window(
+    ctx: FetchContext,
+    item: pystac.Item,
+    asset_key: str,
+    grid: TargetGrid,
+    *,
+    fill: float,
+    nodata: float | None,
+) -> AssetRead:
+    """One band's window of a scene on the grid: read from the asset, or loaded when a product
+    of the city-year (or an earlier attempt of this fetch) read it already."""
+
+    def read() -> AssetRead:
+        return ctx.read(item, asset_key, grid, fill=fill, nodata=nodata)
+
+    asset = item.assets.get(asset_key)
+    if ctx.windows is None or asset is None or ctx.year is None:
+        return read()
+    key = {
+        "scene": item.id,
+        "asset": asset_key,
+        "href": unsigned(asset.href),
+        **_grid_key(grid),
+        "band": 1,
+        "fill": float(fill),
+        "nodata": None if nodata is None else float(nodata),
+    }
+    return ctx.windows.get(ctx.city, ctx.year, item.id, asset_key, key, read)
+
+
+def _grid_key(grid: TargetGrid) -> dict[str, Any]:
+    """What identifies the target grid in a cache key."""
+    return {
+        "crs": grid.crs.to_wkt(),
+        "transform": [float(v) for v in tuple(grid.transform)[:6]],
+        "shape": [int(v) for v in grid.shape],
+    }
 
 
 def _observations(
@@ -115,7 +155,7 @@ def _observations(
         key = band.asset_for(platform)
         scale, offset = ctx.scale_offset(item, key)
         fill = 0 if spec.fill_value is None else spec.fill_value
-        read = ctx.read(item, key, grid, fill=fill, nodata=spec.fill_value)
+        read = band_window(ctx, item, key, grid, fill=fill, nodata=spec.fill_value)
         values = pixels.scale_dn(read.values, scale, offset, spec.fill_value)
         bands.append(pixels.masked(values, clear & read.covered))
     return bands, int(clear.sum())

@@ -70,6 +70,13 @@ class StacFamilyOptions(BaseModel):
         description="Keep each scene's clear mask on disk (<data root>/sources/.stac/qa) so "
         "OPT, NDVI and HEAT of a city-year read QA_PIXEL once.",
     )
+    cache_reads: bool = Field(
+        True,
+        description="Keep every fetched Landsat band window (<data root>/sources/.stac/windows) "
+        "and Zarr chunk (<data root>/sources/.stac/zarr) on disk, checksummed, so OPT and NDVI "
+        "read the red band once, a retried fetch reads only what it lacks, and Daymet's cities "
+        "and years sharing a chunk download it once.",
+    )
 
     @model_validator(mode="after")
     def _waits(self) -> Self:
