@@ -180,6 +180,8 @@ def test_surface_temperature_record_has_holes(backend: SampleBackend, tmp_path: 
         assert 22 <= len(years) <= 23  # 3 or 4 of 26 years (~14 %) missing
     complete = [c for c, ys in records.items() if set(ST_CORE_YEARS) <= set(ys)]
     assert sorted(complete) == sorted(set(cities) - {"Shanghai"})  # seed 000's 15-city cohort
+    assert len(set(ST_CORE_YEARS) - set(records["Shanghai"])) == 4
+    assert sum(len(years) for years in records.values()) == 358  # seed 000 Table 10, HEAT
     assert any(records[c] != st_years(c, seed=1) for c in cities)
     missing = min(set(range(2000, 2026)) - set(records[AMS]))
     with pytest.raises(SourceUnavailableError) as err:
