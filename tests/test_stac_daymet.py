@@ -267,7 +267,7 @@ def test_a_retried_chunk_logs_its_failures_without_the_token(
     caplog.set_level(logging.DEBUG)
     stac_world.set_faults([{"match": "/na.zarr/prcp/", "status": 503, "times": 2}])
     try:
-        daymet_adapter(stac_world).fetch(CITY, 2017, tmp_path)
+        daymet_adapter(stac_world).fetch(CITY, 2018, tmp_path)
     finally:
         stac_world.set_faults([])
     out, err = capfd.readouterr()
