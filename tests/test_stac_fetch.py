@@ -15,7 +15,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import rasterio
-from pyproj import Transformer
 from scipy import ndimage
 
 from citycube.catalogue import load_catalogue
@@ -25,21 +24,17 @@ from citycube.process import process_partition
 from citycube.sources import SourceItem, SourceSet
 from sources.stac import stac_adapters
 from sources.stac.adapter import StacSource
-from sources.stac.grids import TargetGrid, landsat_grid
+from sources.stac.grids import landsat_grid
+from tests.stac_expected import INVALID_BITS, expected_stacks, scene_band, source_index
 from tests.stac_fixtures import (
     CITY,
     SAS_TOKEN,
     SOUTH_CITY,
-    SR_OFFSET,
-    SR_SCALE,
     ST_OFFSET,
     ST_SCALE,
     StacWorld,
     byte_accounting,
 )
-
-INVALID_BITS = 0b111111
-USED_2020 = ("clear", "second", "slc_off", "zone18")
 
 
 def adapters(world: StacWorld, **overrides: Any) -> dict[str, StacSource]:
@@ -70,64 +65,12 @@ def fetched_2020(stac_world: StacWorld, tmp_path_factory: pytest.TempPathFactory
 # ---- the independent computation -------------------------------------------------------------
 
 
-def _source_index(world: StacWorld, role: str, grid: TargetGrid) -> tuple[np.ndarray, ...]:
-    """(rows, cols, inside) of each target pixel's nearest source pixel, via pyproj."""
-    scene = world.scenes[role]
-    rows, cols = np.mgrid[0 : grid.height, 0 : grid.width]
-    t = grid.transform
-    x = t.c + (cols + 0.5) * t.a
-    y = t.f + (rows + 0.5) * t.e
-    if scene.epsg != grid.crs.to_epsg():
-        x, y = Transformer.from_crs(grid.crs, scene.epsg, always_xy=True).transform(x, y)
-    x0, y0 = scene.top_left_xy
-    src_cols = np.floor((x - x0) / 30).astype(int)
-    src_rows = np.floor((y0 - y) / 30).astype(int)
-    inside = (
-        (src_rows >= 0)
-        & (src_rows < scene.shape[0])
-        & (src_cols >= 0)
-        & (src_cols < scene.shape[1])
-    )
-    return (
-        np.clip(src_rows, 0, scene.shape[0] - 1),
-        np.clip(src_cols, 0, scene.shape[1] - 1),
-        inside,
-    )
-
-
-def _scene_band(world: StacWorld, role: str, asset: str, grid: TargetGrid) -> np.ndarray:
-    """A scene's asset on the target grid (whole file read, indexed with numpy)."""
-    scene = world.scenes[role]
-    href = world.items[scene.scene_id]["assets"][asset]["href"]
-    with rasterio.open(world.local_path(href)) as src:
-        whole = src.read(1)
-    rows, cols, inside = _source_index(world, role, grid)
-    return np.where(inside, whole[rows, cols], 0 if asset != "qa_pixel" else 1)
-
-
-def expected_stacks(world: StacWorld, assets: list[str]) -> dict[str, np.ndarray]:
-    """Per asset, (scenes, rows, cols) of physical values, NaN where not clear (float64)."""
-    grid = landsat_grid(CITY)
-    out: dict[str, list[np.ndarray]] = {a: [] for a in assets}
-    for role in USED_2020:
-        scene = world.scenes[role]
-        qa = _scene_band(world, role, "qa_pixel", grid)
-        clear = (qa & INVALID_BITS) == 0
-        for asset in assets:
-            key = scene.thermal_asset if asset == "thermal" else asset
-            dn = _scene_band(world, role, key, grid).astype(np.float64)
-            scale, offset = (ST_SCALE, ST_OFFSET) if asset == "thermal" else (SR_SCALE, SR_OFFSET)
-            values = dn * scale + offset
-            out[asset].append(np.where(clear & (dn != 0), values, np.nan))
-    return {a: np.stack(v) for a, v in out.items()}
-
-
 def assert_composite_matches(got: np.ndarray, want: np.ndarray, atol: float, world) -> None:
     """Same invalid pixels everywhere; same values wherever only same-zone scenes contribute,
     and on ≥ 99.5 % of the pixels the neighbouring-zone scene reaches (GDAL's nearest pixel
     and an exact pyproj floor can differ where a pixel centre falls on a source pixel edge)."""
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    warped = _source_index(world, "zone18", landsat_grid(CITY))[2]
+    warped = source_index(world, "zone18", landsat_grid(CITY))[2]
     warped = ndimage.binary_dilation(warped, iterations=2)  # its edge pixels too
     valid = ~np.isnan(want)
     np.testing.assert_allclose(got[valid & ~warped], want[valid & ~warped], atol=atol)
@@ -195,13 +138,13 @@ def test_cloudy_scene_is_never_read_and_every_read_is_signed(fetched_2020: dict,
 
 def test_neighbouring_zone_scene_is_reprojected_onto_the_city_zone(fetched_2020, stac_world):
     grid = landsat_grid(CITY)
-    inside = _source_index(stac_world, "zone18", grid)[2]
+    inside = source_index(stac_world, "zone18", grid)[2]
     only_zone18 = inside.copy()
     for role in ("clear", "second", "slc_off"):
-        only_zone18 &= ~_source_index(stac_world, role, grid)[2]
+        only_zone18 &= ~source_index(stac_world, role, grid)[2]
     assert only_zone18.sum() > 10_000, "the fixture should give zone 18 pixels of its own"
-    qa = _scene_band(stac_world, "zone18", "qa_pixel", grid)
-    dn = _scene_band(stac_world, "zone18", "lwir11", grid)
+    qa = scene_band(stac_world, "zone18", "qa_pixel", grid)
+    dn = scene_band(stac_world, "zone18", "lwir11", grid)
     want = np.where(((qa & INVALID_BITS) == 0) & (dn != 0), dn * ST_SCALE + ST_OFFSET, -9999)
     data, profile = _read(fetched_2020["items"]["landsat_st"])
     assert profile["crs"].to_epsg() == 32619
@@ -212,10 +155,10 @@ def test_neighbouring_zone_scene_is_reprojected_onto_the_city_zone(fetched_2020,
 
 def test_slc_off_gaps_are_invalid_never_zero(fetched_2020: dict, stac_world: StacWorld) -> None:
     grid = landsat_grid(CITY)
-    own = _source_index(stac_world, "slc_off", grid)[2]
+    own = source_index(stac_world, "slc_off", grid)[2]
     for role in ("clear", "second", "zone18"):
-        own &= ~_source_index(stac_world, role, grid)[2]
-    qa = _scene_band(stac_world, "slc_off", "qa_pixel", grid)
+        own &= ~source_index(stac_world, role, grid)[2]
+    qa = scene_band(stac_world, "slc_off", "qa_pixel", grid)
     gaps = own & (qa == 1)
     assert gaps.sum() > 1000
     ndvi, _ = _read(fetched_2020["items"]["landsat_ndvi"])
@@ -258,8 +201,8 @@ def test_a_southern_scene_in_the_northern_zone_code_lands_on_the_city_zone(
     assert profile["crs"].to_epsg() == 32734
     grid = landsat_grid(SOUTH_CITY)
     assert profile["transform"] == grid.transform
-    qa = _scene_band(stac_world, "south", "qa_pixel", grid)
-    dn = _scene_band(stac_world, "south", "lwir11", grid)
+    qa = scene_band(stac_world, "south", "qa_pixel", grid)
+    dn = scene_band(stac_world, "south", "lwir11", grid)
     clear = ((qa & INVALID_BITS) == 0) & (dn != 0)
     want = np.where(clear, dn * ST_SCALE + ST_OFFSET, -9999)
     assert clear.sum() > 100_000
