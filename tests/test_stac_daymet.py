@@ -9,6 +9,7 @@ adapter's window code.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -173,7 +174,7 @@ def test_only_the_chunks_under_the_window_are_read_and_every_request_is_signed(
 
 
 def test_the_sas_token_is_in_no_written_file_and_reaches_the_server_intact(
-    fetched: dict, stac_world: StacWorld, tmp_path: Path
+    fetched: dict, stac_world: StacWorld, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     secret = SAS_TOKEN.split("sig=")[1]
     for path in Path(fetched["dest"]).rglob("*"):
@@ -186,10 +187,12 @@ def test_the_sas_token_is_in_no_written_file_and_reaches_the_server_intact(
     # The signature travels as query parameters: the server must see it byte for byte.
     stac_world.set_faults([{"match": "/daymeteuwest/", "require_query": "sig=" + secret}])
     try:
-        item = daymet_adapter(stac_world).fetch(CITY, 2019, tmp_path)
+        with caplog.at_level(logging.DEBUG):
+            item = daymet_adapter(stac_world).fetch(CITY, 2019, tmp_path)
     finally:
         stac_world.set_faults([])
     assert set(item.files) == set(ROLES)
+    assert caplog.records and secret not in caplog.text  # nor in any log record
 
 
 def test_a_year_after_the_store_is_unavailable_without_a_request(

@@ -7,6 +7,7 @@ rasterio and numpy, and compared with what the adapters wrote.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -285,14 +286,19 @@ def test_server_errors_are_retried_then_the_read_succeeds(stac_world: StacWorld,
     assert Path(item.href("data")).exists()
 
 
-def test_persistent_server_errors_end_in_a_clear_transient_error(stac_world, tmp_path) -> None:
+def test_persistent_server_errors_end_in_a_clear_transient_error(
+    stac_world, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
     name = _thermal_file(stac_world, "faulty")
     stac_world.set_faults([{"match": name, "status": 503}])
     try:
-        with pytest.raises(SourceFetchError) as caught:
+        with caplog.at_level(logging.DEBUG), pytest.raises(SourceFetchError) as caught:
             adapters(stac_world)["landsat_st"].fetch(CITY, 2019, tmp_path)
     finally:
         stac_world.set_faults([])
+    # GDAL's own messages name the URL it read, signed: rasterio relays them to logging.
+    assert "503" in caplog.text and name in caplog.text
+    assert SAS_TOKEN.split("sig=")[1] not in caplog.text and "sig=" not in caplog.text
     error = caught.value
     assert error.transient and error.reason == "server_error"
     scene = stac_world.scenes["faulty"].scene_id

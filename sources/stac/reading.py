@@ -11,6 +11,7 @@ the window needs.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,16 +28,46 @@ from rasterio.windows import Window
 from sources.stac.grids import TargetGrid, y_shift_into
 from sources.stac.options import StacFamilyOptions
 from sources.stac.retrying import TransientError, is_transient_gdal_message
+from sources.stac.signing import redact_queries
+
+
+class _RedactQueries(logging.Filter):
+    """Replaces URL query strings in a log record's message (never drops the record)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "?" in message:
+            record.msg, record.args = redact_queries(message), None
+        return True
+
+
+_REDACT = _RedactQueries()
+_redacted_loggers: set[str] = set()
+
+
+def redact_rasterio_logs() -> None:
+    """Keep signed hrefs out of the logs: rasterio relays GDAL's messages to Python logging
+    (a 503 is logged as "HTTP response code on <the signed URL>: 503", and opened datasets are
+    named in debug records), so every rasterio logger gets a filter that strips URL queries.
+
+    A filter acts only on its own logger's records, so each rasterio logger gets one; loggers
+    of modules rasterio imports later are caught by the next call (every read calls this).
+    """
+    for name in list(logging.root.manager.loggerDict):
+        if (name == "rasterio" or name.startswith("rasterio.")) and name not in _redacted_loggers:
+            logging.getLogger(name).addFilter(_REDACT)
+            _redacted_loggers.add(name)
 
 
 def gdal_env(options: StacFamilyOptions) -> dict[str, str | int | bool]:
-    """GDAL settings for reading COGs over HTTP.
+    """GDAL settings for reading COGs over HTTP (and its log records made safe to keep).
 
     No directory listing on open, only ``.tif`` names probed, consecutive ranges merged,
     timeouts on every request, and no retries inside GDAL: the family's retry policy owns them.
     Nothing is cached across opens (``CPL_VSIL_CURL_NON_CACHED``): an asset is opened once per
     fetch, and GDAL would otherwise remember a failed answer and replay it to every retry.
     """
+    redact_rasterio_logs()
     return {
         "GDAL_DISABLE_READDIR_ON_OPEN": "EMPTY_DIR",
         "CPL_VSIL_CURL_ALLOWED_EXTENSIONS": ".tif,.TIF,.tiff,.TIFF",

@@ -39,6 +39,11 @@ _QUERY = re.compile(r"\?[^\s'\"]*")
 """A URL's query string, where SAS tokens travel."""
 
 
+def redact_queries(text: str) -> str:
+    """``text`` with every URL query string (where SAS tokens travel) replaced."""
+    return _QUERY.sub("?<redacted>", text)
+
+
 class HrefSigner:
     """Signs hrefs for one signing scheme and rewrites them onto a mirror."""
 
@@ -104,7 +109,7 @@ class HrefSigner:
             tokens = [t.token for t in self._tokens.values()]
         for token in tokens:
             text = text.replace(token, "<sas-token>")
-        return _QUERY.sub("?<redacted>", text)
+        return redact_queries(text)
 
     def _token(self, account: str, container: str) -> SASToken:
         key = (account, container)
