@@ -597,6 +597,74 @@ class _SasHandler(BaseHTTPRequestHandler):
 
 
 @dataclass
+class ThrottledApi:
+    """A loopback proxy of the STAC API that answers some requests with scripted statuses."""
+
+    url: str
+    """The proxy's root (links in the answers it forwards point back at it)."""
+    seen: list[tuple[float, str, str, int]]
+    """(monotonic time, method, path, status) of every request, in arrival order."""
+
+
+@contextmanager
+def throttled_api(
+    upstream: str, prefix: str, answers: list[tuple[int, dict[str, str]]]
+) -> Iterator[ThrottledApi]:
+    """Serve a proxy of ``upstream`` until exit: the first requests whose path starts with
+    ``prefix`` get ``answers`` (status and headers, e.g. 429 with Retry-After) in turn, every
+    other request is forwarded."""
+    left = list(answers)
+    seen: list[tuple[float, str, str, int]] = []
+    lock = threading.Lock()
+    own: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            arrived = time.monotonic()
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            with lock:
+                scripted = left.pop(0) if self.path.startswith(prefix) and left else None
+            if scripted is not None:
+                status, headers = scripted
+                seen.append((arrived, self.command, self.path, status))
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            forwarded = {
+                k: v for k, v in self.headers.items() if k.lower() in ("content-type", "accept")
+            }
+            response = requests.request(
+                self.command, upstream + self.path, data=body, headers=forwarded, timeout=10
+            )
+            content = response.content.replace(upstream.encode(), own[0].encode())
+            seen.append((arrived, self.command, self.path, response.status_code))
+            self.send_response(response.status_code)
+            self.send_header("Content-Type", response.headers.get("Content-Type", "text/plain"))
+            self.send_header("Content-Length", str(len(content)))
+            self.end_headers()
+            self.wfile.write(content)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, format: str, *args: object) -> None:
+            """Quiet."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    own.append(f"http://127.0.0.1:{server.server_address[1]}")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield ThrottledApi(own[0], seen)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
 class StacWorld:
     """The running loopback services and what they serve."""
 
@@ -800,7 +868,7 @@ def byte_accounting(world: StacWorld, requests: list[str], city: str) -> dict[st
     served: dict[str, int] = {}
     opens: dict[str, int] = {}
     for line in requests:
-        _, path, byte_range, _, sent, _ = line.split()
+        _, path, byte_range, _, sent = line.split()[:5]
         served[path] = served.get(path, 0) + int(sent)
         opens[path] = opens.get(path, 0) + byte_range.startswith("bytes=0-")
     totals = {kind: {"fetched": 0, "needed": 0, "whole": 0} for kind in ("landsat", "dem")}

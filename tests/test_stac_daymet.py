@@ -166,7 +166,7 @@ def test_only_the_chunks_under_the_window_are_read_and_every_request_is_signed(
     all_chunks = math.ceil(store_rows / DAYMET_CHUNK) * math.ceil(store_cols / DAYMET_CHUNK)
     assert len(needed) < all_chunks
     lines = [line.split() for line in fetched["requests"] if "/daymeteuwest/" in line]
-    assert lines and all(parts[-1] == "signed" for parts in lines)
+    assert lines and all(parts[5] == "signed" for parts in lines)
     for variable in ("tmin", "tmax", "prcp"):
         got = {p[1].rsplit("/", 1)[1] for p in lines if f"/na.zarr/{variable}/" in p[1]}
         assert got == needed, variable
@@ -248,6 +248,24 @@ def test_server_errors_are_retried_then_the_read_succeeds(
     finally:
         stac_world.set_faults([])
     assert set(item.files) == set(ROLES)
+
+
+def test_a_429_on_a_chunk_waits_as_long_as_retry_after_asks(
+    stac_world: StacWorld, tmp_path: Path
+) -> None:
+    rule = {"match": "/na.zarr/prcp/", "status": 429, "times": 1, "headers": {"Retry-After": "1"}}
+    stac_world.set_faults([rule])
+    before = len(stac_world.log_lines())
+    try:
+        item = daymet_adapter(stac_world).fetch(CITY, 2017, tmp_path)
+    finally:
+        stac_world.set_faults([])
+    assert set(item.files) == set(ROLES)
+    prcp = [line.split() for line in stac_world.log_lines()[before:] if "/na.zarr/prcp/" in line]
+    (refused,) = [parts for parts in prcp if parts[3] == "429"]
+    retried = [p for p in prcp[prcp.index(refused) + 1 :] if p[1] == refused[1]]
+    # The back-off alone waits at most retry_wait_max_s = 0.2 s (plus 0.05 s of jitter).
+    assert retried and float(retried[0][6]) - float(refused[6]) >= 0.95
 
 
 # ---- processing: unpublished roles and the fallback ------------------------------------------

@@ -35,6 +35,7 @@ from tests.stac_fixtures import (
     ST_SCALE,
     StacWorld,
     byte_accounting,
+    throttled_api,
 )
 
 
@@ -321,6 +322,48 @@ def test_a_timeout_is_retried_within_its_bound_then_reported(stac_world, tmp_pat
         stac_world.set_faults([])
     assert caught.value.transient and "2019" in str(caught.value)
     assert time.monotonic() - started < 15
+
+
+def test_a_429_from_the_stac_api_waits_as_long_as_retry_after_asks(stac_world, tmp_path) -> None:
+    with throttled_api(stac_world.api_url, "/search", [(429, {"Retry-After": "1"})]) as api:
+        started = time.monotonic()
+        with pytest.raises(SourceUnavailableError) as caught:
+            adapters(stac_world, api_url=api.url)["landsat_ndvi"].fetch(CITY, 2005, tmp_path)
+        elapsed = time.monotonic() - started
+    assert caught.value.reason == "no_scenes"  # the search was answered in the end
+    searches = [(at, status) for at, _, path, status in api.seen if path.startswith("/search")]
+    assert [status for _, status in searches] == [429, 200]
+    # The back-off alone waits at most retry_wait_max_s = 0.2 s (plus 0.05 s of jitter).
+    assert searches[1][0] - searches[0][0] >= 0.95
+    assert elapsed < 10
+
+
+def test_a_retry_after_beyond_the_retry_bound_fails_at_once_saying_so(stac_world, tmp_path):
+    answers = [(429, {"Retry-After": "120"})] * 3
+    with throttled_api(stac_world.api_url, "/search", answers) as api:
+        started = time.monotonic()
+        with pytest.raises(SourceFetchError) as caught:
+            adapters(stac_world, api_url=api.url, retry_total_s=5)["landsat_ndvi"].fetch(
+                CITY, 2005, tmp_path
+            )
+        elapsed = time.monotonic() - started
+    assert elapsed < 4  # neither 120 s nor the 5 s bound
+    error = caught.value
+    assert error.transient and error.reason == "search_failed"
+    for part in ("landsat_ndvi", CITY, "2005", "429", "retry after 120 s", "5 s retry bound"):
+        assert part in str(error), part
+    assert sum(path.startswith("/search") for _, _, path, _ in api.seen) == 1
+
+
+def test_a_429_from_the_token_endpoint_waits_as_long_as_retry_after_asks(stac_world) -> None:
+    root = stac_world.sas_url.removesuffix("/token")
+    with throttled_api(root, "/token/", [(429, {"Retry-After": "1"})]) as sas:
+        signer = adapters(stac_world, sas_url=f"{sas.url}/token")["landsat_st"].signer
+        href = stac_world.items[stac_world.scenes["clear"].scene_id]["assets"]["red"]["href"]
+        signed = signer.sign(href)
+    assert SAS_TOKEN in signed
+    (refused, _), (answered, status) = [(at, status) for at, _, _, status in sas.seen]
+    assert status == 200 and answered - refused >= 0.95
 
 
 def test_a_truncated_cog_is_a_read_error_naming_the_item(stac_world, tmp_path) -> None:
