@@ -46,7 +46,7 @@ ST_SCALE, ST_OFFSET = 0.00341802, 149.0
 QA_CLEAR_L8 = 21824
 """QA_PIXEL of a clear OLI pixel: clear bit plus low confidences."""
 QA_CLEAR_L7 = 5440
-"""QA_PIXEL of a clear ETM+ pixel (no cirrus confidence)."""
+"""QA_PIXEL of a clear TM or ETM+ pixel (no cirrus confidence)."""
 LANDSAT_ACCOUNT = "landsateuwest"
 DEM_ACCOUNT = "elevationeuwest"
 BLOB = "blob.core.windows.net"
@@ -95,32 +95,54 @@ class SceneSpec:
     """Cloud, dilated cloud, shadow, snow, cirrus (OLI) and water patches."""
     slc_off: bool = False
     """Landsat 7 scan-line-corrector gaps (fill stripes)."""
+    unscaled: tuple[str, ...] = ()
+    """Assets whose ``raster:bands`` leave out scale and offset (a broken item)."""
+
+    @property
+    def oli(self) -> bool:
+        """OLI/TIRS (Landsat 8 and 9) rather than TM (5) or ETM+ (7)."""
+        return self.platform in ("landsat-8", "landsat-9")
 
     @property
     def thermal_asset(self) -> str:
         """Thermal asset key: 'lwir' on TM/ETM+, 'lwir11' on TIRS."""
-        return "lwir" if self.platform in ("landsat-5", "landsat-7") else "lwir11"
+        return "lwir11" if self.oli else "lwir"
 
     @property
     def folder(self) -> str:
         """Path of its files under the storage account, as USGS lays scenes out."""
-        instrument = "etm" if self.platform == "landsat-7" else "oli-tirs"
+        instrument = {"landsat-5": "tm", "landsat-7": "etm"}.get(self.platform, "oli-tirs")
         path_row = self.scene_id.split("_")[2]
         return (
             f"landsat-c2/level-2/standard/{instrument}/{self.acquired:%Y}/"
             f"{path_row[:3]}/{path_row[3:]}/{self.scene_id}"
         )
 
+    def file_name(self, asset: str) -> str:
+        """The asset's file name, with the sensor's own band numbers (TM/ETM+ count from
+        blue = 1, OLI from coastal = 1; the thermal band is 6 on TM/ETM+, 10 on TIRS)."""
+        bands = OLI_FILES if self.oli else TM_ETM_FILES
+        return f"{self.scene_id}_{bands[asset]}.TIF"
 
-ASSET_FILES = {
-    "red": "SR_B4",
-    "green": "SR_B3",
+
+OLI_FILES = {
     "blue": "SR_B2",
+    "green": "SR_B3",
+    "red": "SR_B4",
     "nir08": "SR_B5",
     "lwir11": "ST_B10",
+    "qa_pixel": "QA_PIXEL",
+}
+"""File suffix of each asset of a Landsat 8 or 9 scene."""
+TM_ETM_FILES = {
+    "blue": "SR_B1",
+    "green": "SR_B2",
+    "red": "SR_B3",
+    "nir08": "SR_B4",
     "lwir": "ST_B6",
     "qa_pixel": "QA_PIXEL",
 }
+"""File suffix of each asset of a Landsat 5 or 7 scene."""
 
 
 def write_cog(
@@ -167,7 +189,7 @@ def scene_arrays(scene: SceneSpec) -> dict[str, np.ndarray]:
     kelvin = 290 + 0.05 * (lattice_col % 61) + 0.5 * s + 0 * lattice_row
     thermal = np.round((kelvin - ST_OFFSET) / ST_SCALE).astype(np.int64) + noise
 
-    oli = scene.platform in ("landsat-8", "landsat-9")
+    oli = scene.oli
     qa = np.full((rows, cols), QA_CLEAR_L8 if oli else QA_CLEAR_L7, dtype=np.int64)
     yy, xx = np.mgrid[0:rows, 0:cols]
     if scene.clouds:
@@ -217,8 +239,7 @@ def write_scene(storage: Path, scene: SceneSpec) -> dict[str, Any]:
     rows, cols = scene.shape
     assets: dict[str, Any] = {}
     for key, data in scene_arrays(scene).items():
-        name = f"{scene.scene_id}_{ASSET_FILES[key]}.TIF"
-        relative = f"{scene.folder}/{name}"
+        relative = f"{scene.folder}/{scene.file_name(key)}"
         nodata = 1 if key == "qa_pixel" else 0
         write_cog(storage / LANDSAT_ACCOUNT / relative, data, crs, transform, nodata)
         band: dict[str, Any] = {"nodata": nodata, "data_type": "uint16", "spatial_resolution": 30}
@@ -228,6 +249,9 @@ def write_scene(storage: Path, scene: SceneSpec) -> dict[str, Any]:
             band.update(scale=ST_SCALE, offset=ST_OFFSET, unit="kelvin")
         else:
             band["unit"] = "bit index"
+        if key in scene.unscaled:
+            band.pop("scale", None)
+            band.pop("offset", None)
         assets[key] = {
             "href": f"https://{LANDSAT_ACCOUNT}.{BLOB}/{relative}",
             "type": "image/tiff; application=geotiff; profile=cloud-optimized",
@@ -495,9 +519,11 @@ def boston_scenes() -> dict[str, SceneSpec]:
     """The loopback scenes over Boston, by role in the tests.
 
     2020: three usable scenes in zone 19 (two OLI, one Landsat 7 SLC-off), one too cloudy,
-    one from zone 18; 2019: one scene (fault tests); 2018: a scene whose QA file is truncated.
-    Plus one Cape Town scene of 2020 as USGS publishes southern scenes: in the northern zone
-    code (32634) with negative northings.
+    one from zone 18; 2019: one scene (fault tests); 2018: a scene whose QA file is truncated;
+    2017: a scene whose thermal asset declares no scale and offset. One Landsat 5 (TM) scene
+    in 2009 and one Landsat 9 scene in 2022, each alone in its year, with their own asset names
+    (thermal ``lwir`` and ``lwir11``). Plus one Cape Town scene of 2020 as USGS publishes
+    southern scenes: in the northern zone code (32634) with negative northings.
     """
     grid = landsat_grid(CITY)
     south = landsat_grid(SOUTH_CITY).transform
@@ -544,6 +570,19 @@ def boston_scenes() -> dict[str, SceneSpec]:
         "truncated": SceneSpec(
             "LC08_L2SP_012031_20180607_20200831_02_T1", "landsat-8", 32619, at(200, 200),
             (512, 512), datetime(2018, 6, 7, 15, 30, tzinfo=UTC), 10.0, 7,
+        ),
+        "unscaled": SceneSpec(
+            "LC08_L2SP_012031_20170620_20200903_02_T1", "landsat-8", 32619, at(250, 150),
+            (384, 384), datetime(2017, 6, 20, 15, 30, tzinfo=UTC), 10.0, 9,
+            unscaled=("lwir11",),
+        ),
+        "tm": SceneSpec(
+            "LT05_L2SP_012031_20090710_20200827_02_T1", "landsat-5", 32619, at(300, 250),
+            (512, 512), datetime(2009, 7, 10, 15, 10, tzinfo=UTC), 14.0, 10,
+        ),
+        "oli2": SceneSpec(
+            "LC09_L2SP_012031_20220615_20230415_02_T1", "landsat-9", 32619, at(250, 300),
+            (512, 512), datetime(2022, 6, 15, 15, 30, tzinfo=UTC), 6.0, 11,
         ),
     }  # fmt: skip
 

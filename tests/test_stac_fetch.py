@@ -212,6 +212,72 @@ def test_a_southern_scene_in_the_northern_zone_code_lands_on_the_city_zone(
     np.testing.assert_allclose(data[0], want, atol=2e-4)  # one observation: mean = median
 
 
+# ---- platforms ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("role", "year", "thermal", "sensor"),
+    [("tm", 2009, "lwir", "LT05"), ("oli2", 2022, "lwir11", "LC09")],
+)
+def test_landsat_5_and_9_bands_are_read_under_their_own_asset_names(
+    stac_world: StacWorld, tmp_path: Path, role: str, year: int, thermal: str, sensor: str
+) -> None:
+    """TM calls its thermal band ``lwir`` (ST_B6), TIRS ``lwir11`` (ST_B10); the reflective
+    bands keep their common names whatever the sensor numbers them."""
+    scene = stac_world.scenes[role]
+    assets = stac_world.items[scene.scene_id]["assets"]
+    (other,) = {"lwir", "lwir11"} - {thermal}
+    assert thermal in assets and other not in assets
+    chosen = adapters(stac_world)
+    before = len(stac_world.log_lines())
+    st = chosen["landsat_st"].fetch(CITY, year, tmp_path)
+    ndvi = chosen["landsat_ndvi"].fetch(CITY, year, tmp_path)
+    rgb = chosen["landsat_c2l2"].fetch(CITY, year, tmp_path)
+    requested = {line.split()[1].rsplit("/", 1)[1] for line in stac_world.log_lines()[before:]}
+    wanted = {"red", "green", "blue", "nir08", thermal, "qa_pixel"}
+    assert requested == {assets[key]["href"].rsplit("/", 1)[1] for key in wanted}
+
+    stacks = expected_stacks(stac_world, ["thermal", "red", "nir08", "green"], roles=[role])
+    kelvin = stacks["thermal"][0]
+    assert np.isfinite(kelvin).sum() > 100_000
+    data, _ = _read(st)
+    for band in data:  # one observation: mean = median
+        np.testing.assert_allclose(band, np.where(np.isfinite(kelvin), kelvin, -9999), atol=2e-4)
+    red, nir = stacks["red"][0], stacks["nir08"][0]
+    want = np.where(np.isfinite(red), (nir - red) / (nir + red), -9999)
+    np.testing.assert_allclose(_read(ndvi)[0][0], want, atol=1e-6)
+    green = _read(rgb)[0][1]
+    want_green = np.where(
+        np.isfinite(red), np.clip(np.rint(1 + 254 * stacks["green"][0] / 0.3), 1, 255), 0
+    )
+    assert np.abs(green.astype(int) - want_green).max() <= 1  # float32 rounding at .5
+    for item in (st, ndvi, rgb):
+        assert item.extra["sensor"] == sensor and item.extra["scene_id"] == scene.scene_id
+    provenance = Path(st.href("data")).with_name(st.extra["stac_item_file"])
+    (source,) = json.loads(provenance.read_text(encoding="utf-8"))["citycube:sources"]
+    assert source["platform"] == scene.platform and set(source["assets"]) == {thermal, "qa_pixel"}
+
+
+def test_an_asset_without_scale_and_offset_is_a_read_error_not_raw_counts(
+    stac_world: StacWorld, tmp_path: Path
+) -> None:
+    """The spec takes each scene's scale and offset from ``raster:bands``: a thermal asset that
+    gives none cannot be turned into Kelvin, and raw counts must not pass for Kelvin."""
+    scene = stac_world.scenes["unscaled"]
+    chosen = adapters(stac_world)
+    with pytest.raises(SourceReadError) as caught:
+        chosen["landsat_st"].fetch(CITY, 2017, tmp_path)
+    error = caught.value
+    assert error.reason == "missing_scale"
+    for part in ("landsat_st", "pc:landsat-c2-l2", CITY, "2017", scene.scene_id, "'lwir11'"):
+        assert part in str(error), part
+    assert not (tmp_path / "landsat_st" / CITY / "2017").exists()
+    assert not list((tmp_path / "landsat_st" / CITY).glob(".2017.*"))
+    # Its reflectance assets declare theirs: the same scene's NDVI is made.
+    ndvi = chosen["landsat_ndvi"].fetch(CITY, 2017, tmp_path)
+    assert ndvi.extra["scene_id"] == scene.scene_id
+
+
 # ---- processing reads the items unchanged -----------------------------------------------------
 
 
