@@ -33,7 +33,6 @@ import yaml
 import zarr
 from pyproj import CRS, Transformer
 
-from citycube.catalogue import load_catalogue
 from citycube.cities import SCALES
 from citycube.grids import city_grid, pixel_grid
 from pipelines.resources import ComputeResource, CubeResource
@@ -70,7 +69,6 @@ CITY_YEAR_KEYS = [
     "modalities/dem",
 ]
 CUBE_KEYS = ["cube/tiles", "cube/staged_database", "cube/database"]
-CATALOGUE = load_catalogue()
 
 
 def _materialize(resources: dict[str, Any], keys: list[str], partition: str | None) -> Any:
