@@ -2,13 +2,14 @@
 
 ``python -m tests.http_file_server <folder> <request-log> [<faults.json>]`` serves ``folder``
 on a free loopback port, prints the port, and appends one line per request: method, path
-(without its query string), Range, status, body bytes sent, and whether the URL carried a
-query (``signed``/``-``).
+(without its query string), Range, status, body bytes sent, whether the URL carried a
+query (``signed``/``-``) and when the request arrived (Unix seconds).
 
 The optional faults file is read again whenever it changes. It holds a list of rules, each
 applied to requests whose path contains ``match``: ``status`` (answer that status, at most
-``times`` times, default always), ``delay_s`` (sleep before answering), ``require_query``
-(answer 403 unless the query string contains it). Tests write it to inject server failures.
+``times`` times, default always, with the rule's ``headers``, e.g. Retry-After), ``delay_s``
+(sleep before answering), ``require_query`` (answer 403 unless the query string contains it).
+Tests write it to inject server failures.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class RangeFileHandler(SimpleHTTPRequestHandler):
 
     def do_GET(self) -> None:
         """Send the file (or its range) and log the bytes that actually left."""
-        self._status, self._sent = 0, 0
+        self._status, self._sent, self._arrived = 0, 0, time.time()
         body = self.send_head()
         if body is None:
             return
@@ -84,7 +85,7 @@ class RangeFileHandler(SimpleHTTPRequestHandler):
 
     def do_HEAD(self) -> None:
         """Headers only."""
-        self._status = 0
+        self._status, self._arrived = 0, time.time()
         body = self.send_head()
         if body is not None:
             body.close()
@@ -96,11 +97,13 @@ class RangeFileHandler(SimpleHTTPRequestHandler):
         sent = 0 if self.command == "HEAD" else sent
         line = f"{self.command} {parts.path} {self.headers.get('Range') or '-'} {status} {sent}"
         with open(self.request_log, "a", encoding="utf-8") as log:
-            log.write(f"{line} {signed}\n")
+            log.write(f"{line} {signed} {self._arrived:.3f}\n")
 
-    def _fail(self, status: int) -> None:
+    def _fail(self, status: int, headers: dict[str, str] | None = None) -> None:
         self._log(status, 0)
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -114,7 +117,7 @@ class RangeFileHandler(SimpleHTTPRequestHandler):
                 self._fail(403)
                 return None
             if rule.get("status") and self.faults.take(rule):
-                self._fail(int(rule["status"]))
+                self._fail(int(rule["status"]), rule.get("headers"))
                 return None
         path = Path(self.translate_path(self.path))
         if not path.is_file():

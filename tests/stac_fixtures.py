@@ -46,7 +46,7 @@ ST_SCALE, ST_OFFSET = 0.00341802, 149.0
 QA_CLEAR_L8 = 21824
 """QA_PIXEL of a clear OLI pixel: clear bit plus low confidences."""
 QA_CLEAR_L7 = 5440
-"""QA_PIXEL of a clear ETM+ pixel (no cirrus confidence)."""
+"""QA_PIXEL of a clear TM or ETM+ pixel (no cirrus confidence)."""
 LANDSAT_ACCOUNT = "landsateuwest"
 DEM_ACCOUNT = "elevationeuwest"
 BLOB = "blob.core.windows.net"
@@ -105,32 +105,54 @@ class SceneSpec:
     """Cloud, dilated cloud, shadow, snow, cirrus (OLI) and water patches."""
     slc_off: bool = False
     """Landsat 7 scan-line-corrector gaps (fill stripes)."""
+    unscaled: tuple[str, ...] = ()
+    """Assets whose ``raster:bands`` leave out scale and offset (a broken item)."""
+
+    @property
+    def oli(self) -> bool:
+        """OLI/TIRS (Landsat 8 and 9) rather than TM (5) or ETM+ (7)."""
+        return self.platform in ("landsat-8", "landsat-9")
 
     @property
     def thermal_asset(self) -> str:
         """Thermal asset key: 'lwir' on TM/ETM+, 'lwir11' on TIRS."""
-        return "lwir" if self.platform in ("landsat-5", "landsat-7") else "lwir11"
+        return "lwir11" if self.oli else "lwir"
 
     @property
     def folder(self) -> str:
         """Path of its files under the storage account, as USGS lays scenes out."""
-        instrument = "etm" if self.platform == "landsat-7" else "oli-tirs"
+        instrument = {"landsat-5": "tm", "landsat-7": "etm"}.get(self.platform, "oli-tirs")
         path_row = self.scene_id.split("_")[2]
         return (
             f"landsat-c2/level-2/standard/{instrument}/{self.acquired:%Y}/"
             f"{path_row[:3]}/{path_row[3:]}/{self.scene_id}"
         )
 
+    def file_name(self, asset: str) -> str:
+        """The asset's file name, with the sensor's own band numbers (TM/ETM+ count from
+        blue = 1, OLI from coastal = 1; the thermal band is 6 on TM/ETM+, 10 on TIRS)."""
+        bands = OLI_FILES if self.oli else TM_ETM_FILES
+        return f"{self.scene_id}_{bands[asset]}.TIF"
 
-ASSET_FILES = {
-    "red": "SR_B4",
-    "green": "SR_B3",
+
+OLI_FILES = {
     "blue": "SR_B2",
+    "green": "SR_B3",
+    "red": "SR_B4",
     "nir08": "SR_B5",
     "lwir11": "ST_B10",
+    "qa_pixel": "QA_PIXEL",
+}
+"""File suffix of each asset of a Landsat 8 or 9 scene."""
+TM_ETM_FILES = {
+    "blue": "SR_B1",
+    "green": "SR_B2",
+    "red": "SR_B3",
+    "nir08": "SR_B4",
     "lwir": "ST_B6",
     "qa_pixel": "QA_PIXEL",
 }
+"""File suffix of each asset of a Landsat 5 or 7 scene."""
 
 
 def write_cog(
@@ -177,7 +199,7 @@ def scene_arrays(scene: SceneSpec) -> dict[str, np.ndarray]:
     kelvin = 290 + 0.05 * (lattice_col % 61) + 0.5 * s + 0 * lattice_row
     thermal = np.round((kelvin - ST_OFFSET) / ST_SCALE).astype(np.int64) + noise
 
-    oli = scene.platform in ("landsat-8", "landsat-9")
+    oli = scene.oli
     qa = np.full((rows, cols), QA_CLEAR_L8 if oli else QA_CLEAR_L7, dtype=np.int64)
     yy, xx = np.mgrid[0:rows, 0:cols]
     if scene.clouds:
@@ -227,8 +249,7 @@ def write_scene(storage: Path, scene: SceneSpec) -> dict[str, Any]:
     rows, cols = scene.shape
     assets: dict[str, Any] = {}
     for key, data in scene_arrays(scene).items():
-        name = f"{scene.scene_id}_{ASSET_FILES[key]}.TIF"
-        relative = f"{scene.folder}/{name}"
+        relative = f"{scene.folder}/{scene.file_name(key)}"
         nodata = 1 if key == "qa_pixel" else 0
         write_cog(storage / LANDSAT_ACCOUNT / relative, data, crs, transform, nodata)
         band: dict[str, Any] = {"nodata": nodata, "data_type": "uint16", "spatial_resolution": 30}
@@ -238,6 +259,9 @@ def write_scene(storage: Path, scene: SceneSpec) -> dict[str, Any]:
             band.update(scale=ST_SCALE, offset=ST_OFFSET, unit="kelvin")
         else:
             band["unit"] = "bit index"
+        if key in scene.unscaled:
+            band.pop("scale", None)
+            band.pop("offset", None)
         assets[key] = {
             "href": f"https://{LANDSAT_ACCOUNT}.{BLOB}/{relative}",
             "type": "image/tiff; application=geotiff; profile=cloud-optimized",
@@ -515,9 +539,11 @@ def boston_scenes() -> dict[str, SceneSpec]:
     """The loopback scenes over Boston, by role in the tests.
 
     2020: three usable scenes in zone 19 (two OLI, one Landsat 7 SLC-off), one too cloudy,
-    one from zone 18; 2019: one scene (fault tests); 2018: a scene whose QA file is truncated.
-    Plus one Cape Town scene of 2020 as USGS publishes southern scenes: in the northern zone
-    code (32634) with negative northings.
+    one from zone 18; 2019: one scene (fault tests); 2018: a scene whose QA file is truncated;
+    2017: a scene whose thermal asset declares no scale and offset. One Landsat 5 (TM) scene
+    in 2009 and one Landsat 9 scene in 2022, each alone in its year, with their own asset names
+    (thermal ``lwir`` and ``lwir11``). Plus one Cape Town scene of 2020 as USGS publishes
+    southern scenes: in the northern zone code (32634) with negative northings.
     """
     grid = landsat_grid(CITY)
     south = landsat_grid(SOUTH_CITY).transform
@@ -564,6 +590,19 @@ def boston_scenes() -> dict[str, SceneSpec]:
         "truncated": SceneSpec(
             "LC08_L2SP_012031_20180607_20200831_02_T1", "landsat-8", 32619, at(200, 200),
             (512, 512), datetime(2018, 6, 7, 15, 30, tzinfo=UTC), 10.0, 7,
+        ),
+        "unscaled": SceneSpec(
+            "LC08_L2SP_012031_20170620_20200903_02_T1", "landsat-8", 32619, at(250, 150),
+            (384, 384), datetime(2017, 6, 20, 15, 30, tzinfo=UTC), 10.0, 9,
+            unscaled=("lwir11",),
+        ),
+        "tm": SceneSpec(
+            "LT05_L2SP_012031_20090710_20200827_02_T1", "landsat-5", 32619, at(300, 250),
+            (512, 512), datetime(2009, 7, 10, 15, 10, tzinfo=UTC), 14.0, 10,
+        ),
+        "oli2": SceneSpec(
+            "LC09_L2SP_012031_20220615_20230415_02_T1", "landsat-9", 32619, at(250, 300),
+            (512, 512), datetime(2022, 6, 15, 15, 30, tzinfo=UTC), 6.0, 11,
         ),
     }  # fmt: skip
 
@@ -614,6 +653,74 @@ class _SasHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         """Quiet."""
+
+
+@dataclass
+class ThrottledApi:
+    """A loopback proxy of the STAC API that answers some requests with scripted statuses."""
+
+    url: str
+    """The proxy's root (links in the answers it forwards point back at it)."""
+    seen: list[tuple[float, str, str, int]]
+    """(monotonic time, method, path, status) of every request, in arrival order."""
+
+
+@contextmanager
+def throttled_api(
+    upstream: str, prefix: str, answers: list[tuple[int, dict[str, str]]]
+) -> Iterator[ThrottledApi]:
+    """Serve a proxy of ``upstream`` until exit: the first requests whose path starts with
+    ``prefix`` get ``answers`` (status and headers, e.g. 429 with Retry-After) in turn, every
+    other request is forwarded."""
+    left = list(answers)
+    seen: list[tuple[float, str, str, int]] = []
+    lock = threading.Lock()
+    own: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            arrived = time.monotonic()
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            with lock:
+                scripted = left.pop(0) if self.path.startswith(prefix) and left else None
+            if scripted is not None:
+                status, headers = scripted
+                seen.append((arrived, self.command, self.path, status))
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            forwarded = {
+                k: v for k, v in self.headers.items() if k.lower() in ("content-type", "accept")
+            }
+            response = requests.request(
+                self.command, upstream + self.path, data=body, headers=forwarded, timeout=10
+            )
+            content = response.content.replace(upstream.encode(), own[0].encode())
+            seen.append((arrived, self.command, self.path, response.status_code))
+            self.send_response(response.status_code)
+            self.send_header("Content-Type", response.headers.get("Content-Type", "text/plain"))
+            self.send_header("Content-Length", str(len(content)))
+            self.end_headers()
+            self.wfile.write(content)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, format: str, *args: object) -> None:
+            """Quiet."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    own.append(f"http://127.0.0.1:{server.server_address[1]}")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield ThrottledApi(own[0], seen)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @dataclass
@@ -837,7 +944,7 @@ def byte_accounting(world: StacWorld, requests: list[str], city: str) -> dict[st
     """
     served: dict[str, int] = {}
     for line in requests:
-        _, path, _, _, sent, _ = line.split()
+        _, path, _, _, sent = line.split()[:5]
         served[path] = served.get(path, 0) + int(sent)
     totals = {kind: {"fetched": 0, "needed": 0, "whole": 0} for kind in KINDS}
     for path, sent in served.items():

@@ -171,7 +171,7 @@ def test_only_the_chunks_under_the_window_are_read_and_every_request_is_signed(
     all_chunks = math.ceil(store_rows / DAYMET_CHUNK) * math.ceil(store_cols / DAYMET_CHUNK)
     assert len(needed) < all_chunks
     lines = [line.split() for line in fetched["requests"] if "/daymeteuwest/" in line]
-    assert lines and all(parts[-1] == "signed" for parts in lines)
+    assert lines and all(parts[5] == "signed" for parts in lines)
     for variable in ("tmin", "tmax", "prcp"):
         got = {p[1].rsplit("/", 1)[1] for p in lines if f"/na.zarr/{variable}/" in p[1]}
         assert got == needed, variable
@@ -179,7 +179,7 @@ def test_only_the_chunks_under_the_window_are_read_and_every_request_is_signed(
 
 
 def test_the_sas_token_is_in_no_written_file_and_reaches_the_server_intact(
-    fetched: dict, stac_world: StacWorld, tmp_path: Path
+    fetched: dict, stac_world: StacWorld, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     secret = SAS_TOKEN.split("sig=")[1]
     chunks = list((Path(fetched["dest"]) / ".stac" / "zarr").rglob("*.chunk"))
@@ -195,10 +195,12 @@ def test_the_sas_token_is_in_no_written_file_and_reaches_the_server_intact(
     # The signature travels as query parameters: the server must see it byte for byte.
     stac_world.set_faults([{"match": "/daymeteuwest/", "require_query": "sig=" + secret}])
     try:
-        item = daymet_adapter(stac_world).fetch(CITY, 2019, tmp_path)
+        with caplog.at_level(logging.DEBUG):
+            item = daymet_adapter(stac_world).fetch(CITY, 2019, tmp_path)
     finally:
         stac_world.set_faults([])
     assert set(item.files) == set(ROLES)
+    assert caplog.records and secret not in caplog.text  # nor in any log record
 
 
 def test_a_year_after_the_store_is_unavailable_without_a_request(
@@ -379,6 +381,24 @@ def test_a_store_whose_metadata_changes_is_read_into_fresh_entries(tmp_path: Pat
     for path in files:
         assert "sig=" not in str(path) and b"sig=" not in path.read_bytes(), path
     assert all("acct.blob.core.windows.net/c/s.zarr" in str(p) for p in files)
+
+
+def test_a_429_on_a_chunk_waits_as_long_as_retry_after_asks(
+    stac_world: StacWorld, tmp_path: Path
+) -> None:
+    rule = {"match": "/na.zarr/prcp/", "status": 429, "times": 1, "headers": {"Retry-After": "1"}}
+    stac_world.set_faults([rule])
+    before = len(stac_world.log_lines())
+    try:
+        item = daymet_adapter(stac_world).fetch(CITY, 2018, tmp_path)
+    finally:
+        stac_world.set_faults([])
+    assert set(item.files) == set(ROLES)
+    prcp = [line.split() for line in stac_world.log_lines()[before:] if "/na.zarr/prcp/" in line]
+    (refused,) = [parts for parts in prcp if parts[3] == "429"]
+    retried = [p for p in prcp[prcp.index(refused) + 1 :] if p[1] == refused[1]]
+    # The back-off alone waits at most retry_wait_max_s = 0.2 s (plus 0.05 s of jitter).
+    assert retried and float(retried[0][6]) - float(refused[6]) >= 0.95
 
 
 # ---- processing: unpublished roles and the fallback ------------------------------------------

@@ -16,7 +16,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import rasterio
-from pyproj import Transformer
 from scipy import ndimage
 
 from citycube.catalogue import load_catalogue
@@ -26,22 +25,19 @@ from citycube.process import process_partition
 from citycube.sources import SourceItem, SourceSet
 from sources.stac import stac_adapters
 from sources.stac.adapter import StacSource
-from sources.stac.grids import TargetGrid, landsat_grid
+from sources.stac.grids import landsat_grid
+from tests.stac_expected import INVALID_BITS, expected_stacks, scene_band, source_index
 from tests.stac_fixtures import (
     CITY,
     SAS_TOKEN,
     SOUTH_CITY,
-    SR_OFFSET,
-    SR_SCALE,
     ST_OFFSET,
     ST_SCALE,
     TOKEN_SECRET,
     StacWorld,
     byte_accounting,
+    throttled_api,
 )
-
-INVALID_BITS = 0b111111
-USED_2020 = ("clear", "second", "slc_off", "zone18")
 
 
 def adapters(world: StacWorld, **overrides: Any) -> dict[str, StacSource]:
@@ -72,64 +68,12 @@ def fetched_2020(stac_world: StacWorld, tmp_path_factory: pytest.TempPathFactory
 # ---- the independent computation -------------------------------------------------------------
 
 
-def _source_index(world: StacWorld, role: str, grid: TargetGrid) -> tuple[np.ndarray, ...]:
-    """(rows, cols, inside) of each target pixel's nearest source pixel, via pyproj."""
-    scene = world.scenes[role]
-    rows, cols = np.mgrid[0 : grid.height, 0 : grid.width]
-    t = grid.transform
-    x = t.c + (cols + 0.5) * t.a
-    y = t.f + (rows + 0.5) * t.e
-    if scene.epsg != grid.crs.to_epsg():
-        x, y = Transformer.from_crs(grid.crs, scene.epsg, always_xy=True).transform(x, y)
-    x0, y0 = scene.top_left_xy
-    src_cols = np.floor((x - x0) / 30).astype(int)
-    src_rows = np.floor((y0 - y) / 30).astype(int)
-    inside = (
-        (src_rows >= 0)
-        & (src_rows < scene.shape[0])
-        & (src_cols >= 0)
-        & (src_cols < scene.shape[1])
-    )
-    return (
-        np.clip(src_rows, 0, scene.shape[0] - 1),
-        np.clip(src_cols, 0, scene.shape[1] - 1),
-        inside,
-    )
-
-
-def _scene_band(world: StacWorld, role: str, asset: str, grid: TargetGrid) -> np.ndarray:
-    """A scene's asset on the target grid (whole file read, indexed with numpy)."""
-    scene = world.scenes[role]
-    href = world.items[scene.scene_id]["assets"][asset]["href"]
-    with rasterio.open(world.local_path(href)) as src:
-        whole = src.read(1)
-    rows, cols, inside = _source_index(world, role, grid)
-    return np.where(inside, whole[rows, cols], 0 if asset != "qa_pixel" else 1)
-
-
-def expected_stacks(world: StacWorld, assets: list[str]) -> dict[str, np.ndarray]:
-    """Per asset, (scenes, rows, cols) of physical values, NaN where not clear (float64)."""
-    grid = landsat_grid(CITY)
-    out: dict[str, list[np.ndarray]] = {a: [] for a in assets}
-    for role in USED_2020:
-        scene = world.scenes[role]
-        qa = _scene_band(world, role, "qa_pixel", grid)
-        clear = (qa & INVALID_BITS) == 0
-        for asset in assets:
-            key = scene.thermal_asset if asset == "thermal" else asset
-            dn = _scene_band(world, role, key, grid).astype(np.float64)
-            scale, offset = (ST_SCALE, ST_OFFSET) if asset == "thermal" else (SR_SCALE, SR_OFFSET)
-            values = dn * scale + offset
-            out[asset].append(np.where(clear & (dn != 0), values, np.nan))
-    return {a: np.stack(v) for a, v in out.items()}
-
-
 def assert_composite_matches(got: np.ndarray, want: np.ndarray, atol: float, world) -> None:
     """Same invalid pixels everywhere; same values wherever only same-zone scenes contribute,
     and on ≥ 99.5 % of the pixels the neighbouring-zone scene reaches (GDAL's nearest pixel
     and an exact pyproj floor can differ where a pixel centre falls on a source pixel edge)."""
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    warped = _source_index(world, "zone18", landsat_grid(CITY))[2]
+    warped = source_index(world, "zone18", landsat_grid(CITY))[2]
     warped = ndimage.binary_dilation(warped, iterations=2)  # its edge pixels too
     valid = ~np.isnan(want)
     np.testing.assert_allclose(got[valid & ~warped], want[valid & ~warped], atol=atol)
@@ -197,13 +141,13 @@ def test_cloudy_scene_is_never_read_and_every_read_is_signed(fetched_2020: dict,
 
 def test_neighbouring_zone_scene_is_reprojected_onto_the_city_zone(fetched_2020, stac_world):
     grid = landsat_grid(CITY)
-    inside = _source_index(stac_world, "zone18", grid)[2]
+    inside = source_index(stac_world, "zone18", grid)[2]
     only_zone18 = inside.copy()
     for role in ("clear", "second", "slc_off"):
-        only_zone18 &= ~_source_index(stac_world, role, grid)[2]
+        only_zone18 &= ~source_index(stac_world, role, grid)[2]
     assert only_zone18.sum() > 10_000, "the fixture should give zone 18 pixels of its own"
-    qa = _scene_band(stac_world, "zone18", "qa_pixel", grid)
-    dn = _scene_band(stac_world, "zone18", "lwir11", grid)
+    qa = scene_band(stac_world, "zone18", "qa_pixel", grid)
+    dn = scene_band(stac_world, "zone18", "lwir11", grid)
     want = np.where(((qa & INVALID_BITS) == 0) & (dn != 0), dn * ST_SCALE + ST_OFFSET, -9999)
     data, profile = _read(fetched_2020["items"]["landsat_st"])
     assert profile["crs"].to_epsg() == 32619
@@ -214,10 +158,10 @@ def test_neighbouring_zone_scene_is_reprojected_onto_the_city_zone(fetched_2020,
 
 def test_slc_off_gaps_are_invalid_never_zero(fetched_2020: dict, stac_world: StacWorld) -> None:
     grid = landsat_grid(CITY)
-    own = _source_index(stac_world, "slc_off", grid)[2]
+    own = source_index(stac_world, "slc_off", grid)[2]
     for role in ("clear", "second", "zone18"):
-        own &= ~_source_index(stac_world, role, grid)[2]
-    qa = _scene_band(stac_world, "slc_off", "qa_pixel", grid)
+        own &= ~source_index(stac_world, role, grid)[2]
+    qa = scene_band(stac_world, "slc_off", "qa_pixel", grid)
     gaps = own & (qa == 1)
     assert gaps.sum() > 1000
     ndvi, _ = _read(fetched_2020["items"]["landsat_ndvi"])
@@ -260,13 +204,79 @@ def test_a_southern_scene_in_the_northern_zone_code_lands_on_the_city_zone(
     assert profile["crs"].to_epsg() == 32734
     grid = landsat_grid(SOUTH_CITY)
     assert profile["transform"] == grid.transform
-    qa = _scene_band(stac_world, "south", "qa_pixel", grid)
-    dn = _scene_band(stac_world, "south", "lwir11", grid)
+    qa = scene_band(stac_world, "south", "qa_pixel", grid)
+    dn = scene_band(stac_world, "south", "lwir11", grid)
     clear = ((qa & INVALID_BITS) == 0) & (dn != 0)
     want = np.where(clear, dn * ST_SCALE + ST_OFFSET, -9999)
     assert clear.sum() > 100_000
     np.testing.assert_allclose(data[1], want, atol=2e-4)
     np.testing.assert_allclose(data[0], want, atol=2e-4)  # one observation: mean = median
+
+
+# ---- platforms ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("role", "year", "thermal", "sensor"),
+    [("tm", 2009, "lwir", "LT05"), ("oli2", 2022, "lwir11", "LC09")],
+)
+def test_landsat_5_and_9_bands_are_read_under_their_own_asset_names(
+    stac_world: StacWorld, tmp_path: Path, role: str, year: int, thermal: str, sensor: str
+) -> None:
+    """TM calls its thermal band ``lwir`` (ST_B6), TIRS ``lwir11`` (ST_B10); the reflective
+    bands keep their common names whatever the sensor numbers them."""
+    scene = stac_world.scenes[role]
+    assets = stac_world.items[scene.scene_id]["assets"]
+    (other,) = {"lwir", "lwir11"} - {thermal}
+    assert thermal in assets and other not in assets
+    chosen = adapters(stac_world)
+    before = len(stac_world.log_lines())
+    st = chosen["landsat_st"].fetch(CITY, year, tmp_path)
+    ndvi = chosen["landsat_ndvi"].fetch(CITY, year, tmp_path)
+    rgb = chosen["landsat_c2l2"].fetch(CITY, year, tmp_path)
+    requested = {line.split()[1].rsplit("/", 1)[1] for line in stac_world.log_lines()[before:]}
+    wanted = {"red", "green", "blue", "nir08", thermal, "qa_pixel"}
+    assert requested == {assets[key]["href"].rsplit("/", 1)[1] for key in wanted}
+
+    stacks = expected_stacks(stac_world, ["thermal", "red", "nir08", "green"], roles=[role])
+    kelvin = stacks["thermal"][0]
+    assert np.isfinite(kelvin).sum() > 100_000
+    data, _ = _read(st)
+    for band in data:  # one observation: mean = median
+        np.testing.assert_allclose(band, np.where(np.isfinite(kelvin), kelvin, -9999), atol=2e-4)
+    red, nir = stacks["red"][0], stacks["nir08"][0]
+    want = np.where(np.isfinite(red), (nir - red) / (nir + red), -9999)
+    np.testing.assert_allclose(_read(ndvi)[0][0], want, atol=1e-6)
+    green = _read(rgb)[0][1]
+    want_green = np.where(
+        np.isfinite(red), np.clip(np.rint(1 + 254 * stacks["green"][0] / 0.3), 1, 255), 0
+    )
+    assert np.abs(green.astype(int) - want_green).max() <= 1  # float32 rounding at .5
+    for item in (st, ndvi, rgb):
+        assert item.extra["sensor"] == sensor and item.extra["scene_id"] == scene.scene_id
+    provenance = Path(st.href("data")).with_name(st.extra["stac_item_file"])
+    (source,) = json.loads(provenance.read_text(encoding="utf-8"))["citycube:sources"]
+    assert source["platform"] == scene.platform and set(source["assets"]) == {thermal, "qa_pixel"}
+
+
+def test_an_asset_without_scale_and_offset_is_a_read_error_not_raw_counts(
+    stac_world: StacWorld, tmp_path: Path
+) -> None:
+    """The spec takes each scene's scale and offset from ``raster:bands``: a thermal asset that
+    gives none cannot be turned into Kelvin, and raw counts must not pass for Kelvin."""
+    scene = stac_world.scenes["unscaled"]
+    chosen = adapters(stac_world)
+    with pytest.raises(SourceReadError) as caught:
+        chosen["landsat_st"].fetch(CITY, 2017, tmp_path)
+    error = caught.value
+    assert error.reason == "missing_scale"
+    for part in ("landsat_st", "pc:landsat-c2-l2", CITY, "2017", scene.scene_id, "'lwir11'"):
+        assert part in str(error), part
+    assert not (tmp_path / "landsat_st" / CITY / "2017").exists()
+    assert not list((tmp_path / "landsat_st" / CITY).glob(".2017.*"))
+    # Its reflectance assets declare theirs: the same scene's NDVI is made.
+    ndvi = chosen["landsat_ndvi"].fetch(CITY, 2017, tmp_path)
+    assert ndvi.extra["scene_id"] == scene.scene_id
 
 
 # ---- processing reads the items unchanged -----------------------------------------------------
@@ -365,14 +375,19 @@ def test_a_retried_read_logs_its_failures_without_the_token(
     assert TOKEN_SECRET not in shown and "sig=" not in shown
 
 
-def test_persistent_server_errors_end_in_a_clear_transient_error(stac_world, tmp_path) -> None:
+def test_persistent_server_errors_end_in_a_clear_transient_error(
+    stac_world, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
     name = _thermal_file(stac_world, "faulty")
     stac_world.set_faults([{"match": name, "status": 503}])
     try:
-        with pytest.raises(SourceFetchError) as caught:
+        with caplog.at_level(logging.DEBUG), pytest.raises(SourceFetchError) as caught:
             adapters(stac_world)["landsat_st"].fetch(CITY, 2019, tmp_path)
     finally:
         stac_world.set_faults([])
+    # GDAL's own messages name the URL it read, signed: rasterio relays them to logging.
+    assert "503" in caplog.text and name in caplog.text
+    assert SAS_TOKEN.split("sig=")[1] not in caplog.text and "sig=" not in caplog.text
     error = caught.value
     assert error.transient and error.reason == "server_error"
     scene = stac_world.scenes["faulty"].scene_id
@@ -395,6 +410,48 @@ def test_a_timeout_is_retried_within_its_bound_then_reported(stac_world, tmp_pat
         stac_world.set_faults([])
     assert caught.value.transient and "2019" in str(caught.value)
     assert time.monotonic() - started < 15
+
+
+def test_a_429_from_the_stac_api_waits_as_long_as_retry_after_asks(stac_world, tmp_path) -> None:
+    with throttled_api(stac_world.api_url, "/search", [(429, {"Retry-After": "1"})]) as api:
+        started = time.monotonic()
+        with pytest.raises(SourceUnavailableError) as caught:
+            adapters(stac_world, api_url=api.url)["landsat_ndvi"].fetch(CITY, 2005, tmp_path)
+        elapsed = time.monotonic() - started
+    assert caught.value.reason == "no_scenes"  # the search was answered in the end
+    searches = [(at, status) for at, _, path, status in api.seen if path.startswith("/search")]
+    assert [status for _, status in searches] == [429, 200]
+    # The back-off alone waits at most retry_wait_max_s = 0.2 s (plus 0.05 s of jitter).
+    assert searches[1][0] - searches[0][0] >= 0.95
+    assert elapsed < 10
+
+
+def test_a_retry_after_beyond_the_retry_bound_fails_at_once_saying_so(stac_world, tmp_path):
+    answers = [(429, {"Retry-After": "120"})] * 3
+    with throttled_api(stac_world.api_url, "/search", answers) as api:
+        started = time.monotonic()
+        with pytest.raises(SourceFetchError) as caught:
+            adapters(stac_world, api_url=api.url, retry_total_s=5)["landsat_ndvi"].fetch(
+                CITY, 2005, tmp_path
+            )
+        elapsed = time.monotonic() - started
+    assert elapsed < 4  # neither 120 s nor the 5 s bound
+    error = caught.value
+    assert error.transient and error.reason == "search_failed"
+    for part in ("landsat_ndvi", CITY, "2005", "429", "retry after 120 s", "5 s retry bound"):
+        assert part in str(error), part
+    assert sum(path.startswith("/search") for _, _, path, _ in api.seen) == 1
+
+
+def test_a_429_from_the_token_endpoint_waits_as_long_as_retry_after_asks(stac_world) -> None:
+    root = stac_world.sas_url.removesuffix("/token")
+    with throttled_api(root, "/token/", [(429, {"Retry-After": "1"})]) as sas:
+        signer = adapters(stac_world, sas_url=f"{sas.url}/token")["landsat_st"].signer
+        href = stac_world.items[stac_world.scenes["clear"].scene_id]["assets"]["red"]["href"]
+        signed = signer.sign(href)
+    assert SAS_TOKEN in signed
+    (refused, _), (answered, status) = [(at, status) for at, _, _, status in sas.seen]
+    assert status == 200 and answered - refused >= 0.95
 
 
 def test_a_truncated_cog_is_a_read_error_naming_the_item(stac_world, tmp_path) -> None:

@@ -42,6 +42,7 @@ from citycube.products import load_products
 from citycube.sources import MISSING_ROLES_KEY
 from citycube.stac_spec import ZarrSpec
 from citycube.staging import StagedFiles
+from sources.downloads import parse_retry_after
 from sources.stac.adapter import FetchContext
 from sources.stac.grids import TargetGrid, city_crs, city_window
 from sources.stac.retrying import TransientError, is_transient_status
@@ -80,7 +81,8 @@ def _transient_or_fatal(exc: BaseException) -> Exception | None:
     """How a request failure of fsspec's HTTP filesystem is treated; None: not a request error."""
     if isinstance(exc, aiohttp.ClientResponseError):
         if is_transient_status(exc.status):
-            return TransientError(str(exc))
+            asked = (exc.headers or {}).get("Retry-After")
+            return TransientError(str(exc), retry_after=parse_retry_after(asked))
         return exc
     if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | TimeoutError):
         return TransientError(str(exc) or type(exc).__name__)

@@ -3,11 +3,18 @@
 Only transient failures are retried — HTTP 408, 429 and 5xx, timeouts and dropped
 connections — with exponential back-off and jitter (``stamina``), bounded both in attempts
 and in total time. Anything else fails at once.
+
+A server that says how long to wait (``Retry-After`` on a 429 or 503) is waited for as long as
+it asks, even beyond ``wait_max_s``, but never beyond the total bound: when what it asks is
+more than the time left, the request fails at once, saying so. Where the header is visible —
+the STAC API, the token endpoint and the Zarr store's chunk requests — it is honoured; GDAL's
+COG reads report only the status, so they back off as usual.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -37,8 +44,10 @@ class TransientError(Exception):
     query is its SAS token.
     """
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(without_url_queries(message))
+        self.retry_after = retry_after
+        """Seconds the server asked to wait before the next try (``Retry-After``), if it did."""
 
 
 @dataclass(frozen=True)
@@ -65,17 +74,42 @@ class RetryPolicy:
         )
 
     def call(self, request: Callable[[], T]) -> T:
-        """Run ``request``, retrying it on ``TransientError`` within the bounds."""
-        for attempt in stamina.retry_context(
-            on=TransientError,
-            attempts=self.attempts,
-            timeout=self.total_s,
-            wait_initial=self.wait_initial_s,
-            wait_max=self.wait_max_s,
-            wait_jitter=self.wait_initial_s,
-        ):
-            with attempt:
-                return request()
+        """Run ``request``, retrying it on ``TransientError`` within the bounds; a server's
+        ``Retry-After`` replaces the back-off when the total bound leaves time for it."""
+        started = time.monotonic()
+        refused: list[tuple[float, float]] = []
+
+        def backoff(exc: Exception) -> bool | float:
+            if not isinstance(exc, TransientError):
+                return False
+            if exc.retry_after is None:
+                return True
+            left = self.total_s - (time.monotonic() - started)
+            if exc.retry_after > left:
+                refused.append((exc.retry_after, max(left, 0.0)))
+                return False
+            return max(exc.retry_after, 0.0)
+
+        try:
+            for attempt in stamina.retry_context(
+                on=backoff,
+                attempts=self.attempts,
+                timeout=self.total_s,
+                wait_initial=self.wait_initial_s,
+                wait_max=self.wait_max_s,
+                wait_jitter=self.wait_initial_s,
+            ):
+                with attempt:
+                    return request()
+        except TransientError as exc:
+            if not refused:
+                raise
+            asked, left = refused[-1]
+            raise TransientError(
+                f"{exc} (the server asked to retry after {asked:g} s, more than the "
+                f"{left:.1f} s left of the {self.total_s:g} s retry bound)",
+                retry_after=exc.retry_after,
+            ) from None
         raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
 

@@ -14,6 +14,7 @@ from pystac_client.exceptions import APIError
 from pystac_client.stac_api_io import StacApiIO
 
 from citycube.errors import SourceFetchError
+from sources.downloads import parse_retry_after
 from sources.stac.retrying import RetryPolicy, TransientError, is_transient_status
 
 
@@ -40,13 +41,35 @@ def year_interval(year: int) -> str:
     return f"{year}-01-01T00:00:00Z/{year}-12-31T23:59:59Z"
 
 
+class _ApiIO(StacApiIO):
+    """pystac-client's IO without retries of its own (one retry policy: ours) that keeps the
+    ``Retry-After`` of the last answer, which its ``APIError`` drops."""
+
+    def __init__(self, timeout: tuple[float, float]) -> None:
+        super().__init__(timeout=timeout, max_retries=0)
+        self.retry_after: float | None = None
+        self.session.hooks["response"].append(self._remember)
+
+    def _remember(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        self.retry_after = parse_retry_after(response.headers.get("Retry-After"))
+
+
+def _transient(exc: APIError) -> bool:
+    """True for an API failure worth another try (429/5xx, timeout, dropped connection)."""
+    status = getattr(exc, "status_code", None)
+    cause = exc.__context__
+    return is_transient_status(status) or (
+        status is None and isinstance(cause, requests.Timeout | requests.ConnectionError)
+    )
+
+
 def search_items(
     request: SearchRequest, policy: RetryPolicy, timeout: tuple[float, float]
 ) -> list[pystac.Item]:
     """Every item matching the request (all pages), retried on transient failures."""
 
     def run() -> list[pystac.Item]:
-        stac_io = StacApiIO(timeout=timeout, max_retries=0)  # one retry policy: ours
+        stac_io = _ApiIO(timeout)
         try:
             client = Client.open(request.api_url, stac_io=stac_io)
             extra: dict[str, Any] = {}
@@ -64,12 +87,11 @@ def search_items(
             )
             return list(search.items())
         except APIError as exc:
-            status = getattr(exc, "status_code", None)
-            cause = exc.__context__
-            if is_transient_status(status) or (
-                status is None and isinstance(cause, requests.Timeout | requests.ConnectionError)
-            ):
-                raise TransientError(f"STAC search at {request.api_url}: {exc}") from None
+            if _transient(exc):
+                raise TransientError(
+                    f"STAC search at {request.api_url}: {_described(exc)}",
+                    retry_after=stac_io.retry_after,
+                ) from None
             raise SourceFetchError(
                 f"the STAC API {request.api_url} failed a search of {request.collection}: "
                 f"{_short(exc)}",
@@ -87,16 +109,15 @@ def get_collection(
     failures."""
 
     def run() -> pystac.Collection:
-        stac_io = StacApiIO(timeout=timeout, max_retries=0)  # one retry policy: ours
+        stac_io = _ApiIO(timeout)
         try:
             return Client.open(api_url, stac_io=stac_io).get_collection(collection_id)
         except APIError as exc:
-            status = getattr(exc, "status_code", None)
-            cause = exc.__context__
-            if is_transient_status(status) or (
-                status is None and isinstance(cause, requests.Timeout | requests.ConnectionError)
-            ):
-                raise TransientError(f"STAC collection at {api_url}: {exc}") from None
+            if _transient(exc):
+                raise TransientError(
+                    f"STAC collection at {api_url}: {_described(exc)}",
+                    retry_after=stac_io.retry_after,
+                ) from None
             raise SourceFetchError(
                 f"the STAC API {api_url} did not give collection {collection_id}: {_short(exc)}",
                 transient=False,
@@ -104,6 +125,15 @@ def get_collection(
             ) from None
 
     return policy.call(run)
+
+
+def _described(exc: APIError) -> str:
+    """'HTTP 429: <body>' (pystac-client's message is the answer's body alone, often empty)."""
+    status = getattr(exc, "status_code", None)
+    text = _short(exc)
+    if status is None:
+        return text
+    return f"HTTP {status}: {text}" if text else f"HTTP {status}"
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

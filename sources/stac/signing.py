@@ -26,6 +26,7 @@ from planetary_computer.utils import parse_blob_url
 
 from citycube.errors import OfflineRecordError, SourceFetchError
 from citycube.stac_spec import Signing
+from sources.downloads import parse_retry_after
 from sources.stac.redaction import without_url_queries
 from sources.stac.retrying import (
     RetryPolicy,
@@ -125,7 +126,13 @@ class HrefSigner:
             return SASToken(**response.json())
         except requests.RequestException as exc:
             if is_transient_requests_error(exc):
-                raise TransientError(f"SAS token for {account}/{container}: {exc}") from None
+                response = getattr(exc, "response", None)
+                raise TransientError(
+                    f"SAS token for {account}/{container}: {exc}",
+                    retry_after=None
+                    if response is None
+                    else parse_retry_after(response.headers.get("Retry-After")),
+                ) from None
             raise SourceFetchError(
                 f"the SAS endpoint {self.sas_url} refused a token for {account}/{container}: {exc}",
                 transient=False,
