@@ -14,6 +14,7 @@ import json
 from enum import StrEnum
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -322,6 +323,15 @@ class StacCatalogue(BaseModel):
 def parse_stac_catalogue(text: str, origin: str = "<string>") -> StacCatalogue:
     """Parse and validate a STAC products YAML document, with a readable error."""
     return parse_yaml_spec(StacCatalogue, text, origin, "STAC products spec")
+
+
+def read_stac_catalogue(path: Path) -> StacCatalogue:
+    """A STAC products spec from a file of the packaged one's form (a source set's ``spec``)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"the STAC products spec {path} cannot be read: {exc}") from exc
+    return parse_stac_catalogue(text, str(path))
 
 
 @cache

@@ -786,16 +786,20 @@ class StacWorld:
         time.sleep(0.01)  # a new mtime even on coarse clocks
 
 
-def start_stac_api(catalogue: Path, log: Path) -> tuple[subprocess.Popen[Any], str]:
-    """``rustac serve`` of a catalogue folder's collections and items on a free port (the caller
-    waits for it and stops it)."""
+WORLD_COLLECTIONS = ("landsat-c2-l2", "cop-dem-glo-30", "daymet-annual-na")
+"""The collections the loopback world's API serves."""
+
+
+def start_stac_api(
+    catalogue: Path, log: Path, collection_ids: tuple[str, ...] = WORLD_COLLECTIONS
+) -> tuple[subprocess.Popen[Any], str]:
+    """``rustac serve`` of a catalogue folder's collections (``<id>.json``) and items
+    (``items.json``) on a free port (the caller waits for it and stops it)."""
     rustac = shutil.which("rustac", path=str(Path(sys.executable).parent))
     if rustac is None:
         raise RuntimeError("rustac is not installed in this environment: run `make install`")
     port = free_port()
-    collections = [
-        catalogue / f"{cid}.json" for cid in ("landsat-c2-l2", "cop-dem-glo-30", "daymet-annual-na")
-    ]
+    collections = [catalogue / f"{cid}.json" for cid in collection_ids]
     with open(log, "w", encoding="utf-8") as out:
         process = subprocess.Popen(
             [

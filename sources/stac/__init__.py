@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from citycube.stac_spec import Recipe, load_stac_catalogue
+from citycube.stac_spec import Recipe, load_stac_catalogue, read_stac_catalogue
 from sources.stac import daymet, dem, landsat
 from sources.stac.adapter import Recipe as RecipeFunction
 from sources.stac.adapter import StacSource
@@ -43,7 +43,9 @@ def stac_adapters(options: Mapping[str, Any]) -> list[StacSource]:
         settings = StacFamilyOptions.model_validate(dict(options))
     except ValidationError as exc:
         raise ValueError(f"invalid {FAMILY} options: {exc}") from None
-    catalogue = load_stac_catalogue()
+    catalogue = (
+        load_stac_catalogue() if settings.spec is None else read_stac_catalogue(settings.spec)
+    )
     wanted = settings.products or [p.product for p in catalogue.products]
     policy = RetryPolicy.from_options(settings)
     signers: dict[object, HrefSigner] = {}

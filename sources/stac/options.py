@@ -43,6 +43,13 @@ class StacFamilyOptions(BaseModel):
     products: list[str] | None = Field(
         None, description="Serve only these products (default: every product of the spec)."
     )
+    spec: Path | None = Field(
+        None,
+        description="A STAC products spec of the form of schemas/stac_products.yaml, read "
+        "instead of the packaged one: a product is taken from another collection, or another "
+        "API, by writing its entry there, without code (a relative path is taken from the "
+        "directory the build runs in).",
+    )
     offline: bool = Field(
         False,
         description="Never touch the network (the download manager's switch): searches and "
