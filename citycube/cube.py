@@ -9,6 +9,7 @@ the previous version of each partition stays readable until its replacement is c
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -200,6 +201,43 @@ def write_parquet_atomic(
             tmp.unlink(missing_ok=True)
         raise CubeWriteError.writing(path, exc) from exc
     return path
+
+
+def digest_file(path: Path) -> Path:
+    """Where the SHA-256 of a file written with ``keep_digest`` is kept (a hidden sibling)."""
+    return path.with_name(f".{path.name}.sha256")
+
+
+def write_parquet_with_digest(
+    table: pa.Table, path: Path, metadata: Mapping[bytes, bytes] | None = None
+) -> Path:
+    """:func:`write_parquet_atomic`, then the file's SHA-256 beside it (:func:`digest_file`).
+
+    Page checksums cover a Parquet file's data pages, not its footer (schema, statistics,
+    key-value metadata): a flipped byte there still reads. The digest covers every byte, so
+    :func:`intact_with_digest` can tell a file that may be reused from one to write again. The
+    old digest goes first, so a write cut short leaves a file without one (never reused).
+    """
+    digest = digest_file(path)
+    try:
+        digest.unlink(missing_ok=True)
+    except OSError as exc:
+        raise CubeWriteError.writing(digest, exc) from exc
+    write_parquet_atomic(table, path, metadata)
+    try:
+        write_text_atomic(hashlib.sha256(path.read_bytes()).hexdigest() + "\n", digest)
+    except OSError as exc:
+        raise CubeWriteError.writing(digest, exc) from exc
+    return path
+
+
+def intact_with_digest(path: Path) -> bool:
+    """Whether ``path`` still has the SHA-256 recorded when it was written (False: no record)."""
+    try:
+        recorded = digest_file(path).read_text(encoding="utf-8").strip()
+        return hashlib.sha256(path.read_bytes()).hexdigest() == recorded
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def write_json_atomic(data: Mapping[str, Any], path: Path) -> Path:

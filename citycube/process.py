@@ -58,7 +58,9 @@ from citycube.cube import (
     OBSERVATION_SCHEMA,
     Release,
     file_metadata,
+    intact_with_digest,
     write_parquet_atomic,
+    write_parquet_with_digest,
 )
 from citycube.errors import (
     DerivedResultsMissingError,
@@ -938,7 +940,7 @@ def derive(
     if ingested:
         extra["citycube:records"] = json.dumps(ingested, sort_keys=True)
     with in_context(f"{modality.code} {city} {label}"):
-        write_parquet_atomic(table, path, file_metadata(release, **extra))
+        write_parquet_with_digest(table, path, file_metadata(release, **extra))
     return _derived_summary(
         modality, city, period, table, groups, path, False, chips, records=ingested
     )
@@ -956,9 +958,15 @@ def _source_context(modality: ModalitySpec, city: str, label: str, item: SourceI
 def _kept_results(path: Path, signature: str) -> pa.Table | None:
     """Earlier results computed under the same signature, if they read back intact.
 
-    A file that fails its page checksums (or does not read at all) is computed again rather
-    than copied into fresh observations.
+    A file whose bytes are not the ones recorded when it was written (or that has no record,
+    fails its page checksums or does not read at all) is computed again rather than copied
+    into fresh observations.
     """
+    if not intact_with_digest(path):
+        log.warning(
+            "derived results %s differ from their recorded digest; computing them again", path
+        )
+        return None
     try:
         meta = pq.read_schema(path).metadata or {}
         if meta.get(b"citycube:signature", b"").decode() != signature:

@@ -241,6 +241,29 @@ def test_wrong_crs_is_rejected(tmp_path: Path, tif_writer: Callable[..., Path]) 
         process_partition(CAT.get("CO2"), CAT, CITY, 2020, backend, Release(tmp_path / "d", "t"))
 
 
+def test_a_flip_in_the_footer_of_derived_results_is_caught_and_the_file_made_again(
+    tmp_path: Path, tif_writer: Callable[..., Path]
+) -> None:
+    """Page checksums do not cover the footer (schema, statistics, key-value metadata): a byte
+    flipped there still reads, so the file's recorded digest decides."""
+    pop = CAT.get("POP").model_copy(update={"product": "test_pop"})
+    path = _pop_source(tif_writer, 20)
+    backend = LocalFilesBackend({("test_pop", CITY, y): {"data": path} for y in (2015, 2020)})
+    release = Release(tmp_path / "data", "t")
+    process_partition(pop, CAT, CITY, 2020, backend, release)
+    derived = release.derived_file("POP", CITY, "2020")
+    original = derived.read_bytes()
+    footer = int.from_bytes(original[-8:-4], "little")
+    data = bytearray(original)
+    data[len(data) - 8 - footer // 2] ^= 0x01  # inside the footer, past every page
+    derived.write_bytes(bytes(data))
+    pq.read_table(derived, page_checksum_verification=True)  # still reads: pages are intact
+    again = derive(pop, CAT, CITY, 2020, backend, release)
+    assert not again.reused
+    assert derived.read_bytes() == original
+    assert derive(pop, CAT, CITY, 2020, backend, release).reused  # intact again: kept
+
+
 def test_damaged_derived_results_are_computed_again_not_copied(
     tmp_path: Path, tif_writer: Callable[..., Path]
 ) -> None:
