@@ -204,7 +204,7 @@ def write_parquet_atomic(
 
 
 def digest_file(path: Path) -> Path:
-    """Where the SHA-256 of a file written with ``keep_digest`` is kept (a hidden sibling)."""
+    """Where :func:`write_parquet_with_digest` keeps a file's SHA-256 (a hidden sibling)."""
     return path.with_name(f".{path.name}.sha256")
 
 

@@ -72,9 +72,7 @@ def read(path: Path, key: Mapping[str, Any]) -> tuple[dict[str, Any], memoryview
     """
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError:
+    except OSError:  # absent, or unreadable: the caller reads from the source
         return None
     checked = _checked(data, key)
     if checked is None:
