@@ -401,6 +401,28 @@ def test_a_429_on_a_chunk_waits_as_long_as_retry_after_asks(
     assert retried and float(retried[0][6]) - float(refused[6]) >= 0.95
 
 
+def test_a_chunk_refused_while_its_siblings_are_in_flight_is_read_again_to_the_end(
+    stac_world: StacWorld, tmp_path: Path
+) -> None:
+    """Every precipitation chunk answers slowly and the first one refused: the failed read
+    leaves its sibling requests running on zarr's event loop while the retry reads the same
+    chunks again; the retry must neither wait on its abandoned first attempt nor keep a
+    half-written chunk."""
+    rules = [
+        {"match": "/na.zarr/prcp/", "delay_s": 0.5},
+        {"match": "/na.zarr/prcp/", "status": 503, "times": 1},
+    ]
+    stac_world.set_faults(rules)
+    before = len(stac_world.log_lines())
+    try:
+        item = daymet_adapter(stac_world).fetch(CITY, 2018, tmp_path)
+    finally:
+        stac_world.set_faults([])
+    assert set(item.files) == set(ROLES)
+    statuses = [line.split()[3] for line in stac_world.log_lines()[before:] if "/prcp/" in line]
+    assert "503" in statuses and statuses.count("200") >= 1
+
+
 # ---- processing: unpublished roles and the fallback ------------------------------------------
 
 

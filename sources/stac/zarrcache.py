@@ -25,10 +25,13 @@ noticed; clear the folder after such a rewrite (Daymet's published versions chan
 decoding any chunk of an open fails, every chunk the open read (fetched or loaded) is deleted
 from the cache, so a store repaired upstream is read afresh and garbage is never replayed.
 
-Only whole objects are cached; byte-range reads (sharded Zarr v3) go to the store as before. A
-file lock per chunk (asyncio-friendly, waiting off zarr's event loop) makes a second process
-wait for the first rather than download the same chunk at the same time. Chunks the store does
-not have (zarr's fill value) are not remembered: each open asks again.
+Only whole objects are cached; byte-range reads (sharded Zarr v3) go to the store as before.
+No lock is held across a request: two processes that miss the same chunk at the same moment
+both download it, and each installs it by an atomic rename, so the file is whole whichever
+wins. A lock held on zarr's event loop while a request is retried or abandoned is a way to
+wait forever (a retried open meets the lock of its own abandoned first attempt); a duplicate
+download of one chunk is the cheaper risk. Chunks the store does not have (zarr's fill value)
+are not remembered: each open asks again.
 """
 
 from __future__ import annotations
@@ -41,7 +44,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from filelock import AsyncFileLock
 from zarr.abc.buffer import Buffer
 from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import BufferPrototype
@@ -156,18 +158,12 @@ class CachingStore(WrapperStore[Store]):
         if kept is not None:
             self.cache._count(hit=True)
             return prototype.buffer.from_bytes(kept)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        async with AsyncFileLock(str(path) + ".lock"):
-            kept = _load(path, entry)  # another process may have fetched it meanwhile
-            if kept is not None:
-                self.cache._count(hit=True)
-                return prototype.buffer.from_bytes(kept)
-            value = await self._store.get(key, prototype)
-            if value is None:
-                return None
-            cachefiles.write(path, entry, value.to_bytes())
-            self.cache._count(hit=False)
-            return value
+        value = await self._store.get(key, prototype)
+        if value is None:
+            return None
+        cachefiles.write(path, entry, value.to_bytes())
+        self.cache._count(hit=False)
+        return value
 
     async def _get_many(
         self, requests: Iterable[tuple[str, BufferPrototype, ByteRequest | None]]
