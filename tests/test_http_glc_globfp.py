@@ -235,6 +235,8 @@ def test_glc_fill_cells_are_invalid_for_the_land_cover_modality(
         window = rasterio.windows.Window(0, 0, ds.width, ds.height)
     with open_masked_source(item, modality, [1]) as masked:
         _, valid = masked.read(window)
+    assert not np.isin(raw, [0, 250]).any()  # fill never reaches the cube as a class
+    assert (raw == 255).any()
     assert not valid[raw == 255].any()
     assert valid[raw != 255].all()
 
