@@ -66,6 +66,10 @@ class Tiling(StrEnum):
     """One global file per period and variable."""
     ghsl = "ghsl"
     """The GHSL tile grid (rows ``R``, columns ``C``, counted from 1)."""
+    glc_fcs30d = "glc_fcs30d"
+    """GLC_FCS30D's 5° tiles, named by their north-west corner (``E105N25``: 105-110° E,
+    20-25° N) and packed in one zip per 10° band of longitude (``{zone}``, e.g. ``E100-E105``).
+    Tiles keep their own geotransforms: 5° is no whole number of 30 m pixels."""
 
 
 class TemporalForm(StrEnum):
@@ -148,6 +152,16 @@ class Variable(BaseModel):
         default=None, description="Variable name of a NetCDF item file (netcdf output only)."
     )
     long_name: str | None = Field(default=None, description="long_name of a NetCDF item file.")
+    member: str | None = Field(
+        default=None,
+        description="Name of the GeoTIFF inside a zip holding many (any folder); placeholders "
+        "as in path. Default: the served file's stem + '.tif'.",
+    )
+    band_first_year: int | None = Field(
+        default=None,
+        description="For files with one band per year: the year of band 1 (band = year - "
+        "band_first_year + 1).",
+    )
 
 
 class HttpProductSpec(BaseModel):
@@ -170,6 +184,11 @@ class HttpProductSpec(BaseModel):
     nodata: float = Field(description="Nodata written to item files (the sample twin's).")
     raw_nodata: float | None = Field(
         default=None, description="Nodata of served files that declare none in their header."
+    )
+    fill_values: list[float] = Field(
+        default_factory=list,
+        description="Served values the provider documents as fill (no data): always invalid, "
+        "never a class or a number, whatever the file header says.",
     )
     temporal: TemporalForm = Field(description="How files map to source years.")
     years: list[int] = Field(description="Source years published within 2000-2025.")
@@ -203,8 +222,8 @@ class HttpProductSpec(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        if self.tiling == Tiling.ghsl and self.tile_grid is None:
-            raise ValueError(f"{self.product}: a ghsl-tiled product needs tile_grid")
+        if self.tiling != Tiling.none and self.tile_grid is None:
+            raise ValueError(f"{self.product}: a {self.tiling.value}-tiled product needs tile_grid")
         if self.access == Access.window and (
             self.packing != Packing.tif or self.tiling != Tiling.none
         ):
@@ -225,7 +244,7 @@ class HttpProductSpec(BaseModel):
         if self.files_by_year and set(self.files_by_year) != set(self.years):
             raise ValueError(f"{self.product}: files_by_year must name exactly the years")
         monthly = self.temporal == TemporalForm.monthly_to_annual
-        allowed = {"year", "yy", "mm", "epoch", "row", "col", "var", "file"}
+        allowed = {"year", "yy", "mm", "epoch", "row", "col", "var", "file", "tile", "zone"}
         for variable in self.variables:
             where = f"{self.product}.{variable.name}"
             if monthly != (variable.monthly is not None):
@@ -243,6 +262,10 @@ class HttpProductSpec(BaseModel):
                 raise ValueError(
                     f"{self.product}.{variable.name}: tiled paths need {{row}}, {{col}}"
                 )
+            if self.tiling == Tiling.glc_fcs30d and not (
+                {"zone"} <= used and variable.member and "tile" in _placeholders(variable.member)
+            ):
+                raise ValueError(f"{where}: glc_fcs30d paths need {{zone}} and members {{tile}}")
             if "file" in used and not self.files_by_year:
                 raise ValueError(f"{where}: {{file}} needs files_by_year")
         by_role: dict[str, set[str]] = {}
@@ -264,23 +287,83 @@ class HttpProductSpec(BaseModel):
         return grouped
 
 
+class FileListing(BaseModel):
+    """Where a product lists its files (a JSON array of ``{name, download_url}`` objects per
+    listing, as figshare's article file lists are) and how a file name gives its extent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    listings: list[str] = Field(
+        min_length=1, description="Listing paths under the base URL, one per dataset part."
+    )
+    name_pattern: str = Field(
+        description="Regular expression a tile file name matches, with named groups west, "
+        "south, east, north (degrees) and tile (the tile id)."
+    )
+
+    @model_validator(mode="after")
+    def _groups(self) -> Self:
+        try:
+            groups = set(re.compile(self.name_pattern).groupindex)
+        except re.error as exc:
+            raise ValueError(f"name_pattern is not a regular expression: {exc}") from exc
+        needed = {"tile", "west", "south", "east", "north"}
+        if not needed <= groups:
+            raise ValueError(f"name_pattern needs the named groups {sorted(needed - groups)}")
+        return self
+
+
+class HttpVectorProductSpec(BaseModel):
+    """A vector product served as zipped shapefile tiles listed by a file index."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    product: str = Field(description="Product id in schemas/sources.yaml.")
+    name: str = Field(description="Product name and release.")
+    version: str = Field(description="Release string recorded on every item.")
+    base_url: str = Field(pattern=r"^https?://", description="Server of the file listings.")
+    listing: FileListing = Field(description="Where the tiles are listed.")
+    native_crs: str = Field(description="CRS of the item file (the twin's).")
+    served_crs: str = Field(description="CRS assumed for a served layer without a .prj.")
+    height_column: str = Field(description="Attribute holding the building height, metres.")
+    height_valid_range: tuple[float, float] = Field(
+        description="Heights outside it (or missing) are no height: those footprints are cut "
+        "out of the item's coverage, never written as 0."
+    )
+    reference_year: int = Field(description="The year the footprints and heights describe.")
+    output_file: str = Field(description="Item GeoPackage name ({city}).")
+    output_layer: str = Field(description="Layer name the twin uses.")
+    licence: str = Field(description="Licence of the data as served.")
+    attribution: str = Field(description="Required attribution text.")
+    bytes_per_file: int = Field(gt=0, description="Typical served file size, for estimates.")
+    sha256: dict[str, str] = Field(
+        default_factory=dict, description="Pinned digests by served file name."
+    )
+    unconfirmed: list[str] = Field(
+        default_factory=list, description="Facts that could not be confirmed from public sources."
+    )
+
+
 class HttpProductCatalogue(BaseModel):
     """Every HTTP-served product, keyed uniquely by product id."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     products: list[HttpProductSpec]
+    vector_products: list[HttpVectorProductSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique(self) -> Self:
-        ids = [p.product for p in self.products]
+        ids = [p.product for p in self.products] + [p.product for p in self.vector_products]
         twice = sorted({i for i in ids if ids.count(i) > 1})
         if twice:
             raise ValueError(f"products declared twice: {twice}")
         return self
 
     def by_id(self) -> dict[str, HttpProductSpec]:
-        """Products by id."""
+        """Gridded products by id."""
         return {p.product: p for p in self.products}
+
+    def vectors_by_id(self) -> dict[str, HttpVectorProductSpec]:
+        """Vector products by id."""
+        return {p.product: p for p in self.vector_products}
 
 
 def _placeholders(template: str) -> set[str]:
@@ -298,11 +381,20 @@ def _packaged() -> HttpProductCatalogue:
     return parse_http_products(text, "schemas/http_products.yaml")
 
 
-def load_http_products(path: str | Path | None = None) -> dict[str, HttpProductSpec]:
-    """HTTP product specs by id: the packaged catalogue, or another file (tests, mirrors)."""
+def _catalogue(path: str | Path | None) -> HttpProductCatalogue:
     if not path:
-        return _packaged().by_id()
+        return _packaged()
     file = Path(path)
     if not file.is_file():
         raise SpecError(f"HTTP product catalogue {file} does not exist")
-    return parse_http_products(file.read_text(encoding="utf-8"), str(file)).by_id()
+    return parse_http_products(file.read_text(encoding="utf-8"), str(file))
+
+
+def load_http_products(path: str | Path | None = None) -> dict[str, HttpProductSpec]:
+    """Gridded HTTP product specs by id: the packaged catalogue, or another file."""
+    return _catalogue(path).by_id()
+
+
+def load_http_vector_products(path: str | Path | None = None) -> dict[str, HttpVectorProductSpec]:
+    """Vector HTTP product specs by id (footprint tiles), from the same catalogue."""
+    return _catalogue(path).vectors_by_id()

@@ -8,7 +8,11 @@ import pytest
 import yaml
 
 from citycube.errors import SpecError
-from citycube.http_spec import load_http_products, parse_http_products
+from citycube.http_spec import (
+    load_http_products,
+    load_http_vector_products,
+    parse_http_products,
+)
 from citycube.products import load_products
 from citycube.sources import load_source_set_spec
 from sources import build_source_set
@@ -25,6 +29,20 @@ def test_every_product_is_declared_in_the_source_catalogue_with_the_same_crs() -
     for product_id, spec in load_http_products().items():
         assert product_id in products
         assert products[product_id].native_crs == spec.native_crs
+    for product_id, vector in load_http_vector_products().items():
+        assert products[product_id].native_crs == vector.native_crs
+
+
+def test_broken_glc_and_footprint_entries_are_rejected_with_a_reason() -> None:
+    data = entries()
+    glc = next(p for p in data["products"] if p["product"] == "glc_fcs30d")
+    glc["variables"][0]["path"] = "maps.zip"
+    with pytest.raises(SpecError, match="need \\{zone\\}"):
+        parse_http_products(yaml.safe_dump(data), "edited")
+    data = entries()
+    data["vector_products"][0]["listing"]["name_pattern"] = r"^(?P<tile>\d+)\.zip$"
+    with pytest.raises(SpecError, match="named groups"):
+        parse_http_products(yaml.safe_dump(data), "edited")
 
 
 @pytest.mark.parametrize(

@@ -329,6 +329,8 @@ class HttpSource(SourceProduct):
         invalid = ~np.isfinite(raw)
         if nodata is not None:
             invalid |= raw == nodata
+        if self.spec.fill_values:
+            invalid |= np.isin(raw, self.spec.fill_values)
         if self.spec.categorical:
             values = raw.copy()
             for served_id, twin_id in variable.class_map.items():
@@ -355,7 +357,7 @@ class HttpSource(SourceProduct):
             for suffix in (".gz", ".zip"):
                 served_stem = served_stem.removesuffix(suffix)
         for role, variables in self.spec.roles().items():
-            name = variables[0].output_file.format(year=year, served_stem=served_stem)
+            name = variables[0].output_file.format(year=year, served_stem=served_stem, city=city)
             stack = []
             for variable in variables:
                 values = assembled.values[variable.name] * variable.to_output
