@@ -170,14 +170,14 @@ def read_band_blocks(
     fill: float = 0,
     nodata: float | None = None,
 ) -> None:
-    """Read blocks of one band of ``href`` on ``grid`` through one open of the asset, handing
-    each to ``keep`` as it is read (so only one block's pixels are held here at a time).
+    """Read blocks of one band of ``href`` on ``grid`` through one open of the asset (its
+    header fetched once), handing each to ``keep`` as it is read.
 
-    The asset is opened once: its header is fetched once, and GDAL's block cache keeps the
-    internal tiles a block boundary cuts through, so reading a window block by block fetches
-    the same ranges as reading it whole. A block is read exactly as a whole-grid read would
-    give its pixels: plain windows are cut from the same lattice, warped blocks are windows of
-    one warped dataset defined on the whole grid. Raises TransientError or CorruptAssetError.
+    A block's pixels are exactly those a whole-grid read gives there: plain windows are cut
+    from the same lattice, warped blocks are windows of one warped dataset defined on the whole
+    grid. Internal tiles that a block boundary cuts through are fetched for each block they
+    touch, so reading a window in many blocks costs more bytes than reading it whole. Raises
+    TransientError or CorruptAssetError.
     """
     with _open(vsicurl(href)) as src:
         try:
