@@ -72,6 +72,13 @@ BENCHMARKS = (
         True,
     ),
     Benchmark(
+        "stac_memory",
+        "benchmarks.bench_stac_memory",
+        "peak RSS of one Landsat OPT composite, 512-px blocks vs the whole window, as the "
+        "window grows",
+        True,
+    ),
+    Benchmark(
         "translation",
         "benchmarks.bench_translation",
         "pair index, splits and 269,472 sampled instances for the whole calendar (synthetic "

@@ -20,7 +20,9 @@ from sources.stac import adapter as adapter_module
 from sources.stac import stac_adapters
 from sources.stac.adapter import StacSource
 from sources.stac.clearmasks import ClearMaskCache
-from sources.stac.reading import AssetRead
+from sources.stac.grids import landsat_grid
+from sources.stac.options import StacFamilyOptions
+from sources.stac.reading import AssetRead, grid_blocks
 from sources.stac.windows import WindowCache
 from tests.stac_fixtures import CITY, SAS_TOKEN, StacWorld
 
@@ -128,10 +130,12 @@ def test_the_three_products_read_each_scenes_qa_and_red_band_once(
     for assets in (("green",), ("blue",), ("nir08",), ("lwir11", "lwir")):
         files = _asset_files(stac_world, *assets)
         assert _bytes_of(shared["requests"], files) == _bytes_of(sequential["requests"], files)
+    blocks = len(grid_blocks(landsat_grid(CITY), StacFamilyOptions().composite_block_px))
+    assert blocks > 1
     masks = sorted((tmp_path / ".stac" / "qa" / CITY / "2020").glob("*.npz"))
-    assert len(masks) == 4  # one per scene read
+    assert len(masks) == 4 * blocks  # one per scene read and block
     windows = sorted((tmp_path / ".stac" / "windows" / CITY / "2020").glob("*.win"))
-    assert len(windows) == 4 * 5  # red, green, blue, nir08 and thermal of each scene
+    assert len(windows) == 4 * 5 * blocks  # red, green, blue, nir08, thermal of each scene
     assert not list((sequential["dest"] / ".stac").rglob("*.win"))  # cache_reads: false
 
 
@@ -319,7 +323,7 @@ def test_composites_are_the_same_bit_for_bit_whatever_order_reads_finish(
 
 def test_reads_overlap_up_to_the_per_host_limit(stac_world, monkeypatch, tmp_path) -> None:
     """Concurrent asset reads are counted in-process: never more than ``per_host`` in flight."""
-    real = adapter_module.read_band
+    real = adapter_module.read_band_blocks
     lock = threading.Lock()
     state = {"now": 0, "most": 0}
 
@@ -334,7 +338,7 @@ def test_reads_overlap_up_to_the_per_host_limit(stac_world, monkeypatch, tmp_pat
             with lock:
                 state["now"] -= 1
 
-    monkeypatch.setattr(adapter_module, "read_band", counted)
+    monkeypatch.setattr(adapter_module, "read_band_blocks", counted)
     stac_world.set_faults([])
     for per_host, workers in ((2, 4), (4, 4), (4, 1)):
         state.update(now=0, most=0)

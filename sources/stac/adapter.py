@@ -15,10 +15,10 @@ bounded thread pool, at most ``per_host`` at a time against one host per process
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import pystac
@@ -38,7 +38,14 @@ from sources.downloads import host_slot
 from sources.stac.clearmasks import ClearMaskCache
 from sources.stac.grids import TargetGrid
 from sources.stac.options import StacFamilyOptions
-from sources.stac.reading import AssetRead, CorruptAssetError, gdal_env, read_band
+from sources.stac.reading import (
+    AssetRead,
+    Block,
+    CorruptAssetError,
+    gdal_env,
+    read_band,
+    read_band_blocks,
+)
 from sources.stac.records import SearchRecords, search_key
 from sources.stac.retrying import RetryPolicy, TransientError
 from sources.stac.search import SearchRequest, get_collection, search_items
@@ -47,9 +54,11 @@ from sources.stac.windows import WindowCache
 from sources.stac.zarrcache import ChunkCache
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-ADAPTER_VERSION = "stac-1"
-"""Version of this family's recipes; bump it whenever the pixels they write change."""
+ADAPTER_VERSION = "stac-2"
+"""Version of this family's recipes; bump it whenever the pixels they write change (2: warped
+scenes read by the warped dataset's own blocks, whatever the composite's blocks)."""
 STAC_STATE_DIR = ".stac"
 """Folder of the family's shared state under the sources folder (search records, QA masks,
 band windows, Zarr chunks)."""
@@ -81,6 +90,9 @@ class FetchContext:
     """Band windows kept on disk (Landsat); None: every read goes to the source."""
     chunks: ChunkCache | None = None
     """Zarr chunks kept on disk (Daymet); None: every chunk is downloaded."""
+    scratch: Path | None = None
+    """Where a fetch keeps, in a temporary folder of its own, the blocks it composites when the
+    caches above are off (None: the system's temporary folder)."""
 
     def where(self, item_id: str | None = None, asset: str | None = None) -> str:
         """'landsat_st from pc:landsat-c2-l2 for Boston 2020, item X, asset Y'."""
@@ -190,6 +202,45 @@ class FetchContext:
         nodata: float | None,
     ) -> AssetRead:
         """One asset's window on ``grid``, retried on transient failures."""
+        asset = self._asset(item, asset_key)
+
+        def attempt() -> AssetRead:
+            href = self.open_href(asset.href)
+            with self._slot(href), rasterio.Env(**gdal_env(self.options)):
+                return read_band(href, grid, fill=fill, nodata=nodata)
+
+        return self._retried(item, asset_key, attempt)
+
+    def read_blocks(
+        self,
+        item: pystac.Item,
+        asset_key: str,
+        grid: TargetGrid,
+        blocks: Sequence[Block],
+        keep: Callable[[Block, AssetRead], None],
+        *,
+        fill: float,
+        nodata: float | None,
+    ) -> None:
+        """Blocks of one asset's window on ``grid``, each handed to ``keep`` as it is read,
+        through one open of the asset; a retry after a transient failure reads only the blocks
+        not yet kept."""
+        asset = self._asset(item, asset_key)
+        kept: set[Block] = set()
+
+        def keep_once(block: Block, read: AssetRead) -> None:
+            keep(block, read)
+            kept.add(block)
+
+        def attempt() -> None:
+            missing = [block for block in blocks if block not in kept]
+            href = self.open_href(asset.href)
+            with self._slot(href), rasterio.Env(**gdal_env(self.options)):
+                read_band_blocks(href, grid, missing, keep_once, fill=fill, nodata=nodata)
+
+        self._retried(item, asset_key, attempt)
+
+    def _asset(self, item: pystac.Item, asset_key: str) -> pystac.Asset:
         asset = item.assets.get(asset_key)
         if asset is None:
             raise SourceReadError(
@@ -197,26 +248,27 @@ class FetchContext:
                 f"(it has {sorted(item.assets)})",
                 reason="missing_asset",
             )
-        env = gdal_env(self.options)
+        return asset
 
-        def attempt() -> AssetRead:
-            href = self.open_href(asset.href)
-            slot = host_slot(urlsplit(href).netloc or "local", self.options.per_host)
-            with slot, rasterio.Env(**env):
-                return read_band(href, grid, fill=fill, nodata=nodata)
+    def _slot(self, href: str) -> Any:
+        """One of the href's host slots (at most ``per_host`` reads in flight per host)."""
+        return host_slot(urlsplit(href).netloc or "local", self.options.per_host)
 
+    def _retried(self, item: pystac.Item, asset_key: str, attempt: Callable[[], T]) -> T:
+        """``attempt`` under the retry policy; failures name the item and asset."""
+        href = item.assets[asset_key].href
         try:
             return self.policy.call(attempt)
         except TransientError as exc:
             raise SourceFetchError(
-                f"{self.where(item.id, asset_key)}: reading {asset.href} kept failing within "
+                f"{self.where(item.id, asset_key)}: reading {href} kept failing within "
                 f"the retry bounds: {self.signer.redact(str(exc))}",
                 transient=True,
                 reason="server_error",
             ) from None
         except CorruptAssetError as exc:
             raise SourceReadError(
-                f"{self.where(item.id, asset_key)}: {asset.href} could not be decoded "
+                f"{self.where(item.id, asset_key)}: {href} could not be decoded "
                 f"(truncated or not a GeoTIFF): {self.signer.redact(str(exc))}",
                 reason="corrupt_asset",
             ) from None
@@ -307,6 +359,7 @@ class StacSource(SourceProduct):
             clear_masks=ClearMaskCache(state / "qa") if self.options.share_qa else None,
             windows=WindowCache(state / "windows") if self.options.cache_reads else None,
             chunks=ChunkCache(state / "zarr") if self.options.cache_reads else None,
+            scratch=state / "scratch",
         )
         installed = install_item(
             self.item_dir(city, source_year, dest),

@@ -71,6 +71,36 @@ class ClearMaskCache:
                 self.misses += 1
             return mask
 
+    def load(
+        self, city: str, year: int, scene_id: str, key: Mapping[str, Any]
+    ) -> np.ndarray | None:
+        """The kept mask; None when absent or unreadable."""
+        mask = _load(self.path(city, year, scene_id, key))
+        if mask is not None:
+            with self._lock:
+                self.hits += 1
+        return mask
+
+    def has(self, city: str, year: int, scene_id: str, key: Mapping[str, Any]) -> bool:
+        """Whether a mask is kept (not checked: ``load`` checks it)."""
+        return self.path(city, year, scene_id, key).is_file()
+
+    def save(
+        self, city: str, year: int, scene_id: str, key: Mapping[str, Any], mask: np.ndarray
+    ) -> None:
+        """Keep a mask just computed."""
+        path = self.path(city, year, scene_id, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _save(path, np.asarray(mask, dtype=bool))
+        with self._lock:
+            self.misses += 1
+
+    def lock(self, city: str, year: int, scene_id: str, key: Mapping[str, Any]) -> FileLock:
+        """A lock named by ``key`` (a scene's QA on a grid, while its blocks are read)."""
+        path = self.path(city, year, scene_id, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(path.with_suffix(".lock")))
+
 
 def _save(path: Path, mask: np.ndarray) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")

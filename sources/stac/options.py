@@ -72,6 +72,13 @@ class StacFamilyOptions(BaseModel):
     per_host: int = Field(
         4, ge=1, description="Asset reads in flight against one host, per process."
     )
+    composite_block_px: int = Field(
+        512,
+        ge=16,
+        description="Edge, in output pixels, of the square blocks a Landsat composite is "
+        "computed over: a composite holds one block of every scene at a time, so its memory "
+        "follows this and the scene count, not the city's size.",
+    )
     share_qa: bool = Field(
         True,
         description="Keep each scene's clear mask on disk (<data root>/sources/.stac/qa) so "

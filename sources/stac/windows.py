@@ -78,6 +78,44 @@ class WindowCache:
                 self.misses += 1
             return window
 
+    def has(self, city: str, year: int, scene_id: str, asset: str, key: Mapping[str, Any]) -> bool:
+        """Whether a window is kept (not checked: ``load`` checks it)."""
+        return self.path(city, year, scene_id, asset, key).is_file()
+
+    def load(
+        self, city: str, year: int, scene_id: str, asset: str, key: Mapping[str, Any]
+    ) -> AssetRead | None:
+        """The kept window if it is whole; None when absent or damaged (then deleted)."""
+        kept = _load(self.path(city, year, scene_id, asset, key), self._full(key))
+        if kept is not None:
+            with self._lock:
+                self.hits += 1
+        return kept
+
+    def save(
+        self,
+        city: str,
+        year: int,
+        scene_id: str,
+        asset: str,
+        key: Mapping[str, Any],
+        window: AssetRead,
+    ) -> None:
+        """Keep a window just read from the source."""
+        path = self.path(city, year, scene_id, asset, key)
+        _save(path, self._full(key), window)
+        with self._lock:
+            self.misses += 1
+
+    def lock(
+        self, city: str, year: int, scene_id: str, asset: str, key: Mapping[str, Any]
+    ) -> FileLock:
+        """A lock named by ``key`` (e.g. a scene's asset on a grid, for reading its blocks),
+        so a second process waits for the first instead of reading the same windows."""
+        path = self.path(city, year, scene_id, asset, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(path.with_suffix(".lock")))
+
     @staticmethod
     def _full(key: Mapping[str, Any]) -> dict[str, Any]:
         return {**key, "version": WINDOW_VERSION}
