@@ -741,8 +741,10 @@ def data_card_markdown(facts: CardFacts, catalogue: Catalogue) -> str:
     if facts.synthetic:
         limits.append(
             "Synthetic: the sample backend imitates each product's file form, coverage and "
-            "trends from one generated structure per city. Use it to test pipelines and models, "
-            "never to describe a real place."
+            "trends from one generated structure per city, and its calendars (which city-years "
+            "each product holds) are planned so that a full calendar's availability per modality "
+            "and per city matches seed 000 Tables 10 and 11 less the departures listed below. "
+            "Use it to test pipelines and models, never to describe a real place."
         )
     missing = [m.display_code for m in catalogue.modalities if m.code not in published]
     if missing:

@@ -8,6 +8,7 @@ units per international dollar). A missing factor leaves the value unavailable, 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
@@ -70,6 +71,17 @@ def ppp_2017_factor(indicators: SourceItem, iso3: str, year: int) -> float | Non
     """Multiplier from local currency of ``year`` to 2017 PPP international dollars, or None."""
     cpi = _series(str(indicators.local_path("cpi")))
     ppp = _series(str(indicators.local_path("ppp")))
+    return ppp_2017_factor_of(cpi, ppp, iso3, year)
+
+
+def ppp_2017_factor_of(
+    cpi: Mapping[tuple[str, int], float | None],
+    ppp: Mapping[tuple[str, int], float | None],
+    iso3: str,
+    year: int,
+) -> float | None:
+    """The same multiplier from series already read ((iso3, year) → value; None or absent when
+    unpublished), so a calendar can tell which years convert without writing files."""
     cpi_year, cpi_base, ppp_base = (
         cpi.get((iso3, year)),
         cpi.get((iso3, BASE_YEAR)),

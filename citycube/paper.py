@@ -1,10 +1,12 @@
 """The paper-vs-release report: seed 000's availability tables beside the release's own.
 
 ``schemas/paper.yaml`` holds what the paper reports (Table 10 by modality, Table 11 by city)
-and every documented departure from it, as validated data. The report puts the paper's counts
-next to the release's, per modality and per city, with the difference in percentage points
-(and in counts when the release holds the paper's whole 16 × 26 calendar), then lists the
-departures with their reasons. It is rewritten with every build's availability report.
+and every documented departure from it, as validated data; a departure that removes
+combinations the paper counts says how many per modality and city. The report puts the paper's
+counts next to what the departures leave of them and the release's, per modality and per city,
+with the differences in percentage points (and in counts when the release holds the paper's
+whole 16 × 26 calendar), then lists the departures with their reasons and shares. It is
+rewritten with every build's availability report.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Self
+from typing import Annotated, Self
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -58,6 +60,16 @@ class Departure(BaseModel):
     paper: str
     release: str
     reason: str
+    shortfall: dict[str, dict[str, Annotated[int, Field(gt=0)]]] = Field(default_factory=dict)
+    """Combinations the paper counts that this departure removes: modality → city → count."""
+
+    def shortfall_of_modality(self, code: str) -> int:
+        """Combinations of one modality the departure removes (Table 10's unit)."""
+        return sum(self.shortfall.get(code, {}).values())
+
+    def shortfall_of_city(self, city: str) -> int:
+        """Combinations of one city the departure removes (Table 11's unit)."""
+        return sum(by_city.get(city, 0) for by_city in self.shortfall.values())
 
 
 class PaperTables(BaseModel):
@@ -87,7 +99,36 @@ class PaperTables(BaseModel):
         ids = [d.id for d in self.departures]
         if len(set(ids)) != len(ids):
             raise ValueError("departure ids must be unique")
+        for code, expected in self.expected_by_modality.items():
+            if expected < 0:
+                raise ValueError(f"departures remove more {code} city-years than Table 10 has")
+        for city, expected in self.expected_by_city.items():
+            if expected < 0:
+                raise ValueError(f"departures remove more of {city} than Table 11 has")
+        for d in self.departures:
+            for code, by_city in d.shortfall.items():
+                over = sorted(c for c, n in by_city.items() if n > cal.years)
+                if over:
+                    raise ValueError(f"{d.id}: {code} shortfall of {over} exceeds {cal.years}")
         return self
+
+    def shortfall_of_modality(self, code: str) -> int:
+        """Combinations of one modality the documented departures remove."""
+        return sum(d.shortfall_of_modality(code) for d in self.departures)
+
+    def shortfall_of_city(self, city: str) -> int:
+        """Combinations of one city the documented departures remove."""
+        return sum(d.shortfall_of_city(city) for d in self.departures)
+
+    @property
+    def expected_by_modality(self) -> dict[str, int]:
+        """Table 10 less what the departures remove: what a full release should count."""
+        return {code: n - self.shortfall_of_modality(code) for code, n in self.by_modality.items()}
+
+    @property
+    def expected_by_city(self) -> dict[str, int]:
+        """Table 11 less what the departures remove: what a full release should count."""
+        return {city: n - self.shortfall_of_city(city) for city, n in self.by_city.items()}
 
     @property
     def city_years(self) -> int:
@@ -111,6 +152,15 @@ class PaperTables(BaseModel):
                 raise SpecError(
                     f"schemas/paper.yaml {name} names {sorted(keys - known)} and lacks "
                     f"{sorted(known - keys)}; it must list exactly {sorted(known)}"
+                )
+        for d in self.departures:
+            unknown = sorted(set(d.shortfall) - codes) + sorted(
+                {c for by_city in d.shortfall.values() for c in by_city} - cities
+            )
+            if unknown:
+                raise SpecError(
+                    f"schemas/paper.yaml departure {d.id} has a shortfall for {unknown}, "
+                    "which are not modality codes or city keys of the catalogues"
                 )
 
 
@@ -142,20 +192,32 @@ def _full_calendar(availability: Availability, paper: PaperTables) -> bool:
 
 
 def _counts(
-    paper_count: int, paper_possible: int, release_count: int, release_possible: int, full: bool
+    paper_count: int,
+    shortfall: int,
+    paper_possible: int,
+    release_count: int,
+    release_possible: int,
+    full: bool,
 ) -> dict[str, object]:
-    """One comparison row's figures: both shares and their differences."""
+    """One comparison row's figures: the paper's, what its departures leave, the release's."""
     paper_pct = _percent(paper_count, paper_possible)
+    expected = paper_count - shortfall
+    expected_pct = _percent(expected, paper_possible)
     release_pct = _percent(release_count, release_possible)
     return {
         "paper_available": paper_count,
         "paper_possible": paper_possible,
         "paper_percent": paper_pct,
+        "departures_shortfall": shortfall,
+        "expected_available": expected,
+        "expected_percent": expected_pct,
         "release_available": release_count,
         "release_possible": release_possible,
         "release_percent": release_pct,
         "difference_pp": _difference(release_pct, paper_pct),
         "difference_count": release_count - paper_count if full else None,
+        "difference_from_expected_pp": _difference(release_pct, expected_pct),
+        "difference_from_expected_count": release_count - expected if full else None,
     }
 
 
@@ -169,7 +231,14 @@ def modality_comparison(
     rows = []
     for m in catalogue.modalities:
         count, possible = (int(v) for v in ours.loc[m.display_code, ["available", "possible"]])
-        figures = _counts(paper.by_modality[m.code], paper.city_years, count, possible, full)
+        figures = _counts(
+            paper.by_modality[m.code],
+            paper.shortfall_of_modality(m.code),
+            paper.city_years,
+            count,
+            possible,
+            full,
+        )
         rows.append({"code": m.display_code, "modality": m.name, **figures})
     return pd.DataFrame(rows)
 
@@ -187,7 +256,14 @@ def city_comparison(
         held = city in ours.index
         count = int(ours.loc[city, "available"]) if held else 0
         possible = int(ours.loc[city, "possible"]) if held else 0
-        figures = _counts(paper_count, paper.combinations_per_city, count, possible, full)
+        figures = _counts(
+            paper_count,
+            paper.shortfall_of_city(city),
+            paper.combinations_per_city,
+            count,
+            possible,
+            full,
+        )
         rows.append({"key": city, "city": names.get(city, city), **figures})
     return pd.DataFrame(rows)
 
@@ -198,21 +274,45 @@ def _share(available: int, possible: int, percent: float | None) -> str:
     return f"{available:,} / {possible:,} ({percent:.3f}%)"
 
 
+def _signed_pp(value: float | None) -> str:
+    return "–" if value is None or pd.isna(value) else f"{value:+.3f} pp"
+
+
+def _signed_count(value: float | None) -> str:
+    return "–" if value is None or pd.isna(value) else f"{int(value):+,}"
+
+
 def _table(frame: pd.DataFrame, header: str, name_column: str) -> list[str]:
     lines = [
-        f"| {header} | Paper | Release | Difference | Difference (count) |",
-        "|---|--:|--:|--:|--:|",
+        f"| {header} | Paper | Departures | Expected after departures | Release "
+        "| Difference | Difference (count) | Release − expected |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for row in frame.to_dict("records"):
         paper = _share(row["paper_available"], row["paper_possible"], row["paper_percent"])
+        expected = _share(row["expected_available"], row["paper_possible"], row["expected_percent"])
         ours = _share(row["release_available"], row["release_possible"], row["release_percent"])
-        pp = row["difference_pp"]
-        count = row["difference_count"]
+        shortfall = row["departures_shortfall"]
+        from_expected = row["difference_from_expected_count"]
+        if from_expected is None or pd.isna(from_expected):
+            from_expected_text = _signed_pp(row["difference_from_expected_pp"])
+        else:
+            from_expected_text = _signed_count(from_expected)
         lines.append(
-            f"| {row[name_column]} | {paper} | {ours} | "
-            f"{'–' if pp is None or pd.isna(pp) else f'{pp:+.3f} pp'} | "
-            f"{'–' if count is None or pd.isna(count) else f'{int(count):+,}'} |"
+            f"| {row[name_column]} | {paper} | {f'−{shortfall:,}' if shortfall else '–'} | "
+            f"{expected} | {ours} | {_signed_pp(row['difference_pp'])} | "
+            f"{_signed_count(row['difference_count'])} | {from_expected_text} |"
         )
+    return lines
+
+
+def _shortfall_lines(departure: Departure) -> list[str]:
+    """The combinations a departure removes, per modality, with each city's share."""
+    names = {k: c.name for k, c in load_cities().items()}
+    lines = []
+    for code, by_city in departure.shortfall.items():
+        shares = ", ".join(f"{names.get(city, city)} {n}" for city, n in by_city.items())
+        lines.append(f"- Removes: {code} {sum(by_city.values()):,} ({shares})")
     return lines
 
 
@@ -230,11 +330,18 @@ def comparison_markdown(
         else "The release holds part of the paper's calendar: compare the percentages; counts "
         "are differenced only for a release of all 16 cities × 26 years."
     )
+    expected_note = (
+        "*Expected after departures* is the paper's count less the combinations the documented "
+        "departures below remove (each lists them per modality and city); a full release "
+        "should match it exactly, and *Release − expected* shows where it does not."
+    )
     lines = [
         report_heading("Paper vs release: availability", availability).rstrip(),
         "",
         f"Seed 000 reports {paper.overall.available:,} of {paper.overall.possible:,} "
         "(city, year, modality) combinations available. " + note,
+        "",
+        expected_note,
         "",
         "## By modality (seed 000 Table 10)",
         "",
@@ -254,6 +361,7 @@ def comparison_markdown(
             f"- Paper: {d.paper}",
             f"- Release: {d.release}",
             f"- Why: {d.reason}",
+            *_shortfall_lines(d),
             "",
         ]
     return "\n".join(lines)

@@ -48,6 +48,41 @@ def test_a_mistyped_count_is_refused_on_load() -> None:
         parse_paper_tables(text)
 
 
+def test_the_departures_leave_each_city_and_modality_an_expected_count() -> None:
+    expected_city, expected_modality = PAPER.expected_by_city, PAPER.expected_by_modality
+    assert expected_modality["NTL"] == 224 and expected_modality["PROP"] == 227
+    assert expected_modality["OPT"] == expected_modality["NDVI"] == 405
+    assert expected_city["Shanghai"] == 316  # NTL's twelve missing years are Shanghai's
+    assert expected_city["Singapore"] == 418 - 12 - 2  # NTL, PROP 2024 and 2025
+    assert sum(expected_city.values()) == sum(expected_modality.values()) == 6309 - 207
+
+
+@pytest.mark.parametrize(
+    ("shortfall", "message"),
+    [
+        ("      NTL: {Atlantis: 12}\n", "not modality codes or city keys"),
+        ("      XYZ: {Boston: 1}\n", "not modality codes or city keys"),
+        ("      ELEC: {Boston: 27}\n", "exceeds 26"),
+        ("      ELEC: {Boston: 0}\n", "greater than 0"),
+    ],
+)
+def test_a_wrong_shortfall_is_refused(shortfall: str, message: str) -> None:
+    text = Path("schemas/paper.yaml").read_text(encoding="utf-8")
+    anchor = "    shortfall:\n      PROP: {Busan: 1, DC: 1, London: 1, Singapore: 2}\n"
+    assert anchor in text
+    text = text.replace(anchor, anchor + shortfall)
+    with pytest.raises(SpecError, match=message):
+        parse_paper_tables(text).check_against(CAT)
+
+
+def test_shortfalls_beyond_a_table_are_refused() -> None:
+    text = Path("schemas/paper.yaml").read_text(encoding="utf-8")
+    anchor = "    shortfall:\n      PROP: {Busan: 1, DC: 1, London: 1, Singapore: 2}\n"
+    heavy = "      ELEC: {" + ", ".join(f"{c}: 26" for c in load_cities()) + "}\n"
+    with pytest.raises(SpecError, match="departures remove more ELEC"):
+        parse_paper_tables(text.replace(anchor, anchor + heavy))
+
+
 def test_a_full_calendar_is_compared_count_by_count() -> None:
     cities = list(load_cities())
     years = range(2000, 2026)
@@ -61,10 +96,21 @@ def test_a_full_calendar_is_compared_count_by_count() -> None:
     assert rows["ELEC"]["release_available"] == 11
     assert rows["ELEC"]["difference_count"] == 11 - 111
     assert rows["ELEC"]["difference_pp"] == pytest.approx(round(100 * 11 / 416 - 26.683, 3))
+    # The departures' shares: OPT loses 2012 in 11 cities, NTL 2000–2011 in 15.
+    assert (rows["OPT"]["departures_shortfall"], rows["OPT"]["expected_available"]) == (11, 405)
+    assert rows["OPT"]["difference_from_expected_count"] == 416 - 405
+    assert (rows["NTL"]["expected_available"], rows["AQ"]["difference_from_expected_count"]) == (
+        224,
+        0,
+    )
     by_city = city_comparison(_availability(available, years), CAT, PAPER).set_index("key")
     # Boston: OPT 26 + AQ 15 + ELEC 11 of 468 against the paper's 413.
     assert by_city.loc["Boston", "release_available"] == 52
     assert by_city.loc["Boston", "difference_count"] == 52 - 413
+    # Boston's shares: NTL 12, OPT 1, NDVI 1.
+    assert by_city.loc["Boston", "expected_available"] == 413 - 14
+    assert by_city.loc["Boston", "difference_from_expected_count"] == 52 - 399
+    assert by_city.loc["Shanghai", "departures_shortfall"] == 0
 
 
 def test_a_partial_release_compares_shares_only() -> None:
@@ -94,8 +140,15 @@ def test_the_report_files_of_a_release(tmp_path: Path) -> None:
         "paper_vs_release_by_city.csv",
     }
     text = paths["paper_md"].read_text(encoding="utf-8")
-    assert "| OPT | 416 / 416 (100.000%) | 1 / 2 (50.000%) | -50.000 pp | – |" in text
-    assert "| Boston | 413 / 468 (88.248%) | not in the release | – | – |" in text
+    assert (
+        "| OPT | 416 / 416 (100.000%) | −11 | 405 / 416 (97.356%) | 1 / 2 (50.000%) "
+        "| -50.000 pp | – | -47.356 pp |"
+    ) in text
+    assert (
+        "| Boston | 413 / 468 (88.248%) | −14 | 399 / 468 (85.256%) | not in the release "
+        "| – | – | – |"
+    ) in text
     for departure in PAPER.departures:
         assert f"(`{departure.id}`)" in text
+    assert "- Removes: PROP 5 (Busan 1, Washington, D.C. 1, London 1, Singapore 2)" in text
     assert not list((release.root / "reports").glob(".*.tmp"))

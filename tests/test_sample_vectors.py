@@ -25,15 +25,15 @@ from citycube.sources import SourceItem
 from citycube.vectors import coverage_fractions, load_coverage, tile_index
 from sources.sample import SYNTHETIC_NOTICE, SampleBackend, synthetic_city
 from sources.sample.osm import (
-    BUILDING_SNAPSHOT_YEARS,
-    GPS_TRACE_YEARS,
     HW,
     MAJOR_HIGHWAYS,
-    ROAD_SNAPSHOT_YEARS,
     TAG_COLUMNS,
     building_frame,
+    building_snapshot_years,
     city_fabric,
+    gps_trace_years,
     road_frame,
+    road_snapshot_years,
 )
 from sources.sample.world import PRODUCT_MARGIN_M, SyntheticCity
 
@@ -84,9 +84,9 @@ def test_city_years_match_the_reported_availability(backend: SampleBackend) -> N
         "osm_gps_traces": 284,
         "city_electricity": 111,
     }
-    assert backend.source_years("osm_roads", CITY) == list(ROAD_SNAPSHOT_YEARS[CITY])
-    assert backend.source_years("osm_buildings", CITY) == list(BUILDING_SNAPSHOT_YEARS[CITY])
-    assert backend.source_years("osm_gps_traces", CITY) == list(GPS_TRACE_YEARS[CITY])
+    assert backend.source_years("osm_roads", CITY) == road_snapshot_years(CITY)
+    assert backend.source_years("osm_buildings", CITY) == building_snapshot_years(CITY)
+    assert backend.source_years("osm_gps_traces", CITY) == gps_trace_years(CITY)
     assert backend.source_years("city_electricity", "DC") == list(range(2010, 2024))
     assert backend.source_years("city_electricity", "Amsterdam") == []
     assert backend.source_years("globfp_height", CITY) is None
@@ -96,14 +96,15 @@ def test_city_years_match_the_reported_availability(backend: SampleBackend) -> N
 @pytest.mark.parametrize(
     ("product", "city", "year", "reason"),
     [
-        ("osm_roads", CITY, 2010, "source_year_missing"),  # a gap in Boston's extracts
-        ("osm_roads", CITY, 2003, "source_year_missing"),  # before the first extract
-        ("osm_buildings", "Shanghai", 2016, "source_year_missing"),
-        ("osm_gps_traces", "XiongAn", 2021, "source_year_missing"),
+        ("osm_roads", CITY, 2007, "source_year_missing"),  # a gap in Boston's extracts
+        ("osm_roads", CITY, 2004, "source_year_missing"),  # before the first extract
+        ("osm_buildings", "Shanghai", 2018, "source_year_missing"),
+        ("osm_buildings", "Shanghai", 2015, "source_year_missing"),
+        ("osm_gps_traces", "XiongAn", 2012, "source_year_missing"),
         ("city_electricity", "DC", 2024, "source_year_missing"),
         ("city_electricity", "Amsterdam", 2016, "outside_source_coverage"),
-        ("globfp_height", "Santiago", None, "outside_source_coverage"),
-        ("globfp_height", "XiongAn", None, "outside_source_coverage"),
+        ("globfp_height", "Christchurch", None, "outside_source_coverage"),
+        ("globfp_height", "Shanghai", None, "outside_source_coverage"),
     ],
 )
 def test_unavailable_requests_raise_with_a_reason(
@@ -141,7 +142,7 @@ def test_roads_file_has_the_declared_form(items: dict[str, SourceItem]) -> None:
 
 def test_roads_grow_and_early_extracts_are_sparse() -> None:
     world = synthetic_city(CITY)
-    first = road_frame(world, ROAD_SNAPSHOT_YEARS[CITY][0])
+    first = road_frame(world, road_snapshot_years(CITY)[0])
     late = road_frame(world, 2024)
     length_first = _utm(first, CITY).length.groupby(first["highway"]).sum()
     length_late = _utm(late, CITY).length.groupby(late["highway"]).sum()
@@ -191,7 +192,8 @@ def test_buildings_with_and_without_function_tags(items: dict[str, SourceItem]) 
 
 def test_building_snapshots_only_grow_and_get_labelled() -> None:
     world = synthetic_city(CITY)
-    years = [2008, 2012, 2016, 2024]
+    first = building_snapshot_years(CITY)[0]
+    years = [first, first + 4, first + 8, 2024]
     frames = [building_frame(world, y) for y in years]
     sizes = [len(f) for f in frames]
     assert sizes == sorted(sizes) and sizes[0] < 0.2 * sizes[-1]  # sparse early outlines
@@ -229,7 +231,7 @@ def test_globfp_heights_match_the_osm_footprints(
     assert heights["id"].dtype == np.int64 and heights["id"].is_unique
     assert heights["height"].dtype == np.float64 and (heights["height"] > 0).all()
     assert 3 < heights["height"].median() < 15 and heights["height"].max() > 80
-    latest = BUILDING_SNAPSHOT_YEARS[CITY][-1]
+    latest = building_snapshot_years(CITY)[-1]
     osm = gpd.read_file(backend.fetch("osm_buildings", CITY, latest, dest).files["data"])
     shared = set(shapely.to_wkb(heights.geometry.to_numpy())) & set(
         shapely.to_wkb(osm.geometry.to_numpy())

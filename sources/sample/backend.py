@@ -47,7 +47,7 @@ from sources.sample.world import (
     synthetic_city,
 )
 
-SAMPLE_VERSION = "sample-1"
+SAMPLE_VERSION = "sample-2"
 """Version of the generators; bump it whenever any product's pixels change."""
 STAC_ITEM_FILE = "item.json"
 """STAC Item describing the files of an item."""
@@ -96,6 +96,12 @@ def _years_for(generator: SampleProduct, city: str, seed: int) -> list[int] | No
     return generator.years()
 
 
+def _covers(generator: SampleProduct, city: str) -> bool:
+    """Whether a product covers a city at all (products with a limited coverage say so)."""
+    covers = getattr(generator, "covers", None)
+    return True if covers is None else bool(covers(city))
+
+
 class SampleSource(SourceProduct):
     """One product of the sample family: a deterministic synthetic stand-in, clearly labelled."""
 
@@ -115,6 +121,11 @@ class SampleSource(SourceProduct):
         """Years the product covers for a city; None for a static product."""
         get_city(city)
         return _years_for(self.generator, city, self.seed)
+
+    def covers(self, city: str) -> bool:
+        """Whether the product covers a city at all (a static product may not)."""
+        get_city(city)
+        return _covers(self.generator, city)
 
     def identity(self, city: str, source_year: int | None) -> dict[str, Any]:
         """What a completion record must say for an item to be reused."""
@@ -148,6 +159,10 @@ class SampleSource(SourceProduct):
 
     def _check_year(self, city: str, source_year: int | None) -> None:
         product = self.product_id
+        if not _covers(self.generator, city):
+            raise SourceUnavailableError(
+                f"{product} does not cover {city}", reason="outside_source_coverage"
+            )
         years = _years_for(self.generator, city, self.seed)
         if years is None:
             if source_year is not None:

@@ -13,14 +13,16 @@ import geopandas as gpd
 import numpy as np
 
 from citycube.errors import SourceUnavailableError
+from sources.sample.calendar import FOOTPRINT_UNCOVERED_CITIES
 from sources.sample.layers import WGS84, GeoPackageLayer
 from sources.sample.osm import city_fabric, stock_footprints_wgs84, window_bounds_wgs84
 from sources.sample.world import GeneratedItem, SyntheticCity, year_span
 
 REFERENCE_YEAR = 2020
 """Buildings standing in this year are in the release."""
-UNCOVERED_CITIES = frozenset({"Santiago", "XiongAn"})
-"""Cities the release does not cover (14 of the 16 cities are covered)."""
+UNCOVERED_CITIES = FOOTPRINT_UNCOVERED_CITIES
+"""Cities the release does not cover (14 of the 16 cities are covered; which two, and why,
+is the sample calendar's choice: ``sources.sample.calendar``)."""
 
 
 class GlobfpHeight:
@@ -32,9 +34,13 @@ class GlobfpHeight:
         """Static: one release for all years."""
         return None
 
+    def covers(self, city: str) -> bool:
+        """Whether the release covers a city at all."""
+        return city not in UNCOVERED_CITIES
+
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """Footprints with ``id`` and ``height`` of every building standing in 2020."""
-        if world.city in UNCOVERED_CITIES:
+        if not self.covers(world.city):
             raise SourceUnavailableError(
                 f"{self.product_id} does not cover {world.city}; covered cities exclude "
                 f"{', '.join(sorted(UNCOVERED_CITIES))}",

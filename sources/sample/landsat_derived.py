@@ -9,16 +9,17 @@ NDVI follows the world's vegetation (high over woodland and fields, low over roo
 over water); a handful of finite values lie just outside [-1, 1] as in real composites, where
 they are valid and only clipped when rendered. Surface temperature follows the city's climate
 (shared with the weather products), a surface urban heat island, cool water and vegetation,
-and elevation. Its record has holes: each city misses a few years, but every city except
-Shanghai keeps every year of 2010–2024, as seed 000's 15-city LST forecasting cohort needs.
+and elevation. Its record has holes: each city misses as many years as its sample calendar
+says (none to four; Shanghai ten), but every city except Shanghai keeps every year of
+2010–2024, as seed 000's 15-city LST forecasting cohort needs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from citycube.cities import get_city
 from citycube.errors import SourceUnavailableError
+from sources.sample.calendar import city_calendar
 from sources.sample.landsat import (
     PIXEL_SIZE_M,
     Scene,
@@ -44,15 +45,13 @@ NODATA = -9999.0
 """Nodata of both products."""
 KELVIN = 273.15
 """0 °C in Kelvin."""
-ST_MISSING_SHARE = 0.14
-"""About this share of years is missing from each city's surface-temperature record."""
 ST_CORE_YEARS = range(2010, 2025)
 """Years the forecasting cases need without a hole."""
 ST_CORE_INCOMPLETE = frozenset({"Shanghai"})
 """Cities whose record may miss core years: seed 000's LST forecasting cohort spans the other
 15 cities, each with tiles valid in every year of 2010-2024."""
 ST_INCOMPLETE_MISSING = 4
-"""Years a city of ``ST_CORE_INCOMPLETE`` misses at least (all of them inside 2010–2024)."""
+"""Years of 2010–2024 a city of ``ST_CORE_INCOMPLETE`` misses at least."""
 
 _VEG_NDVI = {
     "temperate": 0.62,
@@ -156,21 +155,26 @@ def _out_of_range_values(world: SyntheticCity, year: int, ndvi: np.ndarray) -> N
 def st_years(city: str, seed: int = 0) -> list[int]:
     """Years of a city's surface-temperature record (deterministic per city and seed).
 
-    Cities outside ``ST_CORE_INCOMPLETE`` lose years only outside 2010–2024, the others only
-    inside it. Each city loses 3 or 4 of the 26 years (~14 %); a city outside the forecasting
-    cohort loses 4, its fourth drawn after the others so the first three stay. With the default
-    seed the 16 cities then hold 358 city-years, seed 000 Table 10's count for HEAT.
+    How many years a city holds is its sample calendar's (``sources.sample.calendar``: 358
+    city-years, seed 000 Table 10's HEAT count); which years are missing is drawn from the
+    seed. Cities of the forecasting cohort lose years only outside 2010–2024. A city outside
+    it loses ``ST_INCOMPLETE_MISSING`` years inside 2010–2024 first, then any others.
     """
-    get_city(city)
     every = list(range(FIRST_YEAR, LAST_YEAR + 1))
-    inside = city in ST_CORE_INCOMPLETE
-    pool = [y for y in every if (y in ST_CORE_YEARS) == inside]
+    missing_count = len(every) - city_calendar(city).surface_temperature
+    core = [y for y in every if y in ST_CORE_YEARS]
+    outside = [y for y in every if y not in ST_CORE_YEARS]
     rng = np.random.default_rng([stable_hash("landsat-st-years", city, seed)])
-    count = int(rng.integers(3, 5))
-    missing = rng.choice(pool, count, replace=False).tolist()
-    if inside and len(missing) < ST_INCOMPLETE_MISSING:
-        rest = [y for y in pool if y not in missing]
-        missing += rng.choice(rest, ST_INCOMPLETE_MISSING - len(missing), replace=False).tolist()
+    if city in ST_CORE_INCOMPLETE:
+        if missing_count < ST_INCOMPLETE_MISSING:
+            raise ValueError(f"{city} must miss at least {ST_INCOMPLETE_MISSING} years of LST")
+        missing = rng.choice(core, ST_INCOMPLETE_MISSING, replace=False).tolist()
+        rest = [y for y in every if y not in missing]
+        missing += rng.choice(rest, missing_count - len(missing), replace=False).tolist()
+    else:
+        if missing_count > len(outside):
+            raise ValueError(f"{city} cannot miss {missing_count} years outside 2010–2024")
+        missing = rng.choice(outside, missing_count, replace=False).tolist()
     return [y for y in every if y not in set(missing)]
 
 

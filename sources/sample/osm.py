@@ -35,6 +35,12 @@ from scipy import ndimage
 
 from citycube.classify import OSM_FUNCTION_TAG_COLUMNS
 from citycube.errors import SourceUnavailableError
+from sources.sample.calendar import (
+    FIRST_GPS_YEAR,
+    FIRST_OSM_EXTRACT,
+    city_calendar,
+    recent_years,
+)
 from sources.sample.layers import WGS84, Bounds, GeoPackageLayer, GeoParquetLayer
 from sources.sample.world import (
     FIRST_YEAR,
@@ -53,70 +59,27 @@ YEARS = np.arange(FIRST_YEAR, LAST_YEAR + 1)
 """Calendar years as an array, for vectorised first-year look-ups."""
 
 
-def _span(first: int, gaps: tuple[int, ...] = (), last: int = LAST_YEAR) -> tuple[int, ...]:
-    """Years first..last without the gaps."""
-    return tuple(y for y in range(first, last + 1) if y not in gaps)
+# Which snapshots each source has per city: the latest years, as many as the city's sample
+# calendar plans (``sources.sample.calendar``), the missing early years drawn from the seed.
 
 
-# Which snapshots each source has per city. Fixed tables, like a real archive's holdings: they do
-# not depend on the backend seed. Totals: roads 300, buildings 288, GPS 284 of 416 city-years.
-ROAD_SNAPSHOT_YEARS: dict[str, tuple[int, ...]] = {
-    "Amsterdam": _span(2006),
-    "Boston": _span(2007, (2010,)),
-    "Busan": _span(2007),
-    "CapeTown": _span(2007, (2011,)),
-    "Christchurch": _span(2007, (2012,)),
-    "DC": _span(2006),
-    "London": _span(2005),
-    "Lyon": _span(2006),
-    "NYC": _span(2006, (2008,)),
-    "SanFrancisco": _span(2006),
-    "Santiago": _span(2007, (2013,)),
-    "Shanghai": _span(2008, (2012, 2015)),
-    "Singapore": _span(2006),
-    "Sydney": _span(2007, (2009,)),
-    "Tokyo": _span(2007, (2011,)),
-    "XiongAn": _span(2008, (2013,)),
-}
-"""OSM full-history road snapshots (1 January of each year) per city."""
-BUILDING_SNAPSHOT_YEARS: dict[str, tuple[int, ...]] = {
-    "Amsterdam": _span(2007),
-    "Boston": _span(2008),
-    "Busan": _span(2009),
-    "CapeTown": _span(2008, (2013,)),
-    "Christchurch": _span(2007, (2011,)),
-    "DC": _span(2007),
-    "London": _span(2006),
-    "Lyon": _span(2007),
-    "NYC": _span(2007),
-    "SanFrancisco": _span(2007),
-    "Santiago": _span(2009, (2014,)),
-    "Shanghai": _span(2010, (2016,)),
-    "Singapore": _span(2007),
-    "Sydney": _span(2008),
-    "Tokyo": _span(2007),
-    "XiongAn": _span(2009, (2013,)),
-}
-"""OSM building snapshots per city (independent of the road extracts)."""
-GPS_TRACE_YEARS: dict[str, tuple[int, ...]] = {
-    "Amsterdam": _span(2007),
-    "Boston": _span(2007, (2011,)),
-    "Busan": _span(2008, (2012,)),
-    "CapeTown": _span(2008, (2014,)),
-    "Christchurch": _span(2007, (2010,)),
-    "DC": _span(2007),
-    "London": _span(2006),
-    "Lyon": _span(2007, (2013,)),
-    "NYC": _span(2007),
-    "SanFrancisco": _span(2007),
-    "Santiago": _span(2009, (2015,)),
-    "Shanghai": _span(2010, (2014,)),
-    "Singapore": _span(2007),
-    "Sydney": _span(2007, (2012,)),
-    "Tokyo": _span(2007),
-    "XiongAn": _span(2011, (2016, 2021)),
-}
-"""Years with public GPS trace points per city."""
+def road_snapshot_years(city: str, seed: int = 0) -> list[int]:
+    """OSM full-history road snapshots (1 January of each year) of a city."""
+    count = city_calendar(city).roads
+    return recent_years("osm_roads", city, count, FIRST_OSM_EXTRACT, seed)
+
+
+def building_snapshot_years(city: str, seed: int = 0) -> list[int]:
+    """OSM building snapshots of a city (independent of the road extracts)."""
+    count = city_calendar(city).buildings
+    return recent_years("osm_buildings", city, count, FIRST_OSM_EXTRACT, seed)
+
+
+def gps_trace_years(city: str, seed: int = 0) -> list[int]:
+    """Years with public GPS trace points in a city."""
+    count = city_calendar(city).gps_traces
+    return recent_years("osm_gps_traces", city, count, FIRST_GPS_YEAR, seed)
+
 
 HIGHWAYS = (
     "motorway",
@@ -185,27 +148,27 @@ def _first_year_above(curve: np.ndarray, draws: np.ndarray) -> np.ndarray:
     )
 
 
-def major_road_completeness(city: str) -> np.ndarray:
+def major_road_completeness(city: str, seed: int) -> np.ndarray:
     """Share of major roads mapped, per calendar year: most of them from the first extract."""
-    first = ROAD_SNAPSHOT_YEARS.get(city, (2008,))[0]
+    first = road_snapshot_years(city, seed)[0]
     return 0.86 + 0.13 * _logistic((YEARS - first) / 1.5)
 
 
-def minor_road_completeness(city: str) -> np.ndarray:
+def minor_road_completeness(city: str, seed: int) -> np.ndarray:
     """Share of minor roads mapped: about half at the first extract, nearly all later."""
-    first = ROAD_SNAPSHOT_YEARS.get(city, (2008,))[0]
+    first = road_snapshot_years(city, seed)[0]
     return 0.3 + 0.69 * _logistic((YEARS - first - 2) / 2.0)
 
 
-def building_completeness(city: str) -> np.ndarray:
+def building_completeness(city: str, seed: int) -> np.ndarray:
     """Share of buildings mapped: sparse early outlines, near-complete a decade later."""
-    first = BUILDING_SNAPSHOT_YEARS.get(city, (2009,))[0]
+    first = building_snapshot_years(city, seed)[0]
     return 0.97 * _logistic((YEARS - first - 4) / 2.2)
 
 
-def label_share(city: str) -> np.ndarray:
+def label_share(city: str, seed: int) -> np.ndarray:
     """Share of mapped buildings that carry more than ``building=yes``."""
-    first = BUILDING_SNAPSHOT_YEARS.get(city, (2009,))[0]
+    first = building_snapshot_years(city, seed)[0]
     return 0.1 + 0.6 * _logistic((YEARS - first - 6) / 3.0)
 
 
@@ -865,7 +828,7 @@ class _FabricBuilder:
 
     def _road_network(self, seg: dict[str, np.ndarray]) -> tuple[RoadNetwork, np.ndarray]:
         """Names, mapping years and ids, lines in order; also each segment's raw index."""
-        city = self.world.city
+        city, seed = self.world.city, self.world.seed
         rng = self.world.rng("osm-road-mapping")
         sort = np.lexsort((seg["order"], seg["line"]))
         seg = {k: v[sort] for k, v in seg.items()}
@@ -883,8 +846,8 @@ class _FabricBuilder:
         major = np.isin(seg["highway"], [HW[h] for h in MAJOR_HIGHWAYS])
         mapped = np.where(
             major,
-            _first_year_above(major_road_completeness(city), line_draw),
-            _first_year_above(minor_road_completeness(city), minor_draw),
+            _first_year_above(major_road_completeness(city, seed), line_draw),
+            _first_year_above(minor_road_completeness(city, seed), minor_draw),
         )
         present = np.maximum(seg["built"], mapped).astype(np.int16)
         rank = np.lexsort((np.arange(len(present)), present))
@@ -909,7 +872,7 @@ class _FabricBuilder:
         self, slots: dict[str, np.ndarray], roads: RoadNetwork, street_built: np.ndarray
     ) -> BuildingStock:
         """Footprints off water, parks and major roads, with heights, tags and timing."""
-        world, city = self.world, self.world.city
+        world, city, seed = self.world, self.world.city, self.world.seed
         rng = world.rng("osm-buildings")
         x, y = self._warp(slots["x"], slots["y"])
         on_water = world.points(x, y).water.any(axis=1)
@@ -951,11 +914,11 @@ class _FabricBuilder:
 
         r_ref = 15000.0 * self.scale
         map_draw = np.clip(0.7 * rng.random(n) + 0.3 * np.clip(r / r_ref, 0, 1), 0, 0.999)
-        present = np.maximum(built, _first_year_above(building_completeness(city), map_draw))
+        present = np.maximum(built, _first_year_above(building_completeness(city, seed), map_draw))
         # Mappers tag schools, shops and churches sooner than houses.
         eager = np.where(function == FUNCTIONS.index("residential"), 1.0, 0.6)
         label_draw = np.clip(rng.random(n) * eager, 0, 0.999)
-        labelled = np.maximum(present, _first_year_above(label_share(city), label_draw))
+        labelled = np.maximum(present, _first_year_above(label_share(city, seed), label_draw))
         rank = np.lexsort((np.arange(n), present))
         osm_id = np.empty(n, dtype=np.int64)
         osm_id[rank] = 90_000_000 + 13 * np.arange(n, dtype=np.int64)
@@ -1395,28 +1358,29 @@ def gps_frame(world: SyntheticCity, year: int) -> gpd.GeoDataFrame:
 
 
 class _CityYears:
-    """A product whose years differ per city, as a fixed table like a real archive's holdings."""
+    """A product whose years differ per city, as the city's sample calendar plans them."""
 
     product_id: str
-    years_by_city: ClassVar[dict[str, tuple[int, ...]]]
+    earliest: ClassVar[int]
+    """First year any city's record may hold."""
 
     def years(self) -> list[int] | None:
-        """Union of all cities' years; ``city_years`` gives one city's."""
-        return sorted({y for years in self.years_by_city.values() for y in years})
+        """The span any city's years lie in; ``city_years`` gives one city's."""
+        return list(range(self.earliest, LAST_YEAR + 1))
 
     def city_years(self, city: str, seed: int = 0) -> list[int]:
         """Years of one city."""
-        return list(self.years_by_city.get(city, ()))
+        raise NotImplementedError
 
-    def _require_year(self, city: str, year: int | None) -> int:
+    def _require_year(self, world: SyntheticCity, year: int | None) -> int:
         """The year, or ``SourceUnavailableError`` when the city has no snapshot then."""
         if year is None:
             raise ValueError(f"{self.product_id} is not static; pass one of its source years")
-        years = self.years_by_city.get(city, ())
+        years = self.city_years(world.city, world.seed)
         if year not in years:
             listed = ", ".join(str(y) for y in years) or "none"
             raise SourceUnavailableError(
-                f"{self.product_id} has no {year} snapshot for {city}; it has {listed}",
+                f"{self.product_id} has no {year} snapshot for {world.city}; it has {listed}",
                 reason="source_year_missing",
             )
         return year
@@ -1455,11 +1419,15 @@ class OsmRoads(_CityYears):
     """OSM road snapshots (GeoPackage layer ``roads``), city-specific snapshot years."""
 
     product_id = "osm_roads"
-    years_by_city = ROAD_SNAPSHOT_YEARS
+    earliest = FIRST_OSM_EXTRACT
+
+    def city_years(self, city: str, seed: int = 0) -> list[int]:
+        """The city's road snapshots."""
+        return road_snapshot_years(city, seed)
 
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """The roads mapped by 1 January of the snapshot year."""
-        year = self._require_year(world.city, year)
+        year = self._require_year(world, year)
         return _snapshot_item(world, year, "roads", road_frame(world, year), {})
 
 
@@ -1467,11 +1435,15 @@ class OsmBuildings(_CityYears):
     """OSM building snapshots with function tags (GeoPackage layer ``buildings``)."""
 
     product_id = "osm_buildings"
-    years_by_city = BUILDING_SNAPSHOT_YEARS
+    earliest = FIRST_OSM_EXTRACT
+
+    def city_years(self, city: str, seed: int = 0) -> list[int]:
+        """The city's building snapshots."""
+        return building_snapshot_years(city, seed)
 
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """The buildings mapped by 1 January of the snapshot year, with their tags then."""
-        year = self._require_year(world.city, year)
+        year = self._require_year(world, year)
         frame = building_frame(world, year)
         labelled = int((frame["building"] != "yes").sum())
         return _snapshot_item(
@@ -1483,11 +1455,15 @@ class OsmGpsTraces(_CityYears):
     """Public OSM GPS trace points of one year (GeoParquet), city-specific years."""
 
     product_id = "osm_gps_traces"
-    years_by_city = GPS_TRACE_YEARS
+    earliest = FIRST_GPS_YEAR
+
+    def city_years(self, city: str, seed: int = 0) -> list[int]:
+        """The city's years with trace points."""
+        return gps_trace_years(city, seed)
 
     def generate(self, world: SyntheticCity, year: int | None) -> GeneratedItem:
         """Track points recorded during the year inside the city window."""
-        year = self._require_year(world.city, year)
+        year = self._require_year(world, year)
         frame = gps_frame(world, year)
         layer = GeoParquetLayer(
             role="data",
