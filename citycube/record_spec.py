@@ -298,6 +298,8 @@ class RecordProductSpec(BaseModel):
                 f"{self.city}/{self.product}: admin_unit form needs fields.unit_id and a "
                 "units_table"
             )
+        if self.protocol == Protocol.bulk_xlsx and self.xlsx is None:
+            raise ValueError(f"{self.city}/{self.product}: bulk_xlsx needs an xlsx layout")
         sheet = self.xlsx.sheet if self.xlsx else ""
         yearless_bulk = (
             self.protocol in (Protocol.bulk_csv, Protocol.bulk_xlsx)
@@ -309,8 +311,6 @@ class RecordProductSpec(BaseModel):
                 f"{self.city}/{self.product}: a bulk file without {{year}} in its URL (or its "
                 "sheet name) needs a year field"
             )
-        if self.protocol == Protocol.bulk_xlsx and self.xlsx is None:
-            raise ValueError(f"{self.city}/{self.product}: bulk_xlsx needs an xlsx layout")
         if self.protocol == Protocol.nsw_psi_dat and "{year}" not in self.endpoint:
             raise ValueError(
                 f"{self.city}/{self.product}: nsw_psi_dat needs {{year}} in its endpoint (one "

@@ -361,3 +361,32 @@ def test_a_truncated_workbook_names_source_city_year_and_file_and_installs_nothi
         assert part in message, message
     assert not list((tmp_path / "sources").rglob(COMPLETE_MARKER))
     assert not list((tmp_path / "sources").rglob("records.parquet"))
+
+
+def test_bulk_file_specs_are_checked_on_load(portals: RecordPortals, tmp_path: Path) -> None:
+    from citycube.errors import SpecError
+    from citycube.record_spec import load_record_products
+
+    xlsx = {k: v for k, v in xlsx_spec(portals).items() if k != "xlsx"}
+    with pytest.raises(SpecError, match="bulk_xlsx needs an xlsx layout"):
+        load_record_products(write_specs(tmp_path / "a.yaml", xlsx))
+    one_sheet = {**xlsx_spec(portals), "xlsx": {"sheet": "Data"}}
+    with pytest.raises(SpecError, match="needs a year field"):
+        load_record_products(write_specs(tmp_path / "b.yaml", one_sheet))
+    yearless = {**psi_spec(portals), "endpoint": portals.url("/files/psi/all.zip")}
+    with pytest.raises(SpecError, match=r"nsw_psi_dat needs \{year\}"):
+        load_record_products(write_specs(tmp_path / "c.yaml", yearless))
+    bad_sheet = {**xlsx_spec(portals), "xlsx": {"sheet": "{year} {city}"}}
+    with pytest.raises(SpecError, match=r"only \{year\} may be filled in"):
+        load_record_products(write_specs(tmp_path / "d.yaml", bad_sheet))
+
+
+def test_a_declared_header_row_without_the_fields_fails_naming_what_it_holds(
+    tmp_path: Path, portals: RecordPortals
+) -> None:
+    serve_xlsx(portals)
+    spec = {**xlsx_spec(portals), "xlsx": {"sheet": "{year}", "header_row": 5}}
+    source = adapters(tmp_path, write_specs(tmp_path / "s.yaml", spec))
+    with pytest.raises(SourceReadError, match=r"no header row with .* in row 5; its first rows"):
+        source["city_electricity"].fetch(CITY, 2020, tmp_path / "sources")  # header on row 7
+    assert source["city_electricity"].fetch(CITY, 2019, tmp_path / "sources")
