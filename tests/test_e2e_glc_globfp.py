@@ -4,8 +4,9 @@ product from the sample, for Amsterdam in 2020.
 
 The server holds the provider's files (``tests/glc_globfp_fixtures.py``): Amsterdam straddles
 5° E, so both GLC tiles E0N55 and E5N55 are read from the one zip of their 10° band, each on its
-own lattice; GloBFP lists one shapefile tile (4-5° E). The GLC classes are painted per 2 km
-tile of the city grid, with two squares of the provider's fill values (250 and 0) inside two
+own lattice; GloBFP lists one shapefile tile (4-5° E). Each 2 km tile of the city grid is
+painted in one class (its 10 km parent's, or a patch class on every third tile, so 5 km tiles
+have a clear majority), with two squares of the provider's fill values (250 and 0) inside two
 tiles and a speck of fill inside a third. The cube's observations are compared with an
 independent computation over the served arrays: every tile is sampled at points of its UTM
 grid, each point looked up in the served pixel (LC) or tested against the served footprints
