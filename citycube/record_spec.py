@@ -47,6 +47,10 @@ class Protocol(StrEnum):
     """Socrata SODA resource, paged with ``$limit``/``$offset`` in a fixed ``$order``."""
     bulk_csv = "bulk_csv"
     """One CSV file (optionally gzipped) per year, downloaded whole."""
+    bulk_xlsx = "bulk_xlsx"
+    """An xlsx workbook downloaded whole: one sheet per year, or one file per year."""
+    nsw_psi_dat = "nsw_psi_dat"
+    """NSW Valuer General bulk sales: yearly zips of weekly ``.DAT`` files of typed records."""
     json_api = "json_api"
     """A JSON API paged by an offset or page-number parameter."""
     user_file = "user_file"
@@ -138,6 +142,41 @@ class CsvLayout(BaseModel):
         return self
 
 
+class XlsxLayout(BaseModel):
+    """Where a bulk xlsx workbook keeps a year's table."""
+
+    model_config = _STRICT
+    sheet: str = Field(
+        "{year}", description="Sheet name; '{year}' is filled in (one sheet per year)."
+    )
+    header_row: int | None = Field(
+        None,
+        ge=1,
+        description="1-based row of the column names; unset: the first of the first "
+        "header_search_rows rows that holds every mapped field (notes above a table move it).",
+    )
+    header_search_rows: int = Field(30, ge=1, description="Rows searched for the header.")
+
+
+class PsiArchives(BaseModel):
+    """Which yearly archives of the NSW bulk sales a contract year needs."""
+
+    model_config = _STRICT
+    later_years: int = Field(
+        1,
+        ge=0,
+        le=5,
+        description="Archives of this many following years are read too: a sale is published "
+        "in the week it was lodged, often after the year of its contract.",
+    )
+    max_member_bytes: int = Field(
+        2_000_000_000,
+        ge=1,
+        description="Largest uncompressed member read from an archive (a guard against "
+        "damaged or hostile zips).",
+    )
+
+
 class RecordProductSpec(BaseModel):
     """One city's records of one product, from one portal."""
 
@@ -189,6 +228,10 @@ class RecordProductSpec(BaseModel):
         "EPSG:4326", description="CRS of coordinates in CSV/JSON fields (lon/lat columns)."
     )
     csv: CsvLayout | None = Field(None, description="bulk_csv: delimiter, header, compression.")
+    xlsx: XlsxLayout | None = Field(None, description="bulk_xlsx: sheet and header row.")
+    psi: PsiArchives | None = Field(
+        None, description="nsw_psi_dat: archives read per year (default: the year and the next)."
+    )
     fields: FieldMap = Field(description="Which source fields mean what.")
     spatial_form: SpatialForm = Field(description="point, parcel, postcode or admin_unit.")
     points_table: JoinTable | None = Field(
@@ -255,16 +298,29 @@ class RecordProductSpec(BaseModel):
                 f"{self.city}/{self.product}: admin_unit form needs fields.unit_id and a "
                 "units_table"
             )
-        yearless_bulk = self.protocol == Protocol.bulk_csv and "{year}" not in self.endpoint
+        if self.protocol == Protocol.bulk_xlsx and self.xlsx is None:
+            raise ValueError(f"{self.city}/{self.product}: bulk_xlsx needs an xlsx layout")
+        sheet = self.xlsx.sheet if self.xlsx else ""
+        yearless_bulk = (
+            self.protocol in (Protocol.bulk_csv, Protocol.bulk_xlsx)
+            and "{year}" not in self.endpoint
+            and "{year}" not in sheet
+        )
         if yearless_bulk and self.fields.year is None:
             raise ValueError(
-                f"{self.city}/{self.product}: a bulk file without {{year}} in its URL needs a "
-                "year field"
+                f"{self.city}/{self.product}: a bulk file without {{year}} in its URL (or its "
+                "sheet name) needs a year field"
+            )
+        if self.protocol == Protocol.nsw_psi_dat and "{year}" not in self.endpoint:
+            raise ValueError(
+                f"{self.city}/{self.product}: nsw_psi_dat needs {{year}} in its endpoint (one "
+                "archive per year)"
             )
         if self.protocol != Protocol.user_file and not self.endpoint:
             raise ValueError(f"{self.city}/{self.product}: {self.protocol} needs an endpoint")
         expanded = [v for values in self.expand.values() for v in values]
-        for template in (self.endpoint, self.year_filter or "", *self.params.values(), *expanded):
+        templates = (self.endpoint, self.year_filter or "", sheet, *self.params.values())
+        for template in (*templates, *expanded):
             names = {n for _, n, _, _ in string.Formatter().parse(template) if n}
             if names - {"year"}:
                 raise ValueError(f"{template!r}: only {{year}} may be filled in")

@@ -10,17 +10,13 @@ city grid are checked against point-in-polygon tests at pixel centres.
 
 from __future__ import annotations
 
-import io
 import json
-import math
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import geopandas as gpd
 import numpy as np
-import pyogrio
 import pytest
 import rasterio
 import shapely
@@ -31,21 +27,23 @@ from citycube.catalogue import load_catalogue
 from citycube.cities import get_city
 from citycube.errors import SourceReadError, SourceUnavailableError
 from citycube.grids import pixel_grid
-from citycube.http_spec import load_http_products, load_http_vector_products
 from citycube.products import load_products
 from citycube.rasters import transformer
 from citycube.staging import COMPLETE_MARKER
 from citycube.vectors import open_vector_layer, rasterize_block
 from sources.http import http_adapters
-from sources.http.base import city_window
 from sources.http.glc import tile_name, zone_name
 from tests.faulty_http_server import FaultyServer
-
-GLC = load_http_products()["glc_fcs30d"]
-GLOBFP = load_http_vector_products()["globfp_height"]
-RES = GLC.resolution
-CLASSES = np.array([10, 62, 130, 190, 210, 0, 250, 182], dtype=np.uint8)
-"""Block classes a tile is painted with: 0 and 250 are the provider's fill values."""
+from tests.glc_globfp_fixtures import (
+    BUILDINGS,
+    FILL_VALUES,
+    GLC,
+    RES,
+    class_at,
+    serve_globfp,
+    serve_london_glc,
+    square,
+)
 
 
 @pytest.fixture
@@ -95,75 +93,6 @@ def test_tile_and_zip_names_follow_the_providers_corners() -> None:
     ]
 
 
-def tile_crop(west: float, north: float, bounds: tuple[float, ...]) -> tuple[Affine, int, int]:
-    """A crop of tile (west, north) around ``bounds`` on the tile's own 30 m lattice."""
-    c0 = max(math.floor((bounds[0] - west) / RES) - 3, 0)
-    c1 = min(math.ceil((bounds[2] - west) / RES) + 3, 18554)
-    r0 = max(math.floor((north - bounds[3]) / RES) - 3, 0)
-    r1 = min(math.ceil((north - bounds[1]) / RES) + 3, 18554)
-    return Affine(RES, 0, west + c0 * RES, 0, -RES, north - r0 * RES), c1 - c0, r1 - r0
-
-
-def painted(rows: int, cols: int, seed: int) -> np.ndarray:
-    """Classes in blocks of 40 x 40 pixels (compressible), fill values among them."""
-    rng = np.random.default_rng(seed)
-    blocks = rng.choice(CLASSES, size=(rows // 40 + 1, cols // 40 + 1))
-    return np.kron(blocks, np.ones((40, 40), dtype=np.uint8))[:rows, :cols]
-
-
-def glc_tile_bytes(transform: Affine, values_2020: np.ndarray) -> bytes:
-    """A 23-band tile (2000-2022): 2020 is band 21, the other years a constant class each."""
-    rows, cols = values_2020.shape
-    buffer = io.BytesIO()
-    with rasterio.MemoryFile() as memory:
-        profile = {
-            "driver": "GTiff",
-            "width": cols,
-            "height": rows,
-            "count": 23,
-            "dtype": "uint8",
-            "crs": "EPSG:4326",
-            "transform": transform,
-            "compress": "DEFLATE",
-            "tiled": True,
-        }
-        with memory.open(**profile) as dst:
-            for band in range(1, 24):
-                year = 1999 + band
-                data = values_2020 if year == 2020 else np.full((rows, cols), 120, np.uint8)
-                dst.write(data, band)
-        buffer.write(memory.read())
-    return buffer.getvalue()
-
-
-def zip_of(members: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in members.items():
-            archive.writestr(name, data)
-    return buffer.getvalue()
-
-
-def serve_london_glc(server: FaultyServer) -> dict[str, tuple[Affine, np.ndarray]]:
-    """Tiles W5N55 and E0N55 in their zips, as the provider names them."""
-    bounds = city_window("London", GLC).bounds
-    served: dict[str, tuple[Affine, np.ndarray]] = {}
-    for seed, (west, north) in enumerate([(-5.0, 55.0), (0.0, 55.0)]):
-        transform, cols, rows = tile_crop(west, north, bounds)
-        values = painted(rows, cols, seed)
-        name = f"{'E' if west >= 0 else 'W'}{abs(int(west))}N55"
-        zone = zone_name(int(west))
-        folder = f"GLC_FCS30D_19852022maps_{zone}"
-        member = f"{folder}/GLC_FCS30D_20002022_{name}_Annual_V1.1.tif"
-        other = f"{folder}/GLC_FCS30D_19852000_{name}_5years_V1.1.tif"
-        server.add(
-            f"{folder}.zip",
-            zip_of({member: glc_tile_bytes(transform, values), other: b"not read"}),
-        )
-        served[name] = (transform, values)
-    return served
-
-
 def expected_item(
     item_transform: Affine, shape: tuple[int, int], served: dict[str, tuple[Affine, np.ndarray]]
 ) -> np.ndarray:
@@ -172,21 +101,9 @@ def expected_item(
     rows, cols = shape
     xs = item_transform.c + (np.arange(cols) + 0.5) * item_transform.a
     ys = item_transform.f + (np.arange(rows) + 0.5) * item_transform.e
-    out = np.full(shape, np.nan)
-    done = np.zeros(shape, dtype=bool)
-    for transform, values in served.values():
-        cols_in = np.floor((xs - transform.c) / transform.a).astype(int)
-        rows_in = np.floor((transform.f - ys) / -transform.e).astype(int)
-        ok_c = (cols_in >= 0) & (cols_in < values.shape[1])
-        ok_r = (rows_in >= 0) & (rows_in < values.shape[0])
-        inside = ok_r[:, None] & ok_c[None, :]
-        take = inside & ~done
-        r = np.clip(rows_in, 0, values.shape[0] - 1)
-        c = np.clip(cols_in, 0, values.shape[1] - 1)
-        picked = values[r[:, None], c[None, :]]
-        out[take] = picked[take]
-        done |= inside
-    out[np.isin(out, [0, 250])] = np.nan
+    lon, lat = np.meshgrid(xs, ys)
+    out = class_at(served, lon, lat)
+    out[np.isin(out, FILL_VALUES)] = np.nan
     return out
 
 
@@ -270,48 +187,6 @@ def test_a_truncated_glc_zip_names_source_city_year_and_file_and_installs_nothin
 
 
 # ------------------------------------------------------------------------------- 3D-GloBFP
-
-
-def shapefile_zip(frame: gpd.GeoDataFrame, stem: str, tmp_path: Path) -> bytes:
-    """A zip holding a shapefile (.shp .shx .dbf .prj) of ``frame``."""
-    folder = tmp_path / f"shp_{stem}"
-    folder.mkdir()
-    pyogrio.write_dataframe(frame, folder / f"{stem}.shp", driver="ESRI Shapefile")
-    return zip_of({p.name: p.read_bytes() for p in sorted(folder.iterdir())})
-
-
-def square(lon: float, lat: float, side_m: float) -> shapely.Polygon:
-    """A square footprint of ``side_m`` metres (near Amsterdam) with its south-west at lon/lat."""
-    dlat = side_m / 111_320.0
-    dlon = side_m / (111_320.0 * math.cos(math.radians(lat)))
-    return shapely.box(lon, lat, lon + dlon, lat + dlat)
-
-
-BUILDINGS = [  # (lon, lat, side m, Height)
-    (4.80, 52.30, 120.0, 12.5),
-    (4.83, 52.32, 90.0, 48.0),
-    (4.86, 52.34, 60.0, 0.0),  # zero is a valid height
-    (4.88, 52.31, 80.0, None),  # no height: cut out of the coverage
-    (4.90, 52.33, 70.0, -3.0),  # out of range: cut out too
-    (3.50, 52.30, 50.0, 9.0),  # outside the city window: not in the item
-]
-
-
-def serve_globfp(server: FaultyServer, tmp_path: Path) -> None:
-    """One listed tile (4-5° E, 52-53° N) meeting Amsterdam; 5-6° E is not listed."""
-    frame = gpd.GeoDataFrame(
-        {"Height": [b[3] for b in BUILDINGS]},
-        geometry=[square(b[0], b[1], b[2]) for b in BUILDINGS],
-        crs="EPSG:4326",
-    )
-    name = "1234_4_52_5_53_Europe.zip"
-    server.add(f"/files/{name}", shapefile_zip(frame, "1234_4_52_5_53_Europe", tmp_path))
-    listing = [{"id": 1, "name": name, "download_url": server.url(f"/files/{name}")}]
-    for i, path in enumerate(GLOBFP.listing.listings):
-        entries = listing if i == 3 else []
-        if i == 5:  # the same tile id in another part: the first is kept
-            entries = [{"id": 2, "name": name, "download_url": server.url("/dup.zip")}]
-        server.add(path.split("?")[0], json.dumps(entries).encode())
 
 
 def test_globfp_writes_the_twins_layer_and_its_coverage(

@@ -1,6 +1,7 @@
 """The ``records`` adapter family: city records of property values and electricity use from
-their portals (ArcGIS REST, Socrata SODA, bulk CSV files, paged JSON APIs, user-supplied files),
-and the World Bank CPI and PPP series that convert money.
+their portals (ArcGIS REST, Socrata SODA, bulk CSV and xlsx files, the NSW bulk sales
+archives, paged JSON APIs, user-supplied files), and the World Bank CPI and PPP series that
+convert money.
 
 Which portal serves which city is data (``schemas/record_products.yaml``, validated by
 ``citycube.record_spec``); one module per protocol pages a city-year's rows out of its portal,
@@ -22,8 +23,9 @@ from citycube.user_records import load_user_schema
 from sources.downloads import SECRET_PARAMS, DownloadManager
 from sources.records.arcgis import ArcGisQuery
 from sources.records.base import Connector, RecordSource
-from sources.records.bulk_csv import BulkCsv
+from sources.records.bulk_table import BulkCsv, BulkXlsx
 from sources.records.json_api import JsonApi
+from sources.records.nsw_psi import NswPsiDat
 from sources.records.options import RecordsFamilyOptions
 from sources.records.socrata import SodaResource
 from sources.records.user_file import UserFile
@@ -33,6 +35,8 @@ CONNECTORS: dict[str, Connector] = {
     Protocol.arcgis.value: ArcGisQuery(),
     Protocol.socrata.value: SodaResource(),
     Protocol.bulk_csv.value: BulkCsv(),
+    Protocol.bulk_xlsx.value: BulkXlsx(),
+    Protocol.nsw_psi_dat.value: NswPsiDat(),
     Protocol.json_api.value: JsonApi(),
     Protocol.user_file.value: UserFile(),
 }

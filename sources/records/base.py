@@ -39,7 +39,7 @@ from citycube.record_spec import JoinTable, Protocol, RecordProductSpec, Spatial
 from citycube.records import SPATIAL_FORM_KEY, normalise_key
 from citycube.sources import SourceInfo, SourceItem, SourceProduct
 from citycube.staging import StagedFiles, install_item
-from sources.downloads import DownloadManager, redact_url
+from sources.downloads import Downloaded, DownloadManager, redact_url
 
 GEOMETRY = "__geometry__"
 """Column a connector fills with shapely geometries (EPSG:4326) when its protocol carries them."""
@@ -72,6 +72,9 @@ class Pager:
         self.city = city
         self.year = year
         self.served: list[dict[str, Any]] = []
+        self.notes: dict[str, str] = {}
+        """What a connector counted on the way (malformed lines, archives missing): written to
+        the item's extras, so nothing it leaves out goes unreported."""
 
     def _token(self) -> tuple[dict[str, str], dict[str, str]]:
         """(headers, query params) carrying the optional app token, read from the environment."""
@@ -83,13 +86,18 @@ class Pager:
             return {}, {spec.token_param: token}
         return {spec.token_header: token}, {}
 
-    def get_bytes(self, url: str, params: Mapping[str, object] | None = None) -> bytes:
-        """One served file or page (cached; 429 and 5xx retried with the server's Retry-After)."""
+    def get_file(self, url: str, params: Mapping[str, object] | None = None) -> Downloaded:
+        """One served file in the cache (429 and 5xx retried with the server's Retry-After);
+        large archives are read from there, never held whole in memory."""
         headers, token_params = self._token()
         full = with_params(url, {**(params or {}), **token_params})
         got = self.manager.fetch(full, headers=headers)
         self.served.append({"url": got.url, "sha256": got.sha256, "bytes": got.size})
-        return got.path.read_bytes()
+        return got
+
+    def get_bytes(self, url: str, params: Mapping[str, object] | None = None) -> bytes:
+        """One served file or page, as bytes."""
+        return self.get_file(url, params).path.read_bytes()
 
     def get_json(self, url: str, params: Mapping[str, object] | None = None) -> Any:
         """A JSON page; one that is not JSON is dropped from the cache and named in the error."""
@@ -415,10 +423,13 @@ class RecordSource(SourceProduct):
         frame = normalise(raw, spec, year, server_filtered=spec.year_filter is not None)
         write_records(frame, staging / "records.parquet")
         files = {"data": "records.parquet"}
+        unmatched: list[str] = []
         if spec.spatial_form == SpatialForm.postcode:
             assert spec.points_table is not None
             keys = set(normalise_key(frame["postcode"]).dropna())
-            self._write_points(spec.points_table, keys, staging / "points.parquet", pager)
+            unmatched = self._write_points(
+                spec.points_table, keys, staging / "points.parquet", pager
+            )
             files["points"] = "points.parquet"
         if spec.spatial_form == SpatialForm.admin_unit:
             assert spec.units_table is not None
@@ -438,8 +449,14 @@ class RecordSource(SourceProduct):
             "protocol": spec.protocol.value,
             "pages": str(len(pager.served)),
         }
+        if spec.spatial_form == SpatialForm.postcode:
+            keys = normalise_key(frame["postcode"])
+            extra["unmatched_keys"] = str(len(unmatched))
+            extra["unmatched_records"] = str(int(keys.isin(unmatched).sum()))
+            extra["unmatched_examples"] = " ".join(unmatched[:10])
         if spec.currency:
             extra["currency"] = spec.currency
+        extra.update(pager.notes)
         return StagedFiles(files, extra)
 
     def _table(self, href: str, pager: Pager) -> pd.DataFrame:
@@ -455,8 +472,12 @@ class RecordSource(SourceProduct):
         except Exception as exc:  # pandas/pyogrio raise many types for damaged tables
             raise SourceReadError(f"cannot read the declared table {href}: {exc}") from exc
 
-    def _write_points(self, table: JoinTable, keys: set[str], path: Path, pager: Pager) -> None:
-        """The centroid table cut to the keys the records use (a national file stays small)."""
+    def _write_points(
+        self, table: JoinTable, keys: set[str], path: Path, pager: Pager
+    ) -> list[str]:
+        """The centroid table cut to the keys the records use (a national file stays small);
+        returns the record keys the table lacks, sorted (the core leaves those records out and
+        counts them too)."""
         frame = self._table(table.href, pager)
         assert table.lon and table.lat
         for column in (table.key, table.lon, table.lat):
@@ -471,6 +492,7 @@ class RecordSource(SourceProduct):
         ).dropna()
         out = out[out["key"].isin(keys)].drop_duplicates("key")
         pq.write_table(pa.Table.from_pandas(out, preserve_index=False), path)
+        return sorted(keys - set(out["key"]))
 
     def _write_units(self, table: JoinTable, path: Path, pager: Pager) -> None:
         frame = self._table(table.href, pager)

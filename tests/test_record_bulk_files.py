@@ -1,0 +1,392 @@
+"""Bulk record files over a loopback server: the NSW Valuer General's yearly sales archives
+(zips of weekly zips of ``.DAT`` files with A/B/C/D/Z records) and a DESNZ-style xlsx workbook
+(one sheet per year, notes above a header broken over lines). Files are written here, served
+over HTTP and read by the ``records`` connectors; tile values are compared with hand
+computations, and a truncated archive or workbook fails naming source, city, year and file with
+nothing installed."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import geopandas as gpd
+import pytest
+import shapely
+import yaml
+from openpyxl import Workbook
+from pyproj import Transformer
+
+from citycube.errors import SourceReadError
+from citycube.grids import city_grid
+from citycube.records import place_records, tile_values
+from citycube.staging import COMPLETE_MARKER
+from sources.records import records_adapters
+from tests.record_portals import RecordPortals
+
+CITY = "Sydney"
+EPSG = 32756
+GRID = city_grid(CITY, "2km")
+TO_LONLAT = Transformer.from_crs(EPSG, 4326, always_xy=True)
+
+
+def tile_box(row: int, col: int) -> tuple[float, float, float, float]:
+    """UTM bounds of a 2 km tile of Sydney's grid."""
+    x0 = GRID.x_min + col * 2000.0
+    y1 = GRID.y_max - row * 2000.0
+    return x0, y1 - 2000.0, x0 + 2000.0, y1
+
+
+def centre_lonlat(row: int, col: int) -> tuple[float, float]:
+    x0, y0, x1, y1 = tile_box(row, col)
+    lon, lat = TO_LONLAT.transform((x0 + x1) / 2, (y0 + y1) / 2)
+    return float(lon), float(lat)
+
+
+def index(row: int, col: int) -> int:
+    return row * GRID.n_cols + col
+
+
+def polygons_geojson(named: dict[str, shapely.Polygon], key: str) -> bytes:
+    frame = gpd.GeoDataFrame(
+        {key: list(named)}, geometry=[shapely.segmentize(p, 50) for p in named.values()], crs=EPSG
+    )
+    return frame.to_crs(4326).to_json().encode()
+
+
+def write_specs(path: Path, *entries: dict[str, Any]) -> Path:
+    base = {"licence": "test licence", "attribution": "test portal", "portal": "loopback"}
+    path.write_text(yaml.safe_dump({"records": [{**base, **e} for e in entries]}), "utf-8")
+    return path
+
+
+def adapters(tmp_path: Path, spec_file: Path) -> dict[str, Any]:
+    options = {
+        "spec_file": str(spec_file),
+        "cache_dir": str(tmp_path / "downloads"),
+        "attempts": 2,
+        "wait_initial_s": 0.01,
+        "wait_max_s": 0.05,
+        "timeout_s": 10.0,
+    }
+    return {a.product_id: a for a in records_adapters(options)}
+
+
+@pytest.fixture
+def portals() -> Iterator[RecordPortals]:
+    with RecordPortals() as running:
+        yield running
+
+
+def zip_of(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+# ------------------------------------------------------------------ NSW property sales (.DAT)
+
+
+def b_record(
+    property_id: int, counter: int, lodged: str, postcode: str, contract: str, price: str
+) -> str:
+    """A current-format B record (24 fields and the trailing ';'), dealing AA<property id>."""
+    fields = ["B", "001", str(property_id), str(counter), f"{lodged} 01:07", "", "", "1"]
+    fields += ["MAIN ST", "SYDNEY", postcode, "450", "M", contract, contract, price, "R2", "R"]
+    fields += ["RESIDENCE", "", "", "", "", f"AA{property_id}"]
+    return ";".join(fields) + ";"
+
+
+def dat_file(lodged: str, *lines: str) -> bytes:
+    """A weekly file: A header, the lines (each B followed by its C and D records), Z trailer."""
+    out = [f"A;RTSALEDATA;001;{lodged} 01:07;VALNET;"]
+    for line in lines:
+        out.append(line)
+        if line.startswith("B;") and len(line.split(";")) > 20:
+            pid = line.split(";")[2]
+            out.append(f"C;001;{pid};1;{lodged} 01:07;1/DP{pid};")
+            out.append(f"D;001;{pid};1;{lodged} 01:07;P;;;;;;")
+            out.append(f"D;001;{pid};1;{lodged} 01:07;V;;;;;;")
+    out.append(f"Z;{len(out) + 1};{sum(line.startswith('B;') for line in lines)};")
+    return ("\r\n".join(out) + "\r\n").encode()
+
+
+POSTCODES = {"2000": (5, 5), "2010": (5, 6)}
+"""Postcode -> the 2 km tile whose centre is its centroid; 2999 is in no table."""
+
+
+def serve_psi(portals: RecordPortals) -> None:
+    """2020.zip holds weekly zips (as 2015-on archives do); 2021.zip holds .DAT files in a
+    folder (as 2001-2014 archives do) and a sale of 2020 lodged in 2021."""
+    week1 = dat_file(
+        "20200106",
+        b_record(100, 1, "20200106", "2000", "20200102", "1000000"),
+        b_record(101, 2, "20200106", "2000", "20200303", "1500000"),
+        b_record(102, 3, "20200106", "2010", "20200404", "800000"),
+        b_record(103, 4, "20200106", "2999", "20200505", "700000"),  # unknown postcode
+        b_record(104, 5, "20200106", "2010", "20191230", "999"),  # a contract of 2019
+        b_record(105, 6, "20200106", "2010", "20200606", "0"),  # $0: not a market sale
+        "B;001;106;7;20200106 01:07;;;9;SHORT ST",  # malformed: cut short
+        "X;001;junk",  # malformed: no such record type
+        b_record(109, 8, "20200106", "2000", "2020-07-07", "5"),  # malformed: contract date
+        "B;001;ARCHIVE;123/456;;1;MAIN ST;SYDNEY;2000;01/02/1999;100000",  # pre-2001 format
+    )
+    week2 = dat_file(  # sale 101 published again a week later with its corrected price
+        "20200113", b_record(101, 1, "20200113", "2000", "20200303", "1600000")
+    )
+    portals.files["psi/2020.zip"] = zip_of(
+        {
+            "20200106.zip": zip_of({"001_SALES_DATA_NNME_06012020.DAT": week1}),
+            "20200113.zip": zip_of({"001_SALES_DATA_NNME_13012020.DAT": week2}),
+        }
+    )
+    portals.files["psi/2021.zip"] = zip_of(
+        {
+            "2021/001_SALES_DATA_NNME_04012021.DAT": dat_file(
+                "20210104",
+                b_record(107, 1, "20210104", "2010", "20201215", "900000"),
+                b_record(108, 2, "20210104", "2010", "20210301", "1200000"),
+            ),
+            "2021/readme.txt": b"not a sales file",
+        }
+    )
+    table = "postcode,locality,long,lat\n" + "".join(
+        f"{code},X,{centre_lonlat(*tile)[0]},{centre_lonlat(*tile)[1]}\n"
+        for code, tile in POSTCODES.items()
+    )
+    portals.files["australian_postcodes.csv"] = table.encode()
+    x0, y0, _, _ = tile_box(7, 4)
+    _, _, x1, y1 = tile_box(4, 7)
+    coverage = gpd.GeoDataFrame(geometry=[shapely.segmentize(shapely.box(x0, y0, x1, y1), 50)])
+    portals.files["coverage.geojson"] = coverage.set_crs(EPSG).to_crs(4326).to_json().encode()
+
+
+def psi_spec(portals: RecordPortals) -> dict[str, Any]:
+    return {
+        "city": CITY,
+        "product": "city_property",
+        "protocol": "nsw_psi_dat",
+        "endpoint": portals.url("/files/psi/{year}.zip"),
+        "fields": {"value": "purchase_price", "year": "contract_date", "postcode": "post_code"},
+        "spatial_form": "postcode",
+        "points_table": {
+            "href": portals.url("/files/australian_postcodes.csv"),
+            "key": "postcode",
+            "lon": "long",
+            "lat": "lat",
+        },
+        "coverage": portals.url("/files/coverage.geojson"),
+        "min_value": 1,
+        "unit": "AUD",
+        "currency": "AUD",
+        "years": [2020, 2021],
+    }
+
+
+def test_psi_archives_give_the_hand_computed_tile_means_and_count_what_they_leave_out(
+    tmp_path: Path, portals: RecordPortals
+) -> None:
+    serve_psi(portals)
+    source = adapters(tmp_path, write_specs(tmp_path / "s.yaml", psi_spec(portals)))
+    item = source["city_property"].fetch(CITY, 2020, tmp_path / "sources")
+    extra = item.extra
+    assert extra["psi_archives"] == "2020.zip 2021.zip" and extra["psi_archives_missing"] == ""
+    assert extra["psi_dat_files"] == "3" and extra["psi_other_members"] == "1"
+    assert extra["psi_malformed_lines"] == "3"
+    examples = extra["psi_malformed_examples"]
+    assert "2020.zip > 20200106.zip > 001_SALES_DATA_NNME_06012020.DAT:" in examples
+    assert "9 fields" in examples and "'X'" in examples and "'2020-07-07'" in examples
+    assert extra["psi_archive_format_records"] == "1"
+    assert extra["psi_duplicate_sales_dropped"] == "1"
+    # Sales of 2020: 100, 101 (the later copy), 102, 103, 105 ($0), 107 (lodged in 2021).
+    assert extra["psi_other_contract_years"] == "2"  # 104 of 2019, 108 of 2021
+    assert extra["records"] == "6" and extra["blank_values"] == "1"
+    assert extra["unmatched_keys"] == "1" and extra["unmatched_examples"] == "2999"
+    assert extra["unmatched_records"] == "1"
+
+    placed = place_records(item, EPSG, 2020)
+    assert placed.ingest is not None
+    assert placed.ingest.unmatched == 1 and placed.ingest.unmatched_examples == ("2999",)
+    assert placed.ingest.used == 4
+    tiles = tile_values(placed, GRID, total=False)
+    assert tiles.value[index(5, 5)] == pytest.approx((1_000_000 + 1_600_000) / 2)
+    assert tiles.value[index(5, 6)] == pytest.approx((800_000 + 900_000) / 2)
+    assert tiles.support[index(5, 5)] == pytest.approx(1.0, abs=1e-4)
+    assert tiles.support[index(0, 0)] == 0.0  # outside the declared coverage
+
+
+def test_a_later_archive_not_yet_published_is_named_not_fatal(
+    tmp_path: Path, portals: RecordPortals
+) -> None:
+    serve_psi(portals)
+    source = adapters(tmp_path, write_specs(tmp_path / "s.yaml", psi_spec(portals)))
+    item = source["city_property"].fetch(CITY, 2021, tmp_path / "sources")
+    assert item.extra["psi_archives"] == "2021.zip"
+    assert item.extra["psi_archives_missing"] == "2022.zip (404)"
+    tiles = tile_values(place_records(item, EPSG, 2021), GRID, total=False)
+    assert tiles.value[index(5, 6)] == pytest.approx(1_200_000)
+
+
+def test_a_truncated_psi_archive_names_source_city_year_and_file_and_installs_nothing(
+    tmp_path: Path, portals: RecordPortals
+) -> None:
+    serve_psi(portals)
+    whole = portals.files["psi/2020.zip"]
+    portals.files["psi/2020.zip"] = whole[: len(whole) * 2 // 3]
+    source = adapters(tmp_path, write_specs(tmp_path / "s.yaml", psi_spec(portals)))
+    with pytest.raises(SourceReadError) as raised:
+        source["city_property"].fetch(CITY, 2020, tmp_path / "sources")
+    message = str(raised.value)
+    for part in ("records:city_property", CITY, "2020", "2020.zip", "truncated"):
+        assert part in message, message
+    assert not list((tmp_path / "sources").rglob(COMPLETE_MARKER))
+    assert not list((tmp_path / "sources").rglob("records.parquet"))
+    # The damaged archive is not served from the cache again: a repaired one is read.
+    portals.files["psi/2020.zip"] = whole
+    item = source["city_property"].fetch(CITY, 2020, tmp_path / "sources")
+    assert item.extra["records"] == "6"
+
+
+# ---------------------------------------------------------------------- DESNZ-style xlsx
+
+
+UNITS = {"E01000001": (6, 6), "E01000002": (6, 7)}
+
+
+def workbook_bytes(sheets: dict[str, tuple[int, list[list[Any]]]]) -> bytes:
+    """An xlsx with, per sheet, notes down to the header row, the header (names broken over
+    lines as the publisher prints them), the rows, a blank row and a footnote."""
+    book = Workbook()
+    book.remove(book.active)
+    for name, (header_row, rows) in sheets.items():
+        sheet = book.create_sheet(name)
+        sheet.append([f"LSOA domestic electricity consumption, {name}"])
+        for note in range(header_row - 2):
+            sheet.append([f"Note {note + 1}: figures are not weather corrected"])
+        sheet.append(
+            [
+                "Local authority code",
+                "LSOA code",
+                "Number\nof meters\n",
+                "Total \nconsumption\n(kWh)",
+                "Mean \nconsumption\n(kWh per meter)",
+            ]
+        )
+        for row in rows:
+            sheet.append(row)
+        sheet.append([])
+        sheet.append(["Source: loopback statistics"])
+    buffer = io.BytesIO()
+    book.save(buffer)
+    return buffer.getvalue()
+
+
+def serve_xlsx(portals: RecordPortals) -> None:
+    rows_2020 = [
+        ["E09000001", "E01000001", 1000, 4_000_000.0, 4000.0],
+        ["E09000001", "E01000002", 250, 1_000_000.0, 4000.0],
+        ["E09000001", "E01000003", 100, 500_000.0, 5000.0],  # no boundary: unmatched
+    ]
+    rows_2019 = [["E09000001", "E01000001", 900, 3_600_000.0, 4000.0]]
+    portals.files["LSOA_domestic_elec_2010-2020.xlsx"] = workbook_bytes(
+        {"2019": (5, rows_2019), "2020": (7, rows_2020)}
+    )
+    x0, y0, x1, y1 = tile_box(6, 6)
+    units = {
+        "E01000001": shapely.box(x0, y0, x1, y1),
+        "E01000002": shapely.box(x1, y0, x1 + 2000.0, y0 + 1000.0),  # south half of r6c7
+    }
+    portals.files["lsoa.geojson"] = polygons_geojson(units, "LSOA21CD")
+
+
+def xlsx_spec(portals: RecordPortals) -> dict[str, Any]:
+    return {
+        "city": CITY,
+        "product": "city_electricity",
+        "protocol": "bulk_xlsx",
+        "endpoint": portals.url("/files/LSOA_domestic_elec_2010-2020.xlsx"),
+        "xlsx": {"sheet": "{year}"},
+        "fields": {"value": "Total consumption (kWh)", "unit_id": "LSOA code"},
+        "spatial_form": "admin_unit",
+        "units_table": {"href": portals.url("/files/lsoa.geojson"), "key": "LSOA21CD"},
+        "unit": "kWh/year",
+        "years": [2019, 2020, 2021],
+    }
+
+
+def test_xlsx_sheet_of_the_year_is_apportioned_to_tiles_by_hand(
+    tmp_path: Path, portals: RecordPortals
+) -> None:
+    serve_xlsx(portals)
+    source = adapters(tmp_path, write_specs(tmp_path / "s.yaml", xlsx_spec(portals)))
+    electricity = source["city_electricity"]
+    item = electricity.fetch(CITY, 2020, tmp_path / "sources")
+    assert item.extra["sheet"] == "2020" and item.extra["header_row"] == "7"
+    assert item.extra["records"] == "4" and item.extra["blank_values"] == "1"  # the footnote
+    placed = place_records(item, EPSG, 2020)
+    assert placed.ingest is not None and placed.ingest.unmatched == 1
+    tiles = tile_values(placed, GRID, total=True)
+    assert tiles.value[index(6, 6)] == pytest.approx(4_000_000 / 4.0)  # kWh per nominal km²
+    assert tiles.value[index(6, 7)] == pytest.approx(1_000_000 / 4.0)
+    assert tiles.support[index(6, 7)] == pytest.approx(0.5, abs=1e-4)
+    assert tiles.support[index(0, 0)] == 0.0
+
+    earlier = electricity.fetch(CITY, 2019, tmp_path / "sources")
+    assert earlier.extra["header_row"] == "5"
+    tiles = tile_values(place_records(earlier, EPSG, 2019), GRID, total=True)
+    assert tiles.value[index(6, 6)] == pytest.approx(3_600_000 / 4.0)
+    workbook = [s for s in portals.seen if s.path.endswith(".xlsx")]
+    assert len(workbook) == 1  # one download serves every year
+
+    with pytest.raises(SourceReadError, match=r"no sheet '2021' \(it has \['2019', '2020'\]\)"):
+        electricity.fetch(CITY, 2021, tmp_path / "sources")
+
+
+def test_a_truncated_workbook_names_source_city_year_and_file_and_installs_nothing(
+    tmp_path: Path, portals: RecordPortals
+) -> None:
+    serve_xlsx(portals)
+    name = "LSOA_domestic_elec_2010-2020.xlsx"
+    portals.files[name] = portals.files[name][:1500]
+    source = adapters(tmp_path, write_specs(tmp_path / "s.yaml", xlsx_spec(portals)))
+    with pytest.raises(SourceReadError) as raised:
+        source["city_electricity"].fetch(CITY, 2020, tmp_path / "sources")
+    message = str(raised.value)
+    for part in ("records:city_electricity", CITY, "2020", name, "dropped from the download"):
+        assert part in message, message
+    assert not list((tmp_path / "sources").rglob(COMPLETE_MARKER))
+    assert not list((tmp_path / "sources").rglob("records.parquet"))
+
+
+def test_bulk_file_specs_are_checked_on_load(portals: RecordPortals, tmp_path: Path) -> None:
+    from citycube.errors import SpecError
+    from citycube.record_spec import load_record_products
+
+    xlsx = {k: v for k, v in xlsx_spec(portals).items() if k != "xlsx"}
+    with pytest.raises(SpecError, match="bulk_xlsx needs an xlsx layout"):
+        load_record_products(write_specs(tmp_path / "a.yaml", xlsx))
+    one_sheet = {**xlsx_spec(portals), "xlsx": {"sheet": "Data"}}
+    with pytest.raises(SpecError, match="needs a year field"):
+        load_record_products(write_specs(tmp_path / "b.yaml", one_sheet))
+    yearless = {**psi_spec(portals), "endpoint": portals.url("/files/psi/all.zip")}
+    with pytest.raises(SpecError, match=r"nsw_psi_dat needs \{year\}"):
+        load_record_products(write_specs(tmp_path / "c.yaml", yearless))
+    bad_sheet = {**xlsx_spec(portals), "xlsx": {"sheet": "{year} {city}"}}
+    with pytest.raises(SpecError, match=r"only \{year\} may be filled in"):
+        load_record_products(write_specs(tmp_path / "d.yaml", bad_sheet))
+
+
+def test_a_declared_header_row_without_the_fields_fails_naming_what_it_holds(
+    tmp_path: Path, portals: RecordPortals
+) -> None:
+    serve_xlsx(portals)
+    spec = {**xlsx_spec(portals), "xlsx": {"sheet": "{year}", "header_row": 5}}
+    source = adapters(tmp_path, write_specs(tmp_path / "s.yaml", spec))
+    with pytest.raises(SourceReadError, match=r"no header row with .* in row 5; its first rows"):
+        source["city_electricity"].fetch(CITY, 2020, tmp_path / "sources")  # header on row 7
+    assert source["city_electricity"].fetch(CITY, 2019, tmp_path / "sources")
