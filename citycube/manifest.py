@@ -5,7 +5,8 @@ written last, after the database and the reports, and ``verify_release`` recompu
 a flipped byte in any chunk, Parquet file, report or quick-look is caught, as is a file that
 went missing or appeared. The DuckDB database is left out on purpose: it holds only views over
 the Parquet and small tables (rebuilt by ``citycube views``), and a DuckDB client may rewrite
-its file on open.
+its file on open. The Parquet tables are covered as published (``observations/`` and
+``chip_index/``); the draft a later build writes and the snapshots are not.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def _walk(release: Release) -> Iterator[tuple[Path, list[str], bool]]:
     """Each folder of the release: the names of its files the manifest covers, and whether a
     writer left the digests of its files there."""
     root = release.root
-    for folder, dirs, files in os.walk(root):
+    for folder, dirs, files in os.walk(root):  # the draft and snapshots are hidden: skipped
         dirs[:] = sorted(d for d in dirs if d not in EXCLUDED_DIRS and not d.startswith("."))
         kept = [
             name

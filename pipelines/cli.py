@@ -194,7 +194,7 @@ def _source_set_label() -> str:
 def views(args: argparse.Namespace) -> int:
     """Rebuild cube.duckdb for a release (e.g. after moving it)."""
     from citycube.catalogue import load_catalogue
-    from citycube.cube import Release, build_duckdb, release_metadata
+    from citycube.cube import Release, build_duckdb, published_snapshot, release_metadata
 
     release = Release(Path(args.data).resolve(), args.release)
     if not release.root.exists():
@@ -204,7 +204,8 @@ def views(args: argparse.Namespace) -> int:
         meta = json.loads(release.metadata_file.read_text(encoding="utf-8"))
     else:
         meta = release_metadata(release, source_set="unknown", synthetic=True)
-    print(build_duckdb(release, load_catalogue(), meta))
+    # over the published tables; a release never published publishes its draft
+    print(build_duckdb(release, load_catalogue(), meta, snapshot=published_snapshot(release)))
     return 0
 
 
