@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -562,9 +563,19 @@ def publish_tables(release: Release, snapshot: str) -> None:
     _replace_symlink(release.published_pointer, Path(release.snapshots_dir.name) / snapshot)
 
 
-def prune_snapshots(release: Release, keep: int = KEPT_SNAPSHOTS) -> list[str]:
-    """Delete the snapshots other than the published one and the ``keep`` newest others;
-    return their ids. Left-overs of snapshots cut short by a killed build go too."""
+def snapshot_time(snapshot: str) -> datetime:
+    """When a snapshot was taken (UTC, to the second), from its id."""
+    return datetime.strptime(validate_snapshot_id(snapshot)[:16], "%Y%m%dT%H%M%SZ").replace(
+        tzinfo=UTC
+    )
+
+
+def prune_snapshots(
+    release: Release, keep: int = KEPT_SNAPSHOTS, older_than: datetime | None = None
+) -> list[str]:
+    """Delete the snapshots other than the published one and the ``keep`` newest; with
+    ``older_than``, only those taken before it. Return their ids. Left-overs of snapshots cut
+    short by a killed build go too."""
     if not release.snapshots_dir.is_dir():
         return []
     published = published_snapshot(release)
@@ -572,7 +583,11 @@ def prune_snapshots(release: Release, keep: int = KEPT_SNAPSHOTS) -> list[str]:
         p.name for p in release.snapshots_dir.iterdir() if _SNAPSHOT_ID.fullmatch(p.name)
     )
     kept = {published, *snapshots[-keep:]} if keep > 0 else {published}
-    removed = [s for s in snapshots if s not in kept]
+    removed = [
+        s
+        for s in snapshots
+        if s not in kept and (older_than is None or snapshot_time(s) < older_than)
+    ]
     for snapshot in removed:
         shutil.rmtree(release.snapshots_dir / snapshot, ignore_errors=True)
     remove_dead_leftovers_in(release.snapshots_dir)
