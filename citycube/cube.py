@@ -108,6 +108,11 @@ def validate_release_version(version: str) -> str:
 
 CHIP_FORMATS = ("zarr", "icechunk")
 """Chip store formats a release can write (``Release.chip_format``)."""
+BUILD_CHIP_FORMAT = "icechunk"
+"""What a build writes unless told otherwise (``CITYCUBE_CHIPS``, the cube resource): a
+commit per write, readers on the published commit, a tag per frozen release. It cost no more
+than plain Zarr on one city-year's processing (``benchmarks.run --only chip_formats``). A
+``Release`` made directly keeps plain Zarr unless given a format."""
 
 
 @dataclass(frozen=True)

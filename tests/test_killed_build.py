@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from citycube.catalogue import load_catalogue
+from citycube.chips import open_chips
 from citycube.cities import SCALES
 from citycube.cube import Release
 from citycube.grids import city_grid
@@ -161,6 +162,9 @@ def _assert_readers_see_only_whole_partitions(release: Release) -> None:
         assert table.num_rows == _expected_rows(path.parent.parent.name), path
     for store in release.root.glob("chips/*/*/*.zarr"):
         assert json.loads((store / "zarr.json").read_text())["zarr_format"] == 3, store
+    for store in release.root.glob("chips/*/*/*.icechunk"):  # what a build writes by default
+        with open_chips(store) as chips:  # its last commit, whole
+            assert chips["valid"].shape == chips["data"].shape[1:], store
     for record in release.data_root.glob("sources/*/*/*"):  # items are whole or absent
         if not record.name.startswith("."):
             assert (record / "_complete.json").exists(), record
