@@ -7,6 +7,7 @@ baseline is the same lower bound as benchmark 2, decoding every file once.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -16,19 +17,26 @@ from typing import Any
 from benchmarks import BenchConfig, BenchResult, Timing, log
 from benchmarks.bench_modalities import BASELINE, decode_every_file, fetch_items, source_files
 from citycube.catalogue import load_catalogue
-from citycube.cube import Release
+from citycube.cube import BUILD_CHIP_FORMAT, Release
 from citycube.process import process_partition
 from sources.sample import SampleBackend
 
 CITY = "Boston"
 YEAR = 2020
+CHIP_FORMAT_ENV = "CITYCUBE_CHIPS"
+"""Chip store format the bench writes ('zarr' or 'icechunk'), as a build reads it."""
+
+
+def chip_format() -> str:
+    """The chip format of the bench's release: ``CITYCUBE_CHIPS``, else what builds write."""
+    return os.environ.get(CHIP_FORMAT_ENV) or BUILD_CHIP_FORMAT
 
 
 def build_once(data_root: Path) -> tuple[float, float, list[Path]]:
     """Fetch then process every enabled modality; (fetch s, process s, source files)."""
     catalogue = load_catalogue()
     backend = SampleBackend()
-    release = Release(data_root, "bench-build")
+    release = Release(data_root, "bench-build", chip_format())
     start = time.perf_counter()
     paths: list[Path] = []
     for modality in catalogue.enabled():
@@ -68,7 +76,10 @@ def run(config: BenchConfig) -> BenchResult:
     n_modalities = len(load_catalogue().enabled())
     result = BenchResult(
         name="build",
-        title=f"Sample build time per city-year ({CITY} {YEAR}, {n_modalities} modalities)",
+        title=(
+            f"Sample build time per city-year ({CITY} {YEAR}, {n_modalities} modalities, "
+            f"{chip_format()} chips)"
+        ),
         baseline=BASELINE,
         columns=[
             "fetch (generate) s",

@@ -92,6 +92,12 @@ BENCHMARKS = (
         False,
     ),
     Benchmark(
+        "chip_formats",
+        "benchmarks.bench_chip_formats",
+        "one city-year processed with icechunk chip stores vs plain Zarr, interleaved",
+        False,
+    ),
+    Benchmark(
         "incremental",
         "benchmarks.bench_incremental",
         "bytes written by rebuilding one city-year of a built release vs its full build",

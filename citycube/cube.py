@@ -2,8 +2,17 @@
 
 A release lives under ``<data>/releases/<version>/``. Observations are partitioned by
 city/year/modality so rewriting one city-year touches only its files; every file is written
-to a temporary name and moved into place, so a killed run never leaves a half-written file and
-the previous version of each partition stays readable until its replacement is complete.
+to a temporary name and moved into place, so a killed run never leaves a half-written file.
+
+Draft and published tables. A build writes the Parquet tables (observations, chip index) into
+the release's draft (``.draft/``), which no reader opens. Building the database takes a
+snapshot of the draft (``.snapshots/<id>/``: hard links, so no byte is copied) and its views
+read that snapshot's files by absolute path. Publishing swaps ``observations/`` and
+``chip_index/`` in the release folder for hard-linked copies of the snapshot, each in one
+step, and points ``.published`` at it. A writer only ever replaces a draft file by a new one
+(a new inode), so a published file is never rewritten: a reader that opened the database
+before a rebuild keeps reading the values it was published with, and a killed build changes
+nothing a reader sees.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +38,7 @@ import pyarrow.parquet as pq
 from citycube.catalogue import Catalogue, catalogue_digest
 from citycube.cities import SCALES, load_cities
 from citycube.errors import CubeWriteError, InvalidNameError
-from citycube.scratch import owned_name, remove_dead_leftovers
+from citycube.scratch import owned_name, remove_dead_leftovers, remove_dead_leftovers_in
 
 if TYPE_CHECKING:  # imported where used: the release layout alone should load light
     import duckdb
@@ -98,6 +108,11 @@ def validate_release_version(version: str) -> str:
 
 CHIP_FORMATS = ("zarr", "icechunk")
 """Chip store formats a release can write (``Release.chip_format``)."""
+BUILD_CHIP_FORMAT = "icechunk"
+"""What a build writes unless told otherwise (``CITYCUBE_CHIPS``, the cube resource): a
+commit per write, readers on the published commit, a tag per frozen release. It cost no more
+than plain Zarr on one city-year's processing (``benchmarks.run --only chip_formats``). A
+``Release`` made directly keeps plain Zarr unless given a format."""
 
 
 @dataclass(frozen=True)
@@ -156,13 +171,36 @@ class Release:
         """Reusable intermediate results (coverage weights, derived tile stats)."""
         return self.data_root / "cache"
 
+    @property
+    def draft_dir(self) -> Path:
+        """Where builds write the Parquet tables; never read by a published database."""
+        return self.root / ".draft"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        """Snapshots of the draft tables, one per database built (:func:`snapshot_tables`)."""
+        return self.root / ".snapshots"
+
+    @property
+    def published_pointer(self) -> Path:
+        """Symbolic link to the published snapshot (moved by :func:`publish_tables`)."""
+        return self.root / ".published"
+
     def observations_file(self, city: str, year: int, modality: str) -> Path:
-        """One partition of the observations table."""
-        return self.root / "observations" / f"city={city}" / f"year={year}" / f"{modality}.parquet"
+        """One partition of the observations table, in the draft (where a build writes it)."""
+        return _partition_path(self.draft_dir / "observations", city, year, modality)
 
     def chip_index_file(self, city: str, year: int, modality: str) -> Path:
-        """One partition of the chip index."""
-        return self.root / "chip_index" / f"city={city}" / f"year={year}" / f"{modality}.parquet"
+        """One partition of the chip index, in the draft (where a build writes it)."""
+        return _partition_path(self.draft_dir / "chip_index", city, year, modality)
+
+    def published_observations_file(self, city: str, year: int, modality: str) -> Path:
+        """One partition of the published observations table (what readers see)."""
+        return _partition_path(self.root / "observations", city, year, modality)
+
+    def published_chip_index_file(self, city: str, year: int, modality: str) -> Path:
+        """One partition of the published chip index (what readers see)."""
+        return _partition_path(self.root / "chip_index", city, year, modality)
 
     def chip_store(self, modality: str, city: str, label: str) -> Path:
         """Chip store of one modality, city and source year (or 'static'), in ``chip_format``."""
@@ -175,6 +213,10 @@ class Release:
     def derived_file(self, modality: str, city: str, label: str) -> Path:
         """Per-tile results for one source year, reused by every calendar year it serves."""
         return self.root / "derived" / modality / city / f"{label}.parquet"
+
+
+def _partition_path(table_dir: Path, city: str, year: int, modality: str) -> Path:
+    return table_dir / f"city={city}" / f"year={year}" / f"{modality}.parquet"
 
 
 def file_metadata(release: Release, **extra: str) -> dict[bytes, bytes]:
@@ -374,16 +416,194 @@ def _partitions(root: Path) -> list[dict[str, Any]]:
 
 
 def observation_partitions(release: Release) -> list[dict[str, Any]]:
-    """(city, year, modality) of every observations partition file of a release now."""
-    return _partitions(release.root / "observations")
+    """(city, year, modality) of every published observations partition file of a release, or
+    of its draft when it was never published."""
+    published = release.root / "observations"
+    return _partitions(published if published.exists() else release.draft_dir / "observations")
+
+
+PUBLISHED_TABLES = ("observations", "chip_index")
+"""The partitioned Parquet tables that go draft → snapshot → published."""
+KEPT_SNAPSHOTS = 2
+"""Newest snapshots kept after a publication (the published one always is): a reader that
+opened the database before the last publication keeps its files; older ones are deleted."""
+_SNAPSHOT_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{12}")
+"""``<UTC time>-<random>``: snapshot ids sort by the time they were taken."""
+
+
+def validate_snapshot_id(snapshot: str) -> str:
+    """``snapshot`` if it is a snapshot id (it names a folder), else ``InvalidNameError``."""
+    if not isinstance(snapshot, str) or not _SNAPSHOT_ID.fullmatch(snapshot):
+        raise InvalidNameError(f"{snapshot!r} is not a snapshot id (e.g. 20260101T120000Z-…)")
+    return snapshot
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A hard link (no bytes copied); a copy where the file system has none."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _adopt_unversioned_tables(release: Release) -> None:
+    """Bring tables written before the draft existed (partitions written straight into the
+    published ``observations/`` and ``chip_index/``) into the draft, where it has none."""
+    if release.published_pointer.is_symlink():
+        return  # published from a snapshot: the draft holds every partition
+    for table in PUBLISHED_TABLES:
+        legacy = release.root / table
+        for partition in _partitions(legacy):
+            target = _partition_path(release.draft_dir / table, **partition)
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _link_or_copy(_partition_path(legacy, **partition), target)
+
+
+def _link_table(source: Path, target: Path) -> None:
+    """Hard-link every partition file of the table folder ``source`` into ``target``."""
+    target.mkdir(parents=True)
+    for partition in _partitions(source):
+        link = _partition_path(target, **partition)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        _link_or_copy(_partition_path(source, **partition), link)
+
+
+def snapshot_tables(release: Release) -> str:
+    """Take a snapshot of the draft tables as they are now; return its id.
+
+    Every partition file is hard-linked into ``.snapshots/<id>/``: writers replace a draft
+    file by a new one, never rewrite it, so the snapshot keeps these bytes whatever the draft
+    becomes. The snapshot is laid out under a temporary name and renamed when complete.
+    """
+    _adopt_unversioned_tables(release)
+    snapshot = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:12]}"
+    final = release.snapshots_dir / snapshot
+    tmp = owned_name(final)
+    try:
+        release.snapshots_dir.mkdir(parents=True, exist_ok=True)
+        for table in PUBLISHED_TABLES:
+            _link_table(release.draft_dir / table, tmp / table)
+        os.replace(tmp, final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CubeWriteError.writing(final, exc) from exc
+    return snapshot
+
+
+def published_snapshot(release: Release) -> str | None:
+    """The id of the published snapshot, or None when the release was never published."""
+    try:
+        target = os.readlink(release.published_pointer)
+    except OSError:
+        return None
+    try:
+        return validate_snapshot_id(Path(target).name)
+    except InvalidNameError:
+        return None
+
+
+_RENAME_EXCHANGE = 2
+"""``renameat2`` flag: swap two paths in one step (Linux 3.15+, most local file systems)."""
+
+
+def exchange_paths(first: Path, second: Path) -> bool:
+    """Swap two existing paths atomically; False where the system cannot (nothing changed)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_cwd = -100
+    done = renameat2(at_cwd, os.fsencode(first), at_cwd, os.fsencode(second), _RENAME_EXCHANGE)
+    return done == 0
+
+
+def _replace_dir_at_once(src: Path, dest: Path) -> None:
+    """Put the folder ``src`` at ``dest``: one atomic swap where the system has one (readers
+    of ``dest`` see the old folder or the new, whole), else two renames; the old is removed."""
+    if not dest.exists():
+        os.replace(src, dest)
+        return
+    if exchange_paths(src, dest):
+        shutil.rmtree(src, ignore_errors=True)  # the old folder, now at src
+        return
+    replace_dir_atomic(src, dest)
+
+
+def _replace_symlink(link: Path, target: Path) -> None:
+    """Point ``link`` at ``target`` (relative) in one rename: readers see the old or the new."""
+    tmp = owned_name(link)
+    try:
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CubeWriteError.writing(link, exc) from exc
+
+
+def publish_tables(release: Release, snapshot: str) -> None:
+    """Make ``snapshot`` the published tables.
+
+    ``observations/`` and ``chip_index/`` in the release folder become hard-linked copies of
+    the snapshot's tables, each swapped in whole in one step; ``.published`` records which
+    snapshot they are. The database's views read the snapshot folder itself, which no later
+    build touches.
+    """
+    folder = release.snapshots_dir / validate_snapshot_id(snapshot)
+    if not folder.is_dir():
+        raise CubeWriteError(f"no snapshot {snapshot} in {release.snapshots_dir}: rebuild")
+    for table in PUBLISHED_TABLES:
+        dest = release.root / table
+        tmp = owned_name(dest)
+        try:
+            remove_dead_leftovers(dest)
+            _link_table(folder / table, tmp)
+            _replace_dir_at_once(tmp, dest)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CubeWriteError.writing(dest, exc) from exc
+    _replace_symlink(release.published_pointer, Path(release.snapshots_dir.name) / snapshot)
+
+
+def snapshot_time(snapshot: str) -> datetime:
+    """When a snapshot was taken (UTC, to the second), from its id."""
+    return datetime.strptime(validate_snapshot_id(snapshot)[:16], "%Y%m%dT%H%M%SZ").replace(
+        tzinfo=UTC
+    )
+
+
+def prune_snapshots(
+    release: Release, keep: int = KEPT_SNAPSHOTS, older_than: datetime | None = None
+) -> list[str]:
+    """Delete the snapshots other than the published one and the ``keep`` newest; with
+    ``older_than``, only those taken before it. Return their ids. Left-overs of snapshots cut
+    short by a killed build go too."""
+    if not release.snapshots_dir.is_dir():
+        return []
+    published = published_snapshot(release)
+    snapshots = sorted(
+        p.name for p in release.snapshots_dir.iterdir() if _SNAPSHOT_ID.fullmatch(p.name)
+    )
+    kept = {published, *snapshots[-keep:]} if keep > 0 else {published}
+    removed = [
+        s
+        for s in snapshots
+        if s not in kept and (older_than is None or snapshot_time(s) < older_than)
+    ]
+    for snapshot in removed:
+        shutil.rmtree(release.snapshots_dir / snapshot, ignore_errors=True)
+    remove_dead_leftovers_in(release.snapshots_dir)
+    return removed
 
 
 def _glob_view(con: duckdb.DuckDBPyConnection, name: str, root: Path, schema: pa.Schema) -> None:
-    """A view over the partitions present now, and only those.
+    """A view over the partition files under ``root`` (a snapshot's table), and only those.
 
     The files are read by a glob, but the view keeps only the (city, year, modality)
-    partitions listed in ``published_<name>`` when the database was built: a city-year that a
-    later, interrupted build half wrote stays invisible until a build publishes it.
+    partitions listed in ``published_<name>`` when the database was built.
     """
     partitions = _partitions(root)
     published = f"published_{name}"
@@ -412,21 +632,33 @@ _PUBLISHED_SCHEMA = pa.schema(
 ``published_chip_index``)."""
 
 
+SNAPSHOT_KEY = "snapshot"
+"""Key of the snapshot id in a database's ``release`` table and in ``release.json``."""
+
+
 def build_duckdb(
     release: Release,
     catalogue: Catalogue,
     metadata: Mapping[str, Any],
     path: Path | None = None,
+    snapshot: str | None = None,
 ) -> Path:
-    """(Re)build ``cube.duckdb`` (or the database at ``path``): views over the Parquet plus
-    small metadata tables.
+    """(Re)build ``cube.duckdb`` (or the database at ``path``): views over one snapshot of the
+    Parquet tables plus small metadata tables.
 
-    Views use absolute paths, so ``duckdb <release>/cube.duckdb`` works from any directory;
-    after moving a release, rebuild it with ``citycube views``.
+    Without ``snapshot``, a new one is taken of the draft (:func:`snapshot_tables`); its id is
+    recorded in the ``release`` table. Building ``cube.duckdb`` itself publishes the snapshot
+    too; a database built elsewhere (the staged one) is published by
+    :func:`publish_database`. Views use absolute paths, so ``duckdb <release>/cube.duckdb``
+    works from any directory; after moving a release, rebuild it with ``citycube views``.
     """
     import duckdb
 
+    publishing = path is None or path == release.duckdb_file
     path = path or release.duckdb_file
+    snapshot = validate_snapshot_id(snapshot) if snapshot else snapshot_tables(release)
+    tables = (release.snapshots_dir / snapshot).resolve()
+    metadata = {**metadata, SNAPSHOT_KEY: snapshot}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = owned_name(path)
     try:
@@ -434,8 +666,8 @@ def build_duckdb(
         try:
             tiles = _sql_str(str(release.tiles_file.resolve()))
             con.execute(f"CREATE VIEW tiles AS SELECT * FROM read_parquet({tiles})")
-            _glob_view(con, "observations", release.root / "observations", OBSERVATION_SCHEMA)
-            _glob_view(con, "chip_index", release.root / "chip_index", CHIP_INDEX_SCHEMA)
+            _glob_view(con, "observations", tables / "observations", OBSERVATION_SCHEMA)
+            _glob_view(con, "chip_index", tables / "chip_index", CHIP_INDEX_SCHEMA)
             con.register("_modalities", catalogue_table(catalogue))
             con.execute("CREATE TABLE modalities AS SELECT * FROM _modalities")
             con.unregister("_modalities")
@@ -478,21 +710,43 @@ def build_duckdb(
     finally:
         tmp.unlink(missing_ok=True)
         Path(f"{tmp}.wal").unlink(missing_ok=True)
+    if publishing:
+        publish_tables(release, snapshot)
+        prune_snapshots(release)
     return path
 
 
-def publish_database(release: Release, metadata: Mapping[str, Any]) -> Path:
-    """Move the checked staged database over ``cube.duckdb`` and record the release metadata.
+def database_snapshot(path: Path) -> str:
+    """The snapshot id a database's views read (from its ``release`` table)."""
+    import duckdb
 
-    One rename: readers see the previous database or the new one, never a half-written file.
+    try:
+        with duckdb.connect(str(path), read_only=True) as con:
+            row = con.execute("SELECT value FROM release WHERE key = ?", [SNAPSHOT_KEY]).fetchone()
+    except duckdb.Error as exc:
+        raise CubeWriteError(f"cannot read the database {path} ({exc}): rebuild it") from exc
+    if row is None:
+        raise CubeWriteError(f"the database {path} names no snapshot of its tables: rebuild it")
+    return validate_snapshot_id(json.loads(row[0]))
+
+
+def publish_database(release: Release, metadata: Mapping[str, Any]) -> Path:
+    """Publish the checked staged database and the snapshot of the tables it reads, and record
+    the release metadata.
+
+    Each step is one rename: readers see the previous database or the new one, the previous
+    tables or the new ones, never a half-written file or a half-built city-year.
     """
     staged = release.staged_duckdb_file
     if not staged.exists():
         raise CubeWriteError(
             f"no staged database at {staged}: materialise cube/staged_database first"
         )
+    snapshot = database_snapshot(staged)
     os.replace(staged, release.duckdb_file)
-    write_json_atomic(metadata, release.metadata_file)
+    publish_tables(release, snapshot)
+    write_json_atomic({**metadata, SNAPSHOT_KEY: snapshot}, release.metadata_file)
+    prune_snapshots(release)
     if any((release.root / "chips").glob("*/*/*.icechunk")):
         from citycube.icechunk_chips import publish_chip_stores
 

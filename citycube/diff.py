@@ -172,7 +172,7 @@ ORDER BY city, year, modality, field
 
 
 def _partition_files(release: Release, partitions: list[PartitionKey]) -> list[str]:
-    return [str(release.observations_file(c, y, m)) for c, y, m in partitions]
+    return [str(release.published_observations_file(c, y, m)) for c, y, m in partitions]
 
 
 def field_changes(
@@ -259,7 +259,7 @@ def _chip_store_of(release: Release, key: PartitionKey) -> str | None:
     """The store a partition's chip index names (relative to the release), if it has chips."""
     import pyarrow.parquet as pq
 
-    path = release.chip_index_file(*key)
+    path = release.published_chip_index_file(*key)
     if not path.exists():
         return None
     stores = pq.read_table(path, columns=["store"]).column("store").unique().to_pylist()

@@ -16,7 +16,8 @@ codecs, same chunk bytes). What icechunk adds:
   (:func:`tag_chip_stores`): ``open_chips(path, ref="sample-0.1.0")`` reads exactly what was
   frozen, whatever is committed later.
 - **History.** Every earlier commit stays readable (``Repository.ancestry``), and icechunk can
-  list what a commit changed.
+  list what a commit changed, until a garbage collection (:func:`collect_store_garbage`)
+  expires the commits no branch or tag points at and deletes what only they referenced.
 
 One repository per store, never one per release: each store has exactly one writer at a time
 (the derive task of its source period; a build holds the release's lock), so commits never
@@ -31,9 +32,12 @@ catches a flipped byte in a chunk, a manifest, a snapshot or a ref.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -277,6 +281,73 @@ def tag_chip_stores(release: Any, tag: str) -> list[Path]:
     return added
 
 
+@dataclass(frozen=True)
+class StoreGarbage:
+    """What one garbage collection of a chip store removed."""
+
+    snapshots_expired: int
+    """Commits taken out of the history (no branch or tag pointed at them)."""
+    chunks_deleted: int
+    """Chunk files no remaining commit referenced (replaced writes, killed writes)."""
+    bytes_deleted: int
+    """Bytes of every deleted object."""
+    objects_deleted: int
+    """Manifests, snapshots, transaction logs and attribute files deleted besides chunks."""
+
+
+def collect_store_garbage(path: Path, older_than: datetime) -> StoreGarbage:
+    """Expire the commits older than ``older_than`` that no branch or tag points at, then delete
+    every object older than it that no remaining commit references.
+
+    icechunk's own ``expire_snapshots`` and ``garbage_collect`` do the work: a rebuild commits
+    new chunks and keeps the old ones for the history, and a killed write leaves chunks no
+    commit references; both stay on disk until this runs. The heads of ``main`` and
+    ``published`` and every tag stay whole. Objects newer than ``older_than`` are kept, so a
+    reader still on a recent commit is not cut off.
+    """
+    repo = open_repository(path)
+    try:
+        expired = repo.expire_snapshots(older_than)
+        summary = repo.garbage_collect(older_than)
+    except icechunk.IcechunkError as exc:
+        raise CubeWriteError.writing(path, exc) from exc
+    others = (
+        summary.manifests_deleted
+        + summary.snapshots_deleted
+        + summary.transaction_logs_deleted
+        + summary.attributes_deleted
+    )
+    return StoreGarbage(len(expired), summary.chunks_deleted, summary.bytes_deleted, others)
+
+
+def store_content_digest(path: Path, ref: str | None = None) -> str:
+    """SHA-256 of what a chip store holds at ``ref`` (default: as readers open it): every key
+    of its Zarr hierarchy with its bytes, in key order.
+
+    Two writes of the same chips give the same digest, although icechunk names its snapshots
+    and chunk files at random, so the repository files of a rebuild never hash the same.
+    """
+    from zarr.core.buffer import default_buffer_prototype
+
+    store = icechunk_session(path, ref).store
+
+    async def digest() -> str:
+        keys = sorted([key async for key in store.list()])
+        sha = hashlib.sha256()
+        for key in keys:
+            value = await store.get(key, prototype=default_buffer_prototype())
+            data = b"" if value is None else value.to_bytes()
+            sha.update(f"{key}\0{len(data)}\0".encode())
+            sha.update(data)
+        return sha.hexdigest()
+
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(digest())
+    finally:
+        loop.close()
+
+
 def commit_count(path: Path, ref: str = DRAFT_BRANCH) -> int:
     """Commits in the history of ``ref`` (the repository's creation included)."""
     repo = open_repository(path)
@@ -287,11 +358,14 @@ __all__ = [
     "DRAFT_BRANCH",
     "PUBLISHED_BRANCH",
     "IcechunkChipWriter",
+    "StoreGarbage",
     "chip_repositories",
+    "collect_store_garbage",
     "commit_count",
     "icechunk_session",
     "open_icechunk_chips",
     "open_repository",
     "publish_chip_stores",
+    "store_content_digest",
     "tag_chip_stores",
 ]

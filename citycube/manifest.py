@@ -5,7 +5,8 @@ written last, after the database and the reports, and ``verify_release`` recompu
 a flipped byte in any chunk, Parquet file, report or quick-look is caught, as is a file that
 went missing or appeared. The DuckDB database is left out on purpose: it holds only views over
 the Parquet and small tables (rebuilt by ``citycube views``), and a DuckDB client may rewrite
-its file on open.
+its file on open. The Parquet tables are covered as published (``observations/`` and
+``chip_index/``); the draft a later build writes and the snapshots are not.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def _walk(release: Release) -> Iterator[tuple[Path, list[str], bool]]:
     """Each folder of the release: the names of its files the manifest covers, and whether a
     writer left the digests of its files there."""
     root = release.root
-    for folder, dirs, files in os.walk(root):
+    for folder, dirs, files in os.walk(root):  # the draft and snapshots are hidden: skipped
         dirs[:] = sorted(d for d in dirs if d not in EXCLUDED_DIRS and not d.startswith("."))
         kept = [
             name
@@ -211,6 +212,54 @@ def add_to_manifest(release: Release, paths: list[Path]) -> None:
     files = manifest["files"].values()
     manifest["totals"] = {"files": len(files), "bytes": sum(f["bytes"] for f in files)}
     write_json_atomic(manifest, manifest_path(release))
+
+
+def refresh_manifest(release: Release, folders: Iterable[Path]) -> None:
+    """Bring the manifest's entries under ``folders`` to the files there now, the others left
+    as they are: after a garbage collection deleted files of chip stores and rewrote refs.
+    Files untouched since they were listed keep their hash without being read."""
+    manifest = read_manifest(release)
+    prefixes = tuple(f"{Path(f).relative_to(release.root).as_posix()}/" for f in folders)
+    if not prefixes:
+        return
+    listed: dict[str, Any] = manifest["files"]
+    files = {name: entry for name, entry in listed.items() if not name.startswith(prefixes)}
+    for path in release_files(release):
+        name = path.relative_to(release.root).as_posix()
+        if name.startswith(prefixes):
+            files[name] = _entry(path, listed.get(name))
+    manifest["files"] = dict(sorted(files.items()))
+    entries = manifest["files"].values()
+    manifest["totals"] = {"files": len(entries), "bytes": sum(f["bytes"] for f in entries)}
+    write_json_atomic(manifest, manifest_path(release))
+
+
+def content_digests(release: Release) -> dict[str, str]:
+    """What the release holds, for comparing two builds: each manifest file's SHA-256, except
+    that an icechunk chip store counts as one entry, the digest of its Zarr content as readers
+    open it.
+
+    icechunk names its snapshots and chunk files at random, so a rebuild of the same chips
+    never has the same repository files; its content (every key and its bytes) is the same.
+    """
+    from citycube.chips import ICECHUNK_SUFFIX
+
+    files: dict[str, Any] = read_manifest(release)["files"]
+    digests: dict[str, str] = {}
+    stores: set[str] = set()
+    for name, entry in files.items():
+        parts = name.split("/")
+        store = next((i for i, part in enumerate(parts) if part.endswith(ICECHUNK_SUFFIX)), None)
+        if store is None:
+            digests[name] = str(entry.get("sha256"))
+        else:
+            stores.add("/".join(parts[: store + 1]))
+    if stores:
+        from citycube.icechunk_chips import store_content_digest
+
+        for store in sorted(stores):
+            digests[store] = store_content_digest(release.root / store)
+    return dict(sorted(digests.items()))
 
 
 @dataclass

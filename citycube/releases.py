@@ -20,12 +20,14 @@ import re
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from citycube.cube import (
     Release,
     observation_partitions,
+    prune_snapshots,
     validate_release_version,
     write_json_atomic,
 )
@@ -35,6 +37,7 @@ from citycube.manifest import (
     add_to_manifest,
     manifest_path,
     read_manifest,
+    refresh_manifest,
     verify_release,
 )
 
@@ -264,6 +267,56 @@ def freeze_release(release: Release) -> dict[str, Any]:
     return record
 
 
+@dataclass(frozen=True)
+class GarbageReport:
+    """What ``collect_garbage`` removed from a release."""
+
+    chip_stores: int
+    """icechunk chip stores collected."""
+    commits_expired: int
+    """Commits taken out of their store's history."""
+    chunks_deleted: int
+    """Chunk files no remaining commit referenced."""
+    bytes_deleted: int
+    """Bytes the stores' deleted objects held."""
+    table_snapshots_deleted: tuple[str, ...]
+    """Snapshots of the Parquet tables deleted (never the published one)."""
+
+    def lines(self) -> list[str]:
+        """A readable account."""
+        return [
+            f"{self.chip_stores} icechunk chip stores: {self.commits_expired} commits expired, "
+            f"{self.chunks_deleted} unreferenced chunks deleted ({self.bytes_deleted:,} bytes)",
+            f"{len(self.table_snapshots_deleted)} unpublished snapshots of the tables deleted",
+        ]
+
+
+def collect_garbage(release: Release, older_than: datetime) -> GarbageReport:
+    """Delete what no reader can reach any more and what is older than ``older_than``: the
+    commits of each icechunk chip store that no branch or tag points at, the chunks only
+    they (or killed writes) referenced, and snapshots of the tables other than the published
+    one. The manifest is brought up to date, so ``verify`` still passes.
+
+    A final release is refused: its manifest is pinned, and a release someone cites never
+    changes.
+    """
+    ensure_writable(release)
+    from citycube.icechunk_chips import chip_repositories, collect_store_garbage
+
+    stores = chip_repositories(release)
+    collected = [collect_store_garbage(path, older_than) for path in stores]
+    removed = prune_snapshots(release, keep=0, older_than=older_than)
+    if stores and manifest_path(release).exists():
+        refresh_manifest(release, stores)
+    return GarbageReport(
+        chip_stores=len(stores),
+        commits_expired=sum(c.snapshots_expired for c in collected),
+        chunks_deleted=sum(c.chunks_deleted for c in collected),
+        bytes_deleted=sum(c.bytes_deleted for c in collected),
+        table_snapshots_deleted=tuple(removed),
+    )
+
+
 def manifest_pinned(release: Release) -> bool | None:
     """For a final release, whether its manifest is the one it was frozen with; None for a draft."""
     record = final_record(release)
@@ -400,8 +453,10 @@ def query_help(release: Release) -> str:
 
 
 __all__ = [
+    "GarbageReport",
     "ReleaseSummary",
     "SourceVersion",
+    "collect_garbage",
     "ensure_writable",
     "final_record",
     "freeze_release",

@@ -294,10 +294,10 @@ def _image_modality(catalogue: Catalogue, code: str) -> ModalitySpec:
 def _chip_index(release: Release, modality: ModalitySpec, city: str, year: int) -> Path:
     """The chip-index partition, or an error that says why it is missing."""
     check_year(year)
-    path = release.chip_index_file(city, year, modality.code)
+    path = release.published_chip_index_file(city, year, modality.code)
     if path.exists():
         return path
-    observations = release.observations_file(city, year, modality.code)
+    observations = release.published_observations_file(city, year, modality.code)
     if observations.exists():
         reasons = pq.read_table(observations, columns=["reason"]).column("reason").to_pylist()
         reason = next((r for r in reasons if r), "no chips were written")

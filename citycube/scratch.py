@@ -50,3 +50,19 @@ def remove_dead_leftovers(target: Path) -> int:
             leftover.unlink(missing_ok=True)
         removed += 1
     return removed
+
+
+def remove_dead_leftovers_in(folder: Path) -> int:
+    """Delete every temporary entry of ``folder`` whose owning process has died; count them."""
+    if not folder.is_dir():
+        return 0
+    removed = 0
+    for leftover in folder.iterdir():
+        match = _OWNER.search(leftover.name)
+        if match and not process_alive(int(match.group(1))):
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+            removed += 1
+    return removed

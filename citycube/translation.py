@@ -218,12 +218,13 @@ def _has_classes(con: duckdb.DuckDBPyConnection) -> bool:
 
 
 def _single_class_from_stores(release: Release, index: pa.Table) -> np.ndarray:
-    """Single-class flags of chip-index rows read from their Zarr stores.
+    """Single-class flags of chip-index rows read from their chip stores (plain Zarr or
+    icechunk, at the published commit).
 
     Each store is read once per group of equal windows on one lattice (a scale's tiles), as a
     reshaped block: no per-tile loop over pixels.
     """
-    import zarr
+    from citycube.chips import open_chip_group
 
     rows = index.to_pydict()
     out = np.zeros(index.num_rows, dtype=bool)
@@ -234,7 +235,7 @@ def _single_class_from_stores(release: Release, index: pa.Table) -> np.ndarray:
         path = release.root / store
         if not path.exists():
             continue
-        group = zarr.open_group(str(path), mode="r")
+        group = open_chip_group(path)
         lattices: dict[tuple[int, int, int, int], list[int]] = {}
         for i in members_of_store:
             h, w = rows["height"][i], rows["width"][i]

@@ -73,6 +73,16 @@ def _workers_arg(text: str) -> int:
     return workers
 
 
+def _minutes_arg(text: str) -> float:
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = -1.0
+    if not minutes >= 0 or minutes == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes (0 or more)")
+    return minutes
+
+
 def _data_arg(text: str) -> str:
     """argparse type of --data: a non-empty path (an empty one would mean the current folder)."""
     if not text.strip():
@@ -194,7 +204,7 @@ def _source_set_label() -> str:
 def views(args: argparse.Namespace) -> int:
     """Rebuild cube.duckdb for a release (e.g. after moving it)."""
     from citycube.catalogue import load_catalogue
-    from citycube.cube import Release, build_duckdb, release_metadata
+    from citycube.cube import Release, build_duckdb, published_snapshot, release_metadata
 
     release = Release(Path(args.data).resolve(), args.release)
     if not release.root.exists():
@@ -204,7 +214,8 @@ def views(args: argparse.Namespace) -> int:
         meta = json.loads(release.metadata_file.read_text(encoding="utf-8"))
     else:
         meta = release_metadata(release, source_set="unknown", synthetic=True)
-    print(build_duckdb(release, load_catalogue(), meta))
+    # over the published tables; a release never published publishes its draft
+    print(build_duckdb(release, load_catalogue(), meta, snapshot=published_snapshot(release)))
     return 0
 
 
@@ -406,6 +417,20 @@ def freeze(args: argparse.Namespace) -> int:
     return 0
 
 
+def gc(args: argparse.Namespace) -> int:
+    """Delete unreferenced icechunk chunks and unpublished table snapshots of a release."""
+    from datetime import UTC, datetime, timedelta
+
+    from citycube.releases import collect_garbage, open_release
+
+    release = open_release(Path(args.data).resolve(), args.release)
+    cutoff = datetime.now(UTC) - timedelta(minutes=args.older_than)
+    report = collect_garbage(release, cutoff)
+    for line in report.lines():
+        print(line)
+    return 0
+
+
 def diff(args: argparse.Namespace) -> int:
     """Compare two releases' published observations; exit 0 when identical, 1 when not."""
     from citycube.diff import diff_releases, diff_text
@@ -600,6 +625,26 @@ def parser() -> argparse.ArgumentParser:
         ),
     )
     fz.set_defaults(func=freeze)
+    gcp = sub.add_parser(
+        "gc",
+        help="delete unreferenced icechunk chunks and unpublished table snapshots of a release",
+        description=(
+            "For every icechunk chip store of --release, expire the commits older than "
+            "--older-than minutes that no branch or tag points at and delete the chunks and "
+            "other objects no remaining commit references (icechunk's expire_snapshots and "
+            "garbage_collect); delete the snapshots of the Parquet tables other than the "
+            "published one taken before then. The manifest is updated so `verify` passes. "
+            "A final (frozen) release is refused."
+        ),
+    )
+    gcp.add_argument(
+        "--older-than",
+        type=_minutes_arg,
+        default=60.0,
+        metavar="MINUTES",
+        help="keep what is younger, for readers still on a recent commit (default 60; 0: all)",
+    )
+    gcp.set_defaults(func=gc)
     df = sub.add_parser(
         "diff",
         help="what changed between two releases: partitions and field values; exit 1 if any",

@@ -15,7 +15,7 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from citycube.catalogue import Catalogue, load_catalogue
-from citycube.cube import Release
+from citycube.cube import BUILD_CHIP_FORMAT, Release
 from citycube.sources import SourceSet
 from sources import SourceSetSpecFile, resolve_sources
 
@@ -23,7 +23,8 @@ DEFAULT_RELEASE = "sample-0.1.0"
 SOURCE_SET_ENV = "CITYCUBE_SOURCE_SET"
 """Source-set YAML a build reads when the resource names none."""
 CHIP_FORMAT_ENV = "CITYCUBE_CHIPS"
-"""Chip store format a build writes when the resource names none ('zarr' or 'icechunk')."""
+"""Chip store format a build writes when the resource names none ('icechunk' or 'zarr';
+unset: ``citycube.cube.BUILD_CHIP_FORMAT``, icechunk)."""
 SCHEDULER_ENV = "CITYCUBE_DASK_SCHEDULER"
 """Address of a running dask scheduler (e.g. tcp://host:8786) that partition work goes to."""
 WORKERS_ENV = "CITYCUBE_WORKERS"
@@ -74,7 +75,8 @@ class CubeResource(dg.ConfigurableResource):
     data_root: str = "data"
     release_version: str = DEFAULT_RELEASE
     chip_format: str = ""
-    """How chip stores are written: 'zarr' or 'icechunk'; empty: CITYCUBE_CHIPS, else 'zarr'."""
+    """How chip stores are written: 'icechunk' or 'zarr'; empty: CITYCUBE_CHIPS, else
+    icechunk (``BUILD_CHIP_FORMAT``)."""
     source_set: str = ""
     """Source-set YAML (which adapter serves each product); empty: CITYCUBE_SOURCE_SET, else
     the packaged default, every product from the offline sample family."""
@@ -91,7 +93,7 @@ class CubeResource(dg.ConfigurableResource):
             Release(
                 Path(self.data_root).resolve(),
                 self.release_version,
-                self.chip_format or os.environ.get(CHIP_FORMAT_ENV) or "zarr",
+                self.chip_format or os.environ.get(CHIP_FORMAT_ENV) or BUILD_CHIP_FORMAT,
             )
         )
 

@@ -86,7 +86,7 @@ def materialised(tmp_path_factory: pytest.TempPathFactory) -> Release:
     release = Release(root / "data", "t")
     write_tiles(release)
     write_synthetic_observations(
-        release.root / "observations", CAT, years=YEARS, cities=(CITY,), seed=4
+        release.draft_dir / "observations", CAT, years=YEARS, cities=(CITY,), seed=4
     )
     _lc_store(release)
     meta = release_metadata(release, source_set="test", synthetic=True)

@@ -314,8 +314,11 @@ def test_a_product_failing_past_its_retries_fails_its_partition_only(
     assert {p: p.stat().st_mtime_ns for p in before} == before
     assert not (observations / f"year={FAILING_YEAR}" / "CO2.parquet").exists()
     assert not (root / "data" / "sources" / "odiac" / CITY / str(FAILING_YEAR)).exists()
-    # POP of that year reads epoch 2020, which did not fail: its partition was written.
-    assert (observations / f"year={FAILING_YEAR}" / "POP.parquet").is_file()
+    # POP of that year reads epoch 2020, which did not fail: its partition was written, into
+    # the draft; the published folder does not show it (that city-year was never published).
+    draft = first_build["release"] / ".draft" / "observations" / f"city={CITY}"
+    assert (draft / f"year={FAILING_YEAR}" / "POP.parquet").is_file()
+    assert not (observations / f"year={FAILING_YEAR}").exists()
     # The published database shows only what it published: neither the failed CO2 year nor
     # the POP partition the failed build wrote (that city-year was never published).
     assert _observations(database, "CO2", FAILING_YEAR) == {}

@@ -18,8 +18,8 @@ from typing import Any
 
 import duckdb
 import pytest
-import xarray as xr
 
+from citycube.chips import open_chips
 from citycube.grids import city_grid
 from tests.e2e_builds import run_build, write_source_set
 from tests.faulty_http_server import FaultyServer
@@ -126,7 +126,7 @@ def test_snapshots_follow_the_history_and_carry_the_osm_provenance(
     x0, y0 = BUILDINGS_X + 10.0, BUILDINGS_Y + 10.0
     expected = {2015: (2, 1, 3), 2020: (2, 4, 0)}
     for year, classes in expected.items():
-        chips = xr.open_zarr(build["release"] / "chips" / "POI" / CITY / f"{year}.zarr")
+        chips = open_chips(build["release"] / "chips" / "POI" / CITY / f"{year}.icechunk")
         got = [
             int(chips["data"].sel(band="dominant_class", x=x0 + dx, y=y0, method="nearest"))
             for dx in (0.0, 100.0, 200.0)

@@ -256,3 +256,100 @@ def test_diff_shows_the_chips_and_valid_fractions_a_change_touched(data_root: Pa
     # smaller, placed inside the city's pixel grid, and does not reach its corner)
     assert field.max_valid_fraction_change == pytest.approx(DEM_HOLE_PX**2 / 80**2)
     assert "valid fractions changed" in diff_text(holed)
+
+
+def test_garbage_collection_deletes_unreferenced_chunks_and_keeps_what_readers_reach(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    import icechunk
+
+    from citycube.cube import Release, build_duckdb, publish_database, published_snapshot
+    from citycube.errors import ReleaseImmutableError
+    from citycube.manifest import write_manifest
+    from citycube.process import process_partition
+    from citycube.releases import collect_garbage
+    from pipelines.cli import main
+    from tests.release_fixtures import CAT, LocalFilesBackend, _local, _sources
+
+    started = datetime.now(UTC) - timedelta(seconds=2)
+    release = build_release(tmp_path, "gc", modalities=("DEM",), chip_format="icechunk")
+    (store,) = chip_repositories(release)
+    first_write = open_repository(store).lookup_branch("main")
+    # A rebuild replaces every chunk (the old ones stay for the history), a failed write
+    # leaves chunks no commit references; the rebuild is published.
+    items = _sources(tmp_path / "src" / "gc-2", 1.0, dem_raise=10.0)
+    process_partition(_local(CAT.get("DEM")), CAT, CITY, YEAR, LocalFilesBackend(items), release)
+    grid = pixel_grid(CITY, 25)
+    with (
+        pytest.raises(CubeWriteError, match="never written"),
+        chip_writer(store, grid, ["elevation"], np.float32, np.nan, {}) as w,
+    ):
+        w.write_block(0, 0, np.ones((1, 100, 100), np.float32), np.ones((100, 100), bool))
+    meta = json.loads(release.metadata_file.read_text())
+    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
+    publish_database(release, meta)
+    write_manifest(release, meta, CAT)
+    published = _stored(store)
+    chunk_files = {p for p in (store / "chunks").iterdir()}
+    table_snapshots = sorted(p.name for p in release.snapshots_dir.iterdir())
+    assert len(table_snapshots) == 2  # the first publication's and the rebuild's
+
+    # Nothing is older than a cutoff before the build: nothing goes.
+    kept = collect_garbage(release, started)
+    assert (kept.commits_expired, kept.chunks_deleted, kept.table_snapshots_deleted) == (0, 0, ())
+    assert {p for p in (store / "chunks").iterdir()} == chunk_files
+
+    report = collect_garbage(release, datetime.now(UTC) + timedelta(seconds=1))
+    assert report.chip_stores == 1 and report.commits_expired >= 1
+    assert report.chunks_deleted > 0 and report.bytes_deleted > 0
+    left = {p for p in (store / "chunks").iterdir()}
+    assert left < chunk_files and len(chunk_files) - len(left) == report.chunks_deleted
+    assert report.table_snapshots_deleted == (table_snapshots[0],)
+    assert [p.name for p in release.snapshots_dir.iterdir()] == [published_snapshot(release)]
+    # What readers reach is whole: the published and draft heads, the database, verify.
+    for ref in (None, "main"):
+        values, valid = _stored(store, ref)
+        np.testing.assert_array_equal(values, published[0])
+        np.testing.assert_array_equal(valid, published[1])
+    import duckdb
+
+    with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
+        assert con.execute("SELECT count(value) FROM observations").fetchone()[0] > 0
+    assert verify_release(release).ok
+    # The replaced write is gone from the history.
+    with pytest.raises(icechunk.IcechunkError):
+        open_chip_group_at(store, first_write)["data"][:]
+
+    # The command does the same and says what it removed; a final release is refused.
+    assert main(["--data", str(tmp_path), "--release", "gc", "gc", "--older-than", "0"]) == 0
+    assert "0 unreferenced chunks deleted" in capsys.readouterr().out
+    freeze_release(release)
+    with pytest.raises(ReleaseImmutableError, match="is final"):
+        collect_garbage(release, datetime.now(UTC))
+    assert Release(tmp_path, "gc").root.is_dir() and verify_release(release).ok
+
+
+def test_two_builds_of_the_same_chips_have_the_same_content_not_the_same_files(
+    tmp_path: Path,
+) -> None:
+    from citycube.manifest import content_digests
+
+    a, b = (  # the same release built twice, in two data roots
+        build_release(tmp_path / root, "v1", modalities=("DEM",), chip_format="icechunk")
+        for root in ("one", "two")
+    )
+    store = "chips/DEM/Amsterdam/static.icechunk"
+    files_a, files_b = (set(read_manifest(r)["files"]) for r in (a, b))
+    assert {f for f in files_a if f.startswith(store)} != {
+        f for f in files_b if f.startswith(store)
+    }  # snapshot and chunk ids are random
+    digests_a, digests_b = content_digests(a), content_digests(b)
+    assert digests_a[store] == digests_b[store]
+    assert not any(name.startswith(f"{store}/") for name in digests_a)
+    raised = build_release(
+        tmp_path / "three", "v1", modalities=("DEM",), chip_format="icechunk", dem_raise=1.0
+    )
+    assert content_digests(raised)[store] != digests_a[store]
