@@ -33,7 +33,7 @@ from rasterio.windows import Window
 from citycube.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
 from citycube.grids import LatticeGrid, city_extent, snapped_grid
-from citycube.http_spec import HttpProductSpec, Variable
+from citycube.http_spec import HttpProductSpec, HttpVectorProductSpec, Variable
 from citycube.rasters import transformer, write_netcdf_variable
 from citycube.sources import SourceInfo, SourceItem, SourceProduct
 from citycube.staging import StagedFiles, install_item
@@ -86,6 +86,18 @@ class Assembled:
     """Anything a reader of the item should know (missing tiles, aggregation rule)."""
 
 
+def http_source_info(spec: HttpProductSpec | HttpVectorProductSpec) -> SourceInfo:
+    """Provenance of a product served over HTTP: real, named ``http:<product>``."""
+    return SourceInfo(
+        product_id=spec.product,
+        source_id=f"http:{spec.product}",
+        version=spec.version,
+        synthetic=False,
+        licence=spec.licence,
+        attribution=spec.attribution,
+    )
+
+
 class HttpSource(SourceProduct):
     """One product served over HTTP, described by a spec in ``schemas/http_products.yaml``."""
 
@@ -96,14 +108,7 @@ class HttpSource(SourceProduct):
         self.options = options
         self.manager = manager
         self.base_url = options.base_urls.get(spec.product, spec.base_url).rstrip("/")
-        self.info = SourceInfo(
-            product_id=spec.product,
-            source_id=f"http:{spec.product}",
-            version=spec.version,
-            synthetic=False,
-            licence=spec.licence,
-            attribution=spec.attribution,
-        )
+        self.info = http_source_info(spec)
 
     # -- protocol -------------------------------------------------------------------------
 

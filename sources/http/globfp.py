@@ -31,10 +31,10 @@ from citycube.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
 from citycube.http_spec import HttpVectorProductSpec
 from citycube.rasters import transformer
-from citycube.sources import SourceInfo, SourceItem, SourceProduct
+from citycube.sources import SourceItem, SourceProduct
 from citycube.staging import StagedFiles, install_item
 from sources.downloads import Downloaded, DownloadManager, redact_url
-from sources.http.base import PROVENANCE_FILE
+from sources.http.base import PROVENANCE_FILE, http_source_info
 from sources.http.options import HttpFamilyOptions
 from sources.osm.base import window_wgs84
 
@@ -67,14 +67,7 @@ class GlobfpFootprints(SourceProduct):
         self.options = options
         self.manager = manager
         self.base_url = options.base_urls.get(spec.product, spec.base_url).rstrip("/")
-        self.info = SourceInfo(
-            product_id=spec.product,
-            source_id=f"http:{spec.product}",
-            version=spec.version,
-            synthetic=False,
-            licence=spec.licence,
-            attribution=spec.attribution,
-        )
+        self.info = http_source_info(spec)
 
     # -- protocol -------------------------------------------------------------------------
 
