@@ -293,6 +293,14 @@ class RecordProductSpec(BaseModel):
             )
         if form == SpatialForm.postcode and not (self.points_table.lon and self.points_table.lat):  # type: ignore[union-attr]
             raise ValueError(f"{self.city}/{self.product}: points_table needs lon and lat")
+        located_by_point = form in (SpatialForm.point, SpatialForm.postcode)
+        if located_by_point and not self.coverage and self.protocol != Protocol.user_file:
+            # Points say where records are, not where they could have been: without the area
+            # the records report on, no tile can be told from one outside them.
+            raise ValueError(
+                f"{self.city}/{self.product}: {form.value} records need a coverage polygon "
+                "(the area they report on, e.g. a city limit)"
+            )
         if form == SpatialForm.admin_unit and not (f.unit_id and self.units_table):
             raise ValueError(
                 f"{self.city}/{self.product}: admin_unit form needs fields.unit_id and a "

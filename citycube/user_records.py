@@ -74,7 +74,9 @@ class UserRecordSchema(BaseModel):
     source_crs: str = Field("EPSG:4326", description="CRS of lon/lat columns.")
     points_table: JoinTable | None = Field(None, description="Postcode form: centroid table.")
     units_table: JoinTable | None = Field(None, description="Admin-unit form: boundaries.")
-    coverage: str | None = Field(None, description="Polygon file of the area the file covers.")
+    coverage: str | None = Field(
+        None, description="Polygon file of the area the file covers (point and postcode forms)."
+    )
     portal: str = Field("user-supplied file", description="Where the records come from.")
     licence: str = Field("as supplied by the user", description="Licence of the records.")
     attribution: str = Field("user-supplied records", description="Attribution text.")
@@ -91,6 +93,11 @@ class UserRecordSchema(BaseModel):
             raise ValueError(f"fields map columns {undeclared} that `columns` does not declare")
         if self.file.suffix.lower() not in (".csv", ".geojson", ".json", ".parquet"):
             raise ValueError(f"file {self.file} must be .csv, .geojson or .parquet")
+        if self.spatial_form in (SpatialForm.point, SpatialForm.postcode) and not self.coverage:
+            raise ValueError(
+                f"{self.spatial_form.value} records need `coverage`: a polygon file of the area "
+                "the file reports on (tiles outside it are unavailable, never zero)"
+            )
         return self
 
     def record_spec(self) -> RecordProductSpec:

@@ -379,6 +379,11 @@ def test_bulk_file_specs_are_checked_on_load(portals: RecordPortals, tmp_path: P
     bad_sheet = {**xlsx_spec(portals), "xlsx": {"sheet": "{year} {city}"}}
     with pytest.raises(SpecError, match=r"only \{year\} may be filled in"):
         load_record_products(write_specs(tmp_path / "d.yaml", bad_sheet))
+    # Postcodes locate the records, not the area they report on: every tile would be outside.
+    uncovered = {k: v for k, v in psi_spec(portals).items() if k != "coverage"}
+    with pytest.raises(SpecError, match="postcode records need a coverage polygon"):
+        load_record_products(write_specs(tmp_path / "e.yaml", uncovered))
+    load_record_products(write_specs(tmp_path / "f.yaml", psi_spec(portals)))
 
 
 def test_a_declared_header_row_without_the_fields_fails_naming_what_it_holds(

@@ -133,6 +133,9 @@ def test_missing_columns_and_bad_schemas_are_refused(tmp_path: Path) -> None:
     no_currency = write_case(tmp_path / "nocur", rows, currency=None)
     with pytest.raises(SpecError, match="a currency code is required"):
         prop_adapter(tmp_path, no_currency)
+    no_outline = write_case(tmp_path / "nocov", rows, coverage=None)
+    with pytest.raises(SpecError, match="point records need `coverage`"):
+        prop_adapter(tmp_path, no_outline)
 
 
 def test_geojson_parcels_and_parquet_files(tmp_path: Path) -> None:
@@ -171,8 +174,10 @@ def test_geojson_parcels_and_parquet_files(tmp_path: Path) -> None:
         **schema("points.parquet"),
         "columns": {**columns, "lon": {"type": "number"}, "lat": {"type": "number"}},
         "fields": {"value": "value_eur", "year": "year", "lon": "lon", "lat": "lat"},
-        "coverage": None,
+        "coverage": "outline.geojson",
     }
+    outline = gpd.GeoDataFrame(geometry=[shapely.box(x, y, x + 4000, y + 4000)], crs=EPSG)
+    outline.to_file(folder / "outline.geojson")
     (folder / "q.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
     item = prop_adapter(tmp_path, folder / "q.yaml").fetch(CITY, 2020, tmp_path / "s2")
     assert item.extra["records"] == "1" and item.extra["blank_values"] == "0"
