@@ -428,7 +428,8 @@ KEPT_SNAPSHOTS = 2
 """Newest snapshots kept after a publication (the published one always is): a reader that
 opened the database before the last publication keeps its files; older ones are deleted."""
 _SNAPSHOT_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{12}")
-"""``<UTC time>-<random>``: snapshot ids sort by the time they were taken."""
+"""``<UTC time>-<microsecond, 5 hex digits><random, 7>``: snapshot ids sort by the time they
+were taken, to the microsecond (two publications within one second keep their order)."""
 
 
 def validate_snapshot_id(snapshot: str) -> str:
@@ -477,7 +478,9 @@ def snapshot_tables(release: Release) -> str:
     becomes. The snapshot is laid out under a temporary name and renamed when complete.
     """
     _adopt_unversioned_tables(release)
-    snapshot = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:12]}"
+    now_us = time.time_ns() // 1000
+    taken = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_us // 1_000_000))
+    snapshot = f"{taken}-{now_us % 1_000_000:05x}{uuid.uuid4().hex[:7]}"
     final = release.snapshots_dir / snapshot
     tmp = owned_name(final)
     try:

@@ -95,6 +95,9 @@ class _OpenState:
     """sha256 of every metadata document read, by key."""
     touched: set[Path] = field(default_factory=set)
     """Cache files of the chunks read (fetched or loaded)."""
+    discarded: bool = False
+    """Set once a decoding failure discarded the open's chunks: requests still in flight
+    (zarr does not cancel a failed read's siblings) must not keep their bytes afterwards."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def generation(self) -> str:
@@ -124,6 +127,7 @@ class CachingStore(WrapperStore[Store]):
     def discard_read_chunks(self) -> int:
         """Delete the cache files of every chunk this open read; how many there were."""
         with self._state.lock:
+            self._state.discarded = True
             touched = list(self._state.touched)
             self._state.touched.clear()
         for path in touched:
@@ -161,7 +165,9 @@ class CachingStore(WrapperStore[Store]):
         value = await self._store.get(key, prototype)
         if value is None:
             return None
-        cachefiles.write(path, entry, value.to_bytes())
+        with self._state.lock:  # written before a discard (which then deletes it), or never
+            if not self._state.discarded:
+                cachefiles.write(path, entry, value.to_bytes())
         self.cache._count(hit=False)
         return value
 
