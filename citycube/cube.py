@@ -110,8 +110,9 @@ CHIP_FORMATS = ("zarr", "icechunk")
 """Chip store formats a release can write (``Release.chip_format``)."""
 BUILD_CHIP_FORMAT = "icechunk"
 """What a build writes unless told otherwise (``CITYCUBE_CHIPS``, the cube resource): a
-commit per write, readers on the published commit, a tag per frozen release. It cost no more
-than plain Zarr on one city-year's processing (``benchmarks.run --only chip_formats``). A
+commit per write, readers on the published commit, a tag per frozen release. It cost about
+6 % more CPU than plain Zarr on one city-year's processing (median of ten runs each,
+``benchmarks.run --only chip_formats``, on a loaded machine). A
 ``Release`` made directly keeps plain Zarr unless given a format."""
 
 

@@ -101,7 +101,7 @@ def serve_glc(
     served: dict[str, tuple[Affine, np.ndarray]] = {}
     for index, (row, col) in enumerate(tiles_covering(bounds, GLC.tile_grid)):
         name = tile_name(row, col, GLC.tile_grid)
-        west = tile_west(row, col, GLC.tile_grid)
+        west = tile_west(col, GLC.tile_grid)
         north = round(GLC.tile_grid.origin_xy[1] - (row - 1) * GLC.tile_grid.tile_size)
         transform, cols, rows = tile_crop(west, north, bounds)
         values = paint(transform, rows, cols, index)

@@ -8,7 +8,6 @@ nothing installed."""
 from __future__ import annotations
 
 import io
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from citycube.grids import city_grid
 from citycube.records import place_records, tile_values
 from citycube.staging import COMPLETE_MARKER
 from sources.records import records_adapters
+from tests.glc_globfp_fixtures import zip_of
 from tests.record_portals import RecordPortals
 
 CITY = "Sydney"
@@ -79,14 +79,6 @@ def adapters(tmp_path: Path, spec_file: Path) -> dict[str, Any]:
 def portals() -> Iterator[RecordPortals]:
     with RecordPortals() as running:
         yield running
-
-
-def zip_of(members: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in members.items():
-            archive.writestr(name, data)
-    return buffer.getvalue()
 
 
 # ------------------------------------------------------------------ NSW property sales (.DAT)

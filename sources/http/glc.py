@@ -41,7 +41,7 @@ NO_SOURCE = -1
 
 def tile_name(row: int, col: int, grid: TileGrid) -> str:
     """The name of tile (row, col), counted from 1 at the north-west: its north-west corner."""
-    west = round(grid.origin_xy[0] + (col - 1) * grid.tile_size)
+    west = tile_west(col, grid)
     north = round(grid.origin_xy[1] - (row - 1) * grid.tile_size)
     return f"{'E' if west >= 0 else 'W'}{abs(west)}{'N' if north >= 0 else 'S'}{abs(north)}"
 
@@ -57,9 +57,8 @@ def zone_name(west: int) -> str:
     return f"W{start}-W{start + 5}"
 
 
-def tile_west(row: int, col: int, grid: TileGrid) -> int:
-    """West edge of tile (row, col) in whole degrees."""
-    del row
+def tile_west(col: int, grid: TileGrid) -> int:
+    """West edge of the tiles of column ``col`` (counted from 1) in whole degrees."""
     return round(grid.origin_xy[0] + (col - 1) * grid.tile_size)
 
 
@@ -79,8 +78,8 @@ class GlcTiles(HttpSource):
         missing: list[str] = []
         resampled: list[str] = []
         zips_found = 0
-        for (row, col), name in zip(tiles, names, strict=True):
-            zone = zone_name(tile_west(row, col, self.spec.tile_grid))
+        for (_, col), name in zip(tiles, names, strict=True):
+            zone = zone_name(tile_west(col, self.spec.tile_grid))
             url = self.url(variable, year, tile=name, zone=zone)
             try:
                 got = self.download(url, city, year)

@@ -57,18 +57,11 @@ class ClearMaskCache:
         compute: Callable[[], np.ndarray],
     ) -> np.ndarray:
         """The scene's mask: loaded when kept, else computed by ``compute`` and kept."""
-        path = self.path(city, year, scene_id, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(path) + ".lock"):
-            mask = _load(path)
-            if mask is not None:
-                with self._lock:
-                    self.hits += 1
-                return mask
-            mask = np.asarray(compute(), dtype=bool)
-            _save(path, mask)
-            with self._lock:
-                self.misses += 1
+        with self.lock(city, year, scene_id, key):
+            mask = self.load(city, year, scene_id, key)
+            if mask is None:
+                mask = np.asarray(compute(), dtype=bool)
+                self.save(city, year, scene_id, key, mask)
             return mask
 
     def load(

@@ -63,19 +63,11 @@ class WindowCache:
         read: Callable[[], AssetRead],
     ) -> AssetRead:
         """The window: loaded when kept and whole, else read by ``read`` and kept."""
-        full = self._full(key)
-        path = self.path(city, year, scene_id, asset, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(path) + ".lock"):
-            kept = _load(path, full)
-            if kept is not None:
-                with self._lock:
-                    self.hits += 1
-                return kept
-            window = read()
-            _save(path, full, window)
-            with self._lock:
-                self.misses += 1
+        with self.lock(city, year, scene_id, asset, key):
+            window = self.load(city, year, scene_id, asset, key)
+            if window is None:
+                window = read()
+                self.save(city, year, scene_id, asset, key, window)
             return window
 
     def has(self, city: str, year: int, scene_id: str, asset: str, key: Mapping[str, Any]) -> bool:
