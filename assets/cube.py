@@ -1,12 +1,17 @@
 """Cube assets downstream of the modalities: the tiles table, then the DuckDB catalogue, built
 aside and checked, then published.
 
-Write, audit, publish: ``cube/staged_database`` builds the new database next to the release and
-carries the cube's quality checks. Its ERROR checks are blocking, so when one fails Dagster
-does not run ``cube/database``, which is what moves the checked file over ``cube.duckdb`` and
-writes ``release.json``; the previous database stays published and the reports are not redone.
+Write, audit, publish: ``cube/tiles`` writes the tiles table into the release's draft,
+``cube/staged_database`` builds the new database next to the release over a snapshot of the
+draft and carries the cube's quality checks, and the benchmark assets add their files to that
+snapshot. The ERROR checks are blocking, so when one fails Dagster does not run
+``cube/database``, which is what moves the checked file over ``cube.duckdb``, switches the
+published tables (observations, chip index, tiles, benchmark) to the snapshot in one step and
+writes ``release.json``; the previous database and tables stay published and the reports are
+not redone.
 """
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -53,7 +58,8 @@ def _check_result(
     check_specs=[dg.AssetCheckSpec("tile_counts_match_spec", asset=TILES_KEY, blocking=True)],
 )
 def tiles_table(cube: CubeResource) -> dg.MaterializeResult:
-    """GeoParquet table of every 2 km and 5 km tile of the 16 cities (WGS84 geometry)."""
+    """GeoParquet table of every 2 km and 5 km tile of the 16 cities (WGS84 geometry), in the
+    draft: published with the database."""
     import duckdb
 
     from citycube import checks
@@ -99,8 +105,11 @@ def _release_metadata(cube: CubeResource) -> dict:
     )
 
 
-def build_cube_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
-    """Tiles, the staged and checked database, and its publication."""
+def build_cube_assets(
+    catalogue: Catalogue, publish_after: Sequence[dg.AssetKey] = ()
+) -> list[dg.AssetsDefinition]:
+    """Tiles, the staged and checked database, and its publication (after ``publish_after``
+    too: the assets that add files to the staged snapshot)."""
     modality_keys = [modality_asset_key(m.code) for m in catalogue.enabled()]
 
     @dg.asset(
@@ -122,8 +131,8 @@ def build_cube_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         from citycube import checks
 
         release = cube.release()
-        if not release.tiles_file.exists():
-            write_tiles(release)
+        if not release.tiles_file.exists() and not release.published_tiles_file.exists():
+            write_tiles(release)  # else the draft's, or the published one (adopted)
         path = build_duckdb(
             release, catalogue, _release_metadata(cube), path=release.staged_duckdb_file
         )
@@ -152,9 +161,15 @@ def build_cube_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
             ],
         )
 
-    @dg.asset(key=DATABASE_KEY, deps=[STAGED_DATABASE_KEY], group_name="cube", kinds={"duckdb"})
+    @dg.asset(
+        key=DATABASE_KEY,
+        deps=[STAGED_DATABASE_KEY, *publish_after],
+        group_name="cube",
+        kinds={"duckdb"},
+    )
     def database(cube: CubeResource) -> dg.MaterializeResult:
-        """The published ``cube.duckdb`` and ``release.json``, replaced only by a checked one."""
+        """The published ``cube.duckdb``, tables and ``release.json``, replaced only by checked
+        ones."""
         release = cube.release()
         meta = _release_metadata(cube)
         path = publish_database(release, meta)

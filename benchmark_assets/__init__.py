@@ -1,4 +1,4 @@
-"""Dagster assets of the translation benchmark, downstream of the published cube.
+"""Dagster assets of the translation benchmark, between the staged cube and its publication.
 
 Thin wrappers over the pure core (``citycube.pairs``, ``citycube.splits``,
 ``citycube.sampling``, ``citycube.translation``, ``citycube.forecast``), in their own asset

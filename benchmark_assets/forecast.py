@@ -1,14 +1,15 @@
 """Forecasting cases of the agentic track and their baselines' scores.
 
-Unpartitioned assets over the published cube, like the translation inputs: each materialisation
-reads the city-years ``cube.duckdb`` publishes, so a build that completes a tile's 2010–2024
-panel makes it eligible. The baselines are scored as soon as the cases exist.
+Unpartitioned assets over the staged cube, like the translation inputs: each materialisation
+reads the city-years the staged database is about to publish and its files are published with
+them, so a build that completes a tile's 2010–2024 panel makes it eligible. The baselines are
+scored as soon as the cases exist.
 """
 
 import dagster as dg
 from pydantic import Field
 
-from assets.cube import DATABASE_KEY, TILES_KEY
+from assets.cube import STAGED_DATABASE_KEY, TILES_KEY
 from pipelines.resources import CubeResource
 
 FORECAST_CASES_KEY = dg.AssetKey(["benchmark", "forecast_cases"])
@@ -29,14 +30,14 @@ def build_forecast_assets() -> list[dg.AssetsDefinition]:
 
     @dg.asset(
         key=FORECAST_CASES_KEY,
-        deps=[DATABASE_KEY, TILES_KEY],
+        deps=[STAGED_DATABASE_KEY, TILES_KEY],
         group_name=GROUP,
         kinds={"duckdb", "parquet"},
     )
     def forecast_cases(config: ForecastCasesConfig, cube: CubeResource) -> dg.MaterializeResult:
         """LST, carbon and property forecasting cases (no years, no targets) and references."""
         from citycube.forecast import ForecastFiles, eligibility_markdown, write_forecast_cases
-        from citycube.translation import publish_views
+        from citycube.translation import stage_views
 
         release = cube.release()
         asked = {
@@ -45,8 +46,8 @@ def build_forecast_assets() -> list[dg.AssetsDefinition]:
             "property": config.property_cases,
         }
         found = write_forecast_cases(release, asked)
-        views = publish_views(release, cube.catalogue())
-        files = ForecastFiles(release)
+        views = stage_views(release, cube.catalogue())
+        files = ForecastFiles.draft(release)
         return dg.MaterializeResult(
             metadata={
                 "cases": dg.MetadataValue.path(str(files.cases)),
@@ -69,11 +70,11 @@ def build_forecast_assets() -> list[dg.AssetsDefinition]:
     def forecast_baseline_scores(cube: CubeResource) -> dg.MaterializeResult:
         """Last-year and ten-year-mean baselines: MAE, MAPE, RMSE, R² with bootstrap intervals."""
         from citycube.forecast import write_baseline_scores
-        from citycube.translation import publish_views
+        from citycube.translation import stage_views
 
         release = cube.release()
         scores, paths = write_baseline_scores(release)
-        views = publish_views(release, cube.catalogue())
+        views = stage_views(release, cube.catalogue())
         return dg.MaterializeResult(
             metadata={
                 **{suffix: dg.MetadataValue.path(str(p)) for suffix, p in paths.items()},

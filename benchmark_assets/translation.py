@@ -1,15 +1,18 @@
 """Pair index, splits and sampled instances of the any-to-any translation benchmark.
 
-Unpartitioned assets over the published cube: each materialisation reads whatever city-years
-``cube.duckdb`` publishes, so a build that adds years refreshes them with the rest. The
-splits depend only on the grids and stay put; a key's draw depends only on the seed, its route
-and itself, so added city-years add candidates without reshuffling the others.
+Unpartitioned assets over the staged cube: each materialisation reads the city-years the
+checked staged database is about to publish, writes into the release's draft and adds its
+files to the staged snapshot, so ``cube/database`` publishes them with the tables they were
+computed from (and a failing check, theirs or the cube's, publishes neither). A build that adds
+years refreshes them with the rest. The splits depend only on the grids and stay put; a key's
+draw depends only on the seed, its route and itself, so added city-years add candidates
+without reshuffling the others.
 """
 
 import dagster as dg
 from pydantic import Field
 
-from assets.cube import DATABASE_KEY, TILES_KEY
+from assets.cube import STAGED_DATABASE_KEY, TILES_KEY
 from citycube.catalogue import Catalogue
 from citycube.sampling import DEFAULT_TOTAL, SAMPLING_SEED
 from pipelines.resources import CubeResource
@@ -38,7 +41,9 @@ class InstancesConfig(dg.Config):
 def build_benchmark_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
     """The pair index, the splits and the sampled instances."""
 
-    @dg.asset(key=PAIRS_KEY, deps=[DATABASE_KEY], group_name=GROUP, kinds={"duckdb", "parquet"})
+    @dg.asset(
+        key=PAIRS_KEY, deps=[STAGED_DATABASE_KEY], group_name=GROUP, kinds={"duckdb", "parquet"}
+    )
     def translation_pairs(cube: CubeResource) -> dg.MaterializeResult:
         """Directed source → target routes each (city, scale, tile, year) offers (Table 14)."""
         from PIL import Image
@@ -46,15 +51,15 @@ def build_benchmark_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         from citycube.render import png_data_uri
         from citycube.translation import (
             BenchmarkFiles,
-            publish_views,
+            stage_views,
             summary_markdown,
             write_pair_index,
         )
 
         release = cube.release()
         found = write_pair_index(release, catalogue)
-        views = publish_views(release, catalogue)
-        files = BenchmarkFiles(release)
+        views = stage_views(release, catalogue)
+        files = BenchmarkFiles.draft(release)
         with Image.open(files.heatmap) as heatmap:
             uri = png_data_uri(heatmap.convert("RGB"), HEATMAP_PREVIEW_PX)
         return dg.MaterializeResult(
@@ -75,22 +80,22 @@ def build_benchmark_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
 
     @dg.asset(
         key=SPLITS_KEY,
-        deps=[TILES_KEY, DATABASE_KEY],
+        deps=[TILES_KEY, STAGED_DATABASE_KEY],
         group_name=GROUP,
         kinds={"parquet"},
         check_specs=[dg.AssetCheckSpec("no_cross_split_overlap", asset=SPLITS_KEY, blocking=True)],
     )
     def splits(cube: CubeResource) -> dg.MaterializeResult:
         """Train / validation / test by whole 10 km parent cells (seeded, stable over years)."""
-        from citycube.translation import BenchmarkFiles, publish_views, write_splits
+        from citycube.translation import BenchmarkFiles, stage_views, write_splits
 
         release = cube.release()
         found = write_splits(release)
-        views = publish_views(release, catalogue)
+        views = stage_views(release, catalogue)
         overlaps = found["overlaps"]
         return dg.MaterializeResult(
             metadata={
-                "path": dg.MetadataValue.path(str(BenchmarkFiles(release).splits)),
+                "path": dg.MetadataValue.path(str(BenchmarkFiles.draft(release).splits)),
                 "seed": found["seed"],
                 "partitions": dg.MetadataValue.json(found["summary"]),
                 "views": dg.MetadataValue.json(views),
@@ -114,12 +119,12 @@ def build_benchmark_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
     )
     def translation_instances(config: InstancesConfig, cube: CubeResource) -> dg.MaterializeResult:
         """Route-balanced, target-anchored translation instances with their manifest."""
-        from citycube.translation import BenchmarkFiles, publish_views, write_instances
+        from citycube.translation import BenchmarkFiles, stage_views, write_instances
 
         release = cube.release()
         result = write_instances(release, catalogue, total=config.total, seed=config.seed)
-        views = publish_views(release, catalogue)
-        files = BenchmarkFiles(release)
+        views = stage_views(release, catalogue)
+        files = BenchmarkFiles.draft(release)
         return dg.MaterializeResult(
             metadata={
                 "path": dg.MetadataValue.path(str(files.instances)),

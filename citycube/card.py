@@ -168,6 +168,9 @@ class CardFacts:
     """WGS84 (west, south, east, north) of each city's tiles."""
     has_chips: bool
     """Whether the release has a chip index."""
+    tables: str = "published/"
+    """Where the published tables are, relative to the release root (``published/``, or ''
+    for a release published before that folder existed); ends with '/' unless empty."""
 
     @property
     def synthetic(self) -> bool:
@@ -188,7 +191,7 @@ class CardFacts:
 
 def _city_bboxes(release: Release, cities: tuple[str, ...]) -> dict[str, tuple[float, ...]]:
     columns = ["city", "lon_min", "lat_min", "lon_max", "lat_max"]
-    table = pq.read_table(release.tiles_file, columns=columns).to_pandas()
+    table = pq.read_table(release.published_tiles_file, columns=columns).to_pandas()
     table = table[table["city"].isin(cities)]
     grouped = table.groupby("city").agg(
         {"lon_min": "min", "lat_min": "min", "lon_max": "max", "lat_max": "max"}
@@ -246,8 +249,15 @@ def card_facts(release: Release, catalogue: Catalogue) -> CardFacts:
         modalities=tuple(m for m in catalogue.modalities if m.code in published),
         availability=_availability(release, catalogue),
         city_bboxes=_city_bboxes(release, cities),
-        has_chips=any((release.root / "chip_index").glob("city=*/year=*/*.parquet")),
+        has_chips=any((release.published_root / "chip_index").glob("city=*/year=*/*.parquet")),
+        tables=_tables_prefix(release),
     )
+
+
+def _tables_prefix(release: Release) -> str:
+    """The published tables' folder relative to the release root, as :attr:`CardFacts.tables`."""
+    relative = release.published_root.relative_to(release.root).as_posix()
+    return "" if relative == "." else f"{relative}/"
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,13 +397,13 @@ def stac_collection(facts: CardFacts) -> dict[str, Any]:
     )
     assets = {
         "observations": (
-            "observations/",
+            f"{facts.tables}observations/",
             "application/vnd.apache.parquet",
             ["data"],
             "Long-form tile values, one Parquet file per city, year and modality.",
         ),
         "tiles": (
-            "tiles.parquet",
+            f"{facts.tables}tiles.parquet",
             "application/vnd.apache.parquet; profile=geoparquet",
             ["data"],
             "GeoParquet: every 2 km and 5 km tile (WGS84 geometry, UTM bounds).",
@@ -418,7 +428,8 @@ def stac_collection(facts: CardFacts) -> dict[str, Any]:
             "chips/",
             "application/vnd+zarr",
             ["data"],
-            "Zarr v3 image chips per modality, city and source period (see chip_index/).",
+            f"Zarr v3 image chips per modality, city and source period (see {facts.tables}"
+            "chip_index/).",
         )
     for key, (href, media_type, roles, description) in assets.items():
         collection.add_asset(
@@ -486,9 +497,9 @@ def croissant_metadata(facts: CardFacts, release: Release) -> dict[str, Any]:
             "@id": "tiles.parquet",
             "name": "tiles.parquet",
             "description": "GeoParquet table of every 2 km and 5 km tile.",
-            "contentUrl": "tiles.parquet",
+            "contentUrl": f"{facts.tables}tiles.parquet",
             "encodingFormat": PARQUET,
-            "sha256": file_sha256(release.tiles_file),
+            "sha256": file_sha256(release.published_tiles_file),
         },
         {
             "@type": "cr:FileSet",
@@ -496,7 +507,7 @@ def croissant_metadata(facts: CardFacts, release: Release) -> dict[str, Any]:
             "name": "observations-files",
             "description": "One Parquet file per (city, year, modality).",
             "encodingFormat": PARQUET,
-            "includes": "observations/city=*/year=*/*.parquet",
+            "includes": f"{facts.tables}observations/city=*/year=*/*.parquet",
         },
     ]
     observation_columns = _schema_columns(OBSERVATION_SCHEMA, OBSERVATION_COLUMNS)
@@ -560,7 +571,7 @@ def croissant_metadata(facts: CardFacts, release: Release) -> dict[str, Any]:
                 "name": "chip_index-files",
                 "description": "Where each image tile's chip lives, per (city, year, modality).",
                 "encodingFormat": PARQUET,
-                "includes": "chip_index/city=*/year=*/*.parquet",
+                "includes": f"{facts.tables}chip_index/city=*/year=*/*.parquet",
             }
         )
         descriptions = {
@@ -646,8 +657,9 @@ def data_card_markdown(facts: CardFacts, catalogue: Catalogue) -> str:
         f"`{meta.get('catalogue_digest', 'unknown')}`.",
         f"- Files: `{STAC_FILE}` (STAC Collection, datacube extension), `{CROISSANT_FILE}` "
         "(Croissant), `manifest.json` (every file's SHA-256: `citycube verify`), "
-        "`cube.duckdb` (DuckDB views), `observations/`, `tiles.parquet`"
-        + (", `chip_index/`, `chips/`" if facts.has_chips else "")
+        f"`cube.duckdb` (DuckDB views), `{facts.tables}observations/`, "
+        f"`{facts.tables}tiles.parquet`"
+        + (f", `{facts.tables}chip_index/`, `chips/`" if facts.has_chips else "")
         + ", `reports/` (availability).",
         "",
         "## Coverage",

@@ -4,15 +4,19 @@ A release lives under ``<data>/releases/<version>/``. Observations are partition
 city/year/modality so rewriting one city-year touches only its files; every file is written
 to a temporary name and moved into place, so a killed run never leaves a half-written file.
 
-Draft and published tables. A build writes the Parquet tables (observations, chip index) into
-the release's draft (``.draft/``), which no reader opens. Building the database takes a
-snapshot of the draft (``.snapshots/<id>/``: hard links, so no byte is copied) and its views
-read that snapshot's files by absolute path. Publishing swaps ``observations/`` and
-``chip_index/`` in the release folder for hard-linked copies of the snapshot, each in one
-step, and points ``.published`` at it. A writer only ever replaces a draft file by a new one
-(a new inode), so a published file is never rewritten: a reader that opened the database
-before a rebuild keeps reading the values it was published with, and a killed build changes
-nothing a reader sees.
+Draft and published tables. A build writes the Parquet tables (observations, chip index, the
+tiles table and the benchmark folder) into the release's draft (``.draft/``), which no reader
+opens. Building the database takes a snapshot of the draft (``.snapshots/<id>/``: hard links,
+so no byte is copied) and its views read that snapshot's files by absolute path; the benchmark
+files computed from the staged database are added to its snapshot before it is published.
+Publishing swaps one folder, ``published/``, for a hard-linked copy of the snapshot in one step
+(so a reader of the folder sees every table old or every table new, never new observations
+with the old chip index) and points ``.published`` at the snapshot. A writer only ever
+replaces a draft file by a new one (a new inode), so a published file is never rewritten: a
+reader that opened the database before a rebuild keeps reading the values it was published
+with, and a killed build changes nothing a reader sees. A release published before
+``published/`` existed keeps its tables in the release folder itself until its next
+publication (:attr:`Release.published_root` finds either).
 """
 
 from __future__ import annotations
@@ -106,6 +110,12 @@ def validate_release_version(version: str) -> str:
     return version
 
 
+TILES_FILE = "tiles.parquet"
+"""The tiles table's name in the draft, a snapshot and the published tables."""
+BENCHMARK_DIR = "benchmark"
+"""The benchmark folder's name in the draft, a snapshot and the published tables (flat: files
+only)."""
+
 CHIP_FORMATS = ("zarr", "icechunk")
 """Chip store formats a release can write (``Release.chip_format``)."""
 BUILD_CHIP_FORMAT = "icechunk"
@@ -144,8 +154,13 @@ class Release:
 
     @property
     def tiles_file(self) -> Path:
-        """GeoParquet tiles table."""
-        return self.root / "tiles.parquet"
+        """GeoParquet tiles table, in the draft (where a build writes it)."""
+        return self.draft_dir / TILES_FILE
+
+    @property
+    def published_tiles_file(self) -> Path:
+        """The published GeoParquet tiles table (what readers see)."""
+        return self.published_root / TILES_FILE
 
     @property
     def duckdb_file(self) -> Path:
@@ -187,6 +202,17 @@ class Release:
         """Symbolic link to the published snapshot (moved by :func:`publish_tables`)."""
         return self.root / ".published"
 
+    @property
+    def published_dir(self) -> Path:
+        """The folder of published tables, swapped in whole by :func:`publish_tables`."""
+        return self.root / "published"
+
+    @property
+    def published_root(self) -> Path:
+        """Where readers find the published tables: ``published/``, or the release folder
+        itself for a release last published before that folder existed."""
+        return self.published_dir if self.published_dir.is_dir() else self.root
+
     def observations_file(self, city: str, year: int, modality: str) -> Path:
         """One partition of the observations table, in the draft (where a build writes it)."""
         return _partition_path(self.draft_dir / "observations", city, year, modality)
@@ -197,11 +223,11 @@ class Release:
 
     def published_observations_file(self, city: str, year: int, modality: str) -> Path:
         """One partition of the published observations table (what readers see)."""
-        return _partition_path(self.root / "observations", city, year, modality)
+        return _partition_path(self.published_root / "observations", city, year, modality)
 
     def published_chip_index_file(self, city: str, year: int, modality: str) -> Path:
         """One partition of the published chip index (what readers see)."""
-        return _partition_path(self.root / "chip_index", city, year, modality)
+        return _partition_path(self.published_root / "chip_index", city, year, modality)
 
     def chip_store(self, modality: str, city: str, label: str) -> Path:
         """Chip store of one modality, city and source year (or 'static'), in ``chip_format``."""
@@ -359,7 +385,7 @@ def tiles_frame(cities: Iterable[str] | None = None) -> gpd.GeoDataFrame:
 
 
 def write_tiles(release: Release) -> Path:
-    """Write the GeoParquet tiles table for all cities, atomically."""
+    """Write the GeoParquet tiles table for all cities into the draft, atomically."""
     path = release.tiles_file
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = owned_name(path)
@@ -419,12 +445,15 @@ def _partitions(root: Path) -> list[dict[str, Any]]:
 def observation_partitions(release: Release) -> list[dict[str, Any]]:
     """(city, year, modality) of every published observations partition file of a release, or
     of its draft when it was never published."""
-    published = release.root / "observations"
+    published = release.published_root / "observations"
     return _partitions(published if published.exists() else release.draft_dir / "observations")
 
 
 PUBLISHED_TABLES = ("observations", "chip_index")
 """The partitioned Parquet tables that go draft → snapshot → published."""
+PUBLISHED_NAMES = (*PUBLISHED_TABLES, TILES_FILE, BENCHMARK_DIR)
+"""Everything that goes draft → snapshot → published: the partitioned tables, the tiles table
+and the benchmark folder. A publication switches them together."""
 KEPT_SNAPSHOTS = 2
 """Newest snapshots kept after a publication (the published one always is): a reader that
 opened the database before the last publication keeps its files; older ones are deleted."""
@@ -449,17 +478,30 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 
 def _adopt_unversioned_tables(release: Release) -> None:
-    """Bring tables written before the draft existed (partitions written straight into the
-    published ``observations/`` and ``chip_index/``) into the draft, where it has none."""
-    if release.published_pointer.is_symlink():
-        return  # published from a snapshot: the draft holds every partition
-    for table in PUBLISHED_TABLES:
-        legacy = release.root / table
-        for partition in _partitions(legacy):
-            target = _partition_path(release.draft_dir / table, **partition)
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                _link_or_copy(_partition_path(legacy, **partition), target)
+    """Bring tables written before the draft held them into the draft, where it has none:
+    partitions written straight into the published ``observations/`` and ``chip_index/``
+    (before drafts existed), and the tiles table and benchmark folder written straight into
+    the release folder (before they went through the draft)."""
+    if not release.published_pointer.is_symlink():  # else the draft holds every partition
+        for table in PUBLISHED_TABLES:
+            legacy = release.root / table
+            for partition in _partitions(legacy):
+                target = _partition_path(release.draft_dir / table, **partition)
+                if not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    _link_or_copy(_partition_path(legacy, **partition), target)
+    published = release.published_root
+    if not release.tiles_file.exists() and (published / TILES_FILE).is_file():
+        release.tiles_file.parent.mkdir(parents=True, exist_ok=True)
+        _link_or_copy(published / TILES_FILE, release.tiles_file)
+    draft_benchmark = release.draft_dir / BENCHMARK_DIR
+    if not draft_benchmark.exists() and (published / BENCHMARK_DIR).is_dir():
+        tmp = owned_name(draft_benchmark)
+        try:
+            _link_folder(published / BENCHMARK_DIR, tmp)
+            os.replace(tmp, draft_benchmark)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _link_table(source: Path, target: Path) -> None:
@@ -471,12 +513,42 @@ def _link_table(source: Path, target: Path) -> None:
         _link_or_copy(_partition_path(source, **partition), link)
 
 
+def _link_folder(source: Path, target: Path) -> None:
+    """Hard-link every file directly in ``source`` (not hidden: no temporary or digest file)
+    into a new folder ``target``."""
+    target.mkdir(parents=True)
+    for path in sorted(source.iterdir()) if source.is_dir() else []:
+        if path.is_file() and not path.name.startswith("."):
+            _link_or_copy(path, target / path.name)
+
+
+def _link_tables(source: Path, target: Path, fallback: Path | None = None) -> None:
+    """Hard-link everything a publication switches (:data:`PUBLISHED_NAMES`) from the folder
+    ``source`` (the draft, a snapshot) into a new folder ``target``. The tiles table and the
+    benchmark folder come from ``fallback`` where ``source`` has none (a snapshot taken before
+    they were part of one)."""
+    target.mkdir(parents=True)
+    for table in PUBLISHED_TABLES:
+        _link_table(source / table, target / table)
+    tiles = source / TILES_FILE
+    if not tiles.is_file() and fallback is not None:
+        tiles = fallback / TILES_FILE
+    if tiles.is_file():
+        _link_or_copy(tiles, target / TILES_FILE)
+    benchmark = source / BENCHMARK_DIR
+    if not benchmark.is_dir() and fallback is not None:
+        benchmark = fallback / BENCHMARK_DIR
+    if benchmark.is_dir():
+        _link_folder(benchmark, target / BENCHMARK_DIR)
+
+
 def snapshot_tables(release: Release) -> str:
     """Take a snapshot of the draft tables as they are now; return its id.
 
-    Every partition file is hard-linked into ``.snapshots/<id>/``: writers replace a draft
-    file by a new one, never rewrite it, so the snapshot keeps these bytes whatever the draft
-    becomes. The snapshot is laid out under a temporary name and renamed when complete.
+    Every partition file, the tiles table and the benchmark files are hard-linked into
+    ``.snapshots/<id>/``: writers replace a draft file by a new one, never rewrite it, so the
+    snapshot keeps these bytes whatever the draft becomes. The snapshot is laid out under a
+    temporary name and renamed when complete.
     """
     _adopt_unversioned_tables(release)
     now_us = time.time_ns() // 1000
@@ -486,8 +558,7 @@ def snapshot_tables(release: Release) -> str:
     tmp = owned_name(final)
     try:
         release.snapshots_dir.mkdir(parents=True, exist_ok=True)
-        for table in PUBLISHED_TABLES:
-            _link_table(release.draft_dir / table, tmp / table)
+        _link_tables(release.draft_dir, tmp)
         os.replace(tmp, final)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -551,25 +622,86 @@ def _replace_symlink(link: Path, target: Path) -> None:
 def publish_tables(release: Release, snapshot: str) -> None:
     """Make ``snapshot`` the published tables.
 
-    ``observations/`` and ``chip_index/`` in the release folder become hard-linked copies of
-    the snapshot's tables, each swapped in whole in one step; ``.published`` records which
-    snapshot they are. The database's views read the snapshot folder itself, which no later
-    build touches.
+    ``published/`` becomes a hard-linked copy of the snapshot (observations, chip index,
+    tiles table, benchmark folder), swapped in whole in one step: a reader of the folder sees
+    all the previous tables or all the new ones. ``.published`` records which snapshot they
+    are. The database's views read the snapshot folder itself, which no later build touches.
+    The tables of a release published before ``published/`` existed, in the release folder
+    itself, are removed once ``published/`` is in place.
     """
     folder = release.snapshots_dir / validate_snapshot_id(snapshot)
     if not folder.is_dir():
         raise CubeWriteError(f"no snapshot {snapshot} in {release.snapshots_dir}: rebuild")
-    for table in PUBLISHED_TABLES:
-        dest = release.root / table
-        tmp = owned_name(dest)
-        try:
-            remove_dead_leftovers(dest)
-            _link_table(folder / table, tmp)
-            _replace_dir_at_once(tmp, dest)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise CubeWriteError.writing(dest, exc) from exc
+    dest = release.published_dir
+    tmp = owned_name(dest)
+    try:
+        remove_dead_leftovers(dest)
+        _link_tables(folder, tmp, fallback=release.published_root)
+        _replace_dir_at_once(tmp, dest)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CubeWriteError.writing(dest, exc) from exc
     _replace_symlink(release.published_pointer, Path(release.snapshots_dir.name) / snapshot)
+    _remove_tables_of_the_old_layout(release)
+
+
+def _remove_tables_of_the_old_layout(release: Release) -> None:
+    """Delete the tables a release published into its own folder before ``published/``
+    existed (readers find ``published/`` first; open files keep their bytes)."""
+    for name in PUBLISHED_NAMES:
+        legacy = release.root / name
+        if legacy.is_dir() and not legacy.is_symlink():
+            shutil.rmtree(legacy, ignore_errors=True)
+        elif legacy.is_file() or legacy.is_symlink():
+            legacy.unlink(missing_ok=True)
+
+
+def build_database(release: Release) -> Path:
+    """The database a build's steps after the staged database read: the staged one until it
+    is published (what would be published), else the published one (a step run on its own)."""
+    staged = release.staged_duckdb_file
+    return staged if staged.exists() else release.duckdb_file
+
+
+def snapshot_table_path(release: Release, snapshot: str, name: str) -> Path:
+    """``name`` (:data:`TILES_FILE`, :data:`BENCHMARK_DIR`) in a snapshot; the published one
+    where the snapshot has none (taken before they were part of snapshots)."""
+    path = release.snapshots_dir / validate_snapshot_id(snapshot) / name
+    return path if path.exists() else release.published_root / name
+
+
+def build_tiles_file(release: Release) -> Path:
+    """The tiles table a build's later steps read: the one the :func:`build_database` reads."""
+    return snapshot_table_path(release, database_snapshot(build_database(release)), TILES_FILE)
+
+
+def stage_benchmark(release: Release) -> Path | None:
+    """Put the draft's benchmark folder into the snapshot the staged database reads, so that it
+    is published with the tables it was computed from; return that folder.
+
+    The snapshot is not published yet, and its old benchmark folder is swapped whole for new
+    hard links (no file is rewritten). None when no database is staged: the files wait in the
+    draft for the next build's snapshot.
+    """
+    staged = release.staged_duckdb_file
+    if not staged.exists():
+        return None
+    snapshot = database_snapshot(staged)
+    if snapshot == published_snapshot(release):
+        raise CubeWriteError(
+            f"the staged database {staged} reads the published snapshot {snapshot}: "
+            "materialise cube/staged_database again"
+        )
+    dest = release.snapshots_dir / snapshot / BENCHMARK_DIR
+    tmp = owned_name(dest)
+    try:
+        remove_dead_leftovers(dest)
+        _link_folder(release.draft_dir / BENCHMARK_DIR, tmp)
+        _replace_dir_at_once(tmp, dest)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CubeWriteError.writing(dest, exc) from exc
+    return dest
 
 
 def snapshot_time(snapshot: str) -> datetime:
@@ -652,15 +784,16 @@ def build_duckdb(
 
     Without ``snapshot``, a new one is taken of the draft (:func:`snapshot_tables`); its id is
     recorded in the ``release`` table. Building ``cube.duckdb`` itself publishes the snapshot
-    too; a database built elsewhere (the staged one) is published by
-    :func:`publish_database`. Views use absolute paths, so ``duckdb <release>/cube.duckdb``
-    works from any directory; after moving a release, rebuild it with ``citycube views``.
+    too (unless it is the published one already: ``citycube views`` changes no table); a
+    database built elsewhere (the staged one) is published by :func:`publish_database`. Views
+    use absolute paths, so ``duckdb <release>/cube.duckdb`` works from any directory; after
+    moving a release, rebuild it with ``citycube views``.
     """
     import duckdb
 
-    publishing = path is None or path == release.duckdb_file
     path = path or release.duckdb_file
     snapshot = validate_snapshot_id(snapshot) if snapshot else snapshot_tables(release)
+    publishing = path == release.duckdb_file and snapshot != published_snapshot(release)
     tables = (release.snapshots_dir / snapshot).resolve()
     metadata = {**metadata, SNAPSHOT_KEY: snapshot}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -668,7 +801,8 @@ def build_duckdb(
     try:
         con = duckdb.connect(str(tmp))
         try:
-            tiles = _sql_str(str(release.tiles_file.resolve()))
+            tiles_file = snapshot_table_path(release, snapshot, TILES_FILE)
+            tiles = _sql_str(str(tiles_file.resolve()))
             con.execute(f"CREATE VIEW tiles AS SELECT * FROM read_parquet({tiles})")
             _glob_view(con, "observations", tables / "observations", OBSERVATION_SCHEMA)
             _glob_view(con, "chip_index", tables / "chip_index", CHIP_INDEX_SCHEMA)
@@ -707,7 +841,8 @@ def build_duckdb(
             from citycube.pairs import modality_order
             from citycube.translation import create_views
 
-            create_views(con, release, modality_order(catalogue))  # those already written
+            benchmark = snapshot_table_path(release, snapshot, BENCHMARK_DIR)
+            create_views(con, benchmark, modality_order(catalogue))  # those already written
         finally:
             con.close()
         os.replace(tmp, path)
@@ -738,8 +873,8 @@ def publish_database(release: Release, metadata: Mapping[str, Any]) -> Path:
     """Publish the checked staged database and the snapshot of the tables it reads, and record
     the release metadata.
 
-    Each step is one rename: readers see the previous database or the new one, the previous
-    tables or the new ones, never a half-written file or a half-built city-year.
+    Each step is one rename: readers see the previous database or the new one, all the
+    previous tables or all the new ones, never a half-written file or a half-built city-year.
     """
     staged = release.staged_duckdb_file
     if not staged.exists():

@@ -71,7 +71,7 @@ def training_stats(
     """Ranges, means and majority classes of every target from the training split."""
     from citycube.translation import BenchmarkFiles, published_connection
 
-    files = BenchmarkFiles(release)
+    files = BenchmarkFiles.published(release)
     ranges: dict[tuple[str, str], tuple[float, float]] = {}
     log_ranges: dict[tuple[str, str], tuple[float, float]] = {}
     means: dict[str, np.ndarray] = {}
@@ -400,7 +400,7 @@ class NearestTilePredictor:
         from citycube.translation import BenchmarkFiles, published_connection
 
         self.catalogue = catalogue
-        files = BenchmarkFiles(release)
+        files = BenchmarkFiles.published(release)
         instances = pq.read_table(files.instances)
         train = instances.filter(pc.equal(instances["split"], "train"))
         self.loader = InstanceLoader(release, split="train", catalogue=catalogue, instances=train)

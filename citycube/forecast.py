@@ -834,15 +834,25 @@ def summary_markdown(scores: pa.Table) -> str:
 
 @dataclass(frozen=True)
 class ForecastFiles:
-    """Paths of the forecasting cases and their scores in one release."""
+    """Paths of the forecasting cases and their scores in one benchmark folder."""
 
-    release: Release
-    """The release they belong to."""
+    root: Path
+    """The folder: the draft's (:meth:`draft`), a snapshot's or the published one
+    (:meth:`published`)."""
 
-    @property
-    def root(self) -> Path:
-        """``<release>/benchmark``."""
-        return self.release.root / "benchmark"
+    @classmethod
+    def draft(cls, release: Release) -> ForecastFiles:
+        """Where a build writes them (no reader opens the draft)."""
+        from citycube.cube import BENCHMARK_DIR
+
+        return cls(release.draft_dir / BENCHMARK_DIR)
+
+    @classmethod
+    def published(cls, release: Release) -> ForecastFiles:
+        """The published ones (what readers see)."""
+        from citycube.cube import BENCHMARK_DIR
+
+        return cls(release.published_root / BENCHMARK_DIR)
 
     @property
     def cases(self) -> Path:
@@ -880,12 +890,13 @@ def _sha256(path: Path) -> str:
 def write_forecast_cases(
     release: Release, cases_per_target: Mapping[str, int] | None = None
 ) -> CaseSet:
-    """Cases, references, eligibility and manifest of the published cube's forecasting track."""
+    """Cases, references, eligibility and manifest of the forecasting track of the cube being
+    built, into the draft (published with the tables they come from)."""
     from citycube.cube import file_metadata, write_json_atomic, write_parquet_atomic
-    from citycube.translation import published_connection
+    from citycube.translation import build_connection
 
-    files = ForecastFiles(release)
-    with published_connection(release) as con:
+    files = ForecastFiles.draft(release)
+    with build_connection(release) as con:
         found = build_cases(con, cases_per_target)
     meta = file_metadata(release, **{"citycube:forecast_settings": json.dumps(found.settings)})
     write_parquet_atomic(found.cases, files.cases, meta)
@@ -949,11 +960,13 @@ def score_release(
     *,
     replicates: int = BOOTSTRAP_REPLICATES,
     seed: int = BOOTSTRAP_SEED,
+    files: ForecastFiles | None = None,
 ) -> pa.Table:
-    """The baselines (and ``predictions``: method -> case key -> value) on the release's cases."""
+    """The baselines (and ``predictions``: method -> case key -> value) on the release's cases
+    (the published ones, or those in ``files``)."""
     import pyarrow.parquet as pq
 
-    files = ForecastFiles(release)
+    files = files or ForecastFiles.published(release)
     cases = pq.read_table(files.cases)
     references = pq.read_table(files.references)
     methods = {**(predictions or {}), **baseline_predictions(cases)}
@@ -961,9 +974,10 @@ def score_release(
 
 
 def write_baseline_scores(release: Release) -> tuple[pa.Table, dict[str, Path]]:
-    """Score the two baselines on the release's cases and write them into the release."""
-    scores = score_release(release)
-    stem = ForecastFiles(release).scores("parquet").with_suffix("")
+    """Score the two baselines on the draft's cases and write them into the draft."""
+    files = ForecastFiles.draft(release)
+    scores = score_release(release, files=files)
+    stem = files.scores("parquet").with_suffix("")
     return scores, write_scores(scores, stem, release)
 
 
@@ -971,9 +985,10 @@ FORECAST_VIEWS = ("forecast_cases", "forecast_targets", "forecast_eligibility", 
 """The forecasting track's views in ``cube.duckdb`` (each once its file exists)."""
 
 
-def create_forecast_views(con: duckdb.DuckDBPyConnection, release: Release) -> list[str]:
-    """Views over the forecasting files present now; the names created."""
-    files = ForecastFiles(release)
+def create_forecast_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
+    """Views over the forecasting files present now in ``folder`` (a snapshot's benchmark
+    folder); the names created."""
+    files = ForecastFiles(folder)
     created = []
     for name, path in (
         ("forecast_cases", files.cases),

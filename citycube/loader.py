@@ -75,9 +75,9 @@ class InstanceLoader:
 
         self.release = release
         self.catalogue = catalogue or load_catalogue()
-        table = (
-            instances if instances is not None else pq.read_table(BenchmarkFiles(release).instances)
-        )
+        table = instances
+        if table is None:
+            table = pq.read_table(BenchmarkFiles.published(release).instances)
         if split is not None:
             table = table.filter(pc.equal(table["split"], split))
         self.instances = table

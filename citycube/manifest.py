@@ -5,8 +5,9 @@ written last, after the database and the reports, and ``verify_release`` recompu
 a flipped byte in any chunk, Parquet file, report or quick-look is caught, as is a file that
 went missing or appeared. The DuckDB database is left out on purpose: it holds only views over
 the Parquet and small tables (rebuilt by ``citycube views``), and a DuckDB client may rewrite
-its file on open. The Parquet tables are covered as published (``observations/`` and
-``chip_index/``); the draft a later build writes and the snapshots are not.
+its file on open. The tables are covered as published (``published/``: observations, chip
+index, tiles, benchmark; in the release folder itself for a release published before that
+folder existed); the draft a later build writes and the snapshots are not.
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ FINAL_FILE = "final.json"
 EXCLUDED_NAMES = frozenset({MANIFEST_FILE, FINAL_FILE, "cube.duckdb", "cube.duckdb.wal"})
 """Files of the release root that the manifest does not cover (see the module docstring)."""
 TIMESTAMPED_FILES = frozenset(
-    {"release.json", "croissant.json", "README.md", "benchmark/instances_manifest.json"}
+    {
+        "release.json",
+        "croissant.json",
+        "README.md",
+        "published/benchmark/instances_manifest.json",
+        "benchmark/instances_manifest.json",  # where releases published it before published/
+    }
 )
 """Files whose content records when the build ran (``built_at`` in release.json, quoted by the
 dataset card's Croissant file and data card, and in the instances manifest): a rebuild of the

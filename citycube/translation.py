@@ -1,9 +1,12 @@
 """The translation benchmark's files in a release, and their DuckDB views.
 
-Everything is computed from the *published* cube (the ``observations`` and ``chip_index``
-views of ``cube.duckdb``), so the benchmark follows whatever city-years the cube holds and
-picks up new ones each time it is rebuilt. Files live under ``<release>/benchmark/``; every
-file is written whole under a temporary name and moved into place.
+Everything is computed from the cube a build is about to publish (the ``observations`` and
+``chip_index`` views of the staged database, :func:`citycube.cube.build_database`), so the
+benchmark follows whatever city-years the cube holds and picks up new ones each time it is
+rebuilt. Files are written into the draft's ``benchmark/`` folder, each whole under a temporary
+name and moved into place, then added to the staged database's snapshot
+(:func:`stage_views`): they are published with the tables they were computed from, in the
+same step, under ``published/benchmark/``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from citycube.catalogue import Catalogue, Kind
-from citycube.cube import Release, file_metadata, write_json_atomic, write_parquet_atomic
+from citycube.cube import (
+    BENCHMARK_DIR,
+    Release,
+    build_database,
+    build_tiles_file,
+    file_metadata,
+    stage_benchmark,
+    write_json_atomic,
+    write_parquet_atomic,
+)
 from citycube.pairs import (
     modality_order,
     pair_index,
@@ -42,15 +54,21 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class BenchmarkFiles:
-    """Paths of the translation benchmark's files in one release."""
+    """Paths of the translation benchmark's files in one benchmark folder."""
 
-    release: Release
-    """The release they belong to."""
+    root: Path
+    """The folder: the draft's (:meth:`draft`), a snapshot's or the published one
+    (:meth:`published`)."""
 
-    @property
-    def root(self) -> Path:
-        """``<release>/benchmark``."""
-        return self.release.root / "benchmark"
+    @classmethod
+    def draft(cls, release: Release) -> BenchmarkFiles:
+        """Where a build writes them (no reader opens the draft)."""
+        return cls(release.draft_dir / BENCHMARK_DIR)
+
+    @classmethod
+    def published(cls, release: Release) -> BenchmarkFiles:
+        """The published ones (what readers see)."""
+        return cls(release.published_root / BENCHMARK_DIR)
 
     @property
     def pairs(self) -> Path:
@@ -114,10 +132,26 @@ def published_connection(release: Release) -> duckdb.DuckDBPyConnection:
     return duckdb.connect(str(release.duckdb_file), read_only=True)
 
 
+def build_connection(release: Release) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to the database a build is about to publish (the staged one;
+    the published one when a benchmark step runs on its own, outside a build)."""
+    import duckdb
+
+    from citycube.errors import CubeWriteError
+
+    path = build_database(release)
+    if not path.exists():
+        raise CubeWriteError(
+            f"no staged or published cube at {path}: materialise cube/staged_database first"
+        )
+    return duckdb.connect(str(path), read_only=True)
+
+
 def write_pair_index(release: Release, catalogue: Catalogue) -> dict[str, Any]:
-    """Pair index, Table 14 counts (Parquet, both forms) and heatmap of the published cube."""
-    files = BenchmarkFiles(release)
-    with published_connection(release) as con:
+    """Pair index, Table 14 counts (Parquet, both forms) and heatmap of the cube being built,
+    into the draft."""
+    files = BenchmarkFiles.draft(release)
+    with build_connection(release) as con:
         pairs = pair_index(con, catalogue)
     order = modality_order(catalogue)
     counts = route_counts(pairs["modality_mask"].to_numpy(), len(order))
@@ -145,11 +179,12 @@ SPLIT_COLUMNS = ("tile_id", "city", "scale", "parent_id")
 
 
 def write_splits(release: Release, seed: int = SPLIT_SEED) -> dict[str, Any]:
-    """Partition of every tile of the release's tiles table, by whole parent cells."""
+    """Partition of every tile of the tiles table being built, by whole parent cells, into
+    the draft."""
     from citycube.splits import cross_split_overlaps
 
     tiles = pq.read_table(
-        release.tiles_file,
+        build_tiles_file(release),
         columns=[*SPLIT_COLUMNS, "utm_xmin", "utm_ymin", "utm_xmax", "utm_ymax"],
     )
     splits = tile_splits(tiles, seed=seed)
@@ -161,7 +196,7 @@ def write_splits(release: Release, seed: int = SPLIT_SEED) -> dict[str, Any]:
             "citycube:split_shares": json.dumps(dict(SPLIT_SHARES)),
         },
     )
-    write_parquet_atomic(splits, BenchmarkFiles(release).splits, meta)
+    write_parquet_atomic(splits, BenchmarkFiles.draft(release).splits, meta)
     return {"seed": seed, "summary": split_summary(splits), "overlaps": overlaps}
 
 
@@ -286,12 +321,13 @@ def write_instances(
     total: int = DEFAULT_TOTAL,
     seed: int = SAMPLING_SEED,
 ) -> SampleResult:
-    """Sample instances from the pair index and splits; write them with their manifest."""
-    files = BenchmarkFiles(release)
+    """Sample instances from the draft's pair index and splits; write them with their
+    manifest into the draft."""
+    files = BenchmarkFiles.draft(release)
     pairs = pq.read_table(files.pairs)
     splits = pq.read_table(files.splits, columns=["tile_id", "split"])
     codes = categorical_codes(catalogue)
-    with published_connection(release) as con:
+    with build_connection(release) as con:
         flags = single_class_flags(release, con, codes)
     meta = file_metadata(release, **{"citycube:sampling_seed": str(seed)})
     write_parquet_atomic(flags, files.single_class, meta)
@@ -354,15 +390,14 @@ VIEW_NAMES = (
 """The benchmark's views in ``cube.duckdb`` (each once its file exists)."""
 
 
-def create_views(
-    con: duckdb.DuckDBPyConnection, release: Release, order: Iterable[str]
-) -> list[str]:
-    """Views over the benchmark files present now; the names created.
+def create_views(con: duckdb.DuckDBPyConnection, folder: Path, order: Iterable[str]) -> list[str]:
+    """Views over the benchmark files present now in ``folder`` (a snapshot's benchmark
+    folder); the names created.
 
     ``translation_routes`` expands the pair index to one row per key and directed route
     without storing them (tens of millions for the whole calendar).
     """
-    files = BenchmarkFiles(release)
+    files = BenchmarkFiles(folder)
     created = []
 
     def view(name: str, path: Path, sql: str | None = None) -> None:
@@ -392,23 +427,28 @@ def create_views(
     view("translation_instance_routes", files.instance_routes)
     from citycube.forecast import create_forecast_views
 
-    return created + create_forecast_views(con, release)
+    return created + create_forecast_views(con, folder)
 
 
-def publish_views(release: Release, catalogue: Catalogue) -> list[str]:
-    """Add the benchmark views to the published ``cube.duckdb``, replacing it in one rename.
+def stage_views(release: Release, catalogue: Catalogue) -> list[str]:
+    """Add the draft's benchmark files to the staged database's snapshot and their views to
+    the staged database (replaced in one rename); both are published with the tables.
 
-    The database holds only views and small tables, so a copy is cheap; readers see the
-    previous file or the new one, never a half-updated one.
+    The database holds only views and small tables, so a copy is cheap. Without a staged
+    database (a benchmark step run on its own) nothing is staged: the files wait in the draft
+    for the next build, and no view is created.
     """
     import duckdb
 
-    path = release.duckdb_file
+    folder = stage_benchmark(release)
+    if folder is None:
+        return []
+    path = release.staged_duckdb_file
     tmp = owned_name(path)
     try:
         shutil.copyfile(path, tmp)
         with duckdb.connect(str(tmp)) as con:
-            created = create_views(con, release, modality_order(catalogue))
+            created = create_views(con, folder, modality_order(catalogue))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -427,6 +467,6 @@ def summary_markdown(counts: np.ndarray, labels: list[str]) -> str:
 
 
 def manifest_summary(release: Release) -> Mapping[str, Any]:
-    """The instances manifest, if written."""
-    path = BenchmarkFiles(release).manifest
+    """The published instances manifest, if there is one."""
+    path = BenchmarkFiles.published(release).manifest
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}

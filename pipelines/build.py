@@ -889,7 +889,7 @@ def _forecast_line(release: Release) -> str:
 
     from citycube.forecast import ForecastFiles
 
-    files = ForecastFiles(release)
+    files = ForecastFiles.published(release)
     if not files.manifest.exists():
         return f"Forecasting cases: not built ({files.manifest} is missing)"
     manifest = json.loads(files.manifest.read_text(encoding="utf-8"))
@@ -907,14 +907,15 @@ def _benchmark_line(release: Release) -> str:
 
     manifest = manifest_summary(release)
     if not manifest:
-        return f"Translation benchmark: not built ({BenchmarkFiles(release).root} is empty)"
+        folder = BenchmarkFiles.published(release).root
+        return f"Translation benchmark: not built ({folder} is empty)"
     achieved = manifest["achieved"]
     counts = " / ".join(f"{achieved[s]:,}" for s in ("train", "val", "test"))
     asked = "" if manifest["complete"] else f" of {manifest['total']:,} asked for"
     return (
         f"Translation benchmark: {sum(achieved.values()):,} instances{asked} "
         f"(train / val / test {counts}), pair counts and splits in "
-        f"{BenchmarkFiles(release).root}"
+        f"{BenchmarkFiles.published(release).root}"
     )
 
 

@@ -233,7 +233,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from citycube.translation import BenchmarkFiles
 
     release = Release(Path(args.data).resolve(), args.release)
-    if not BenchmarkFiles(release).instances.exists():
+    if not BenchmarkFiles.published(release).instances.exists():
         print(f"no translation instances in {release.root}; run `make run` first", file=sys.stderr)
         return 2
     catalogue = load_catalogue()
@@ -308,7 +308,7 @@ def forecast_score(args: argparse.Namespace) -> int:
     )
 
     release = Release(Path(args.data).resolve(), args.release)
-    files = ForecastFiles(release)
+    files = ForecastFiles.published(release)
     if not files.references.exists():
         print(f"no forecasting cases in {release.root}; run `make run` first", file=sys.stderr)
         return 2

@@ -26,6 +26,9 @@ from pipelines.lifetime import follow_build_process
 from pipelines.resources import ComputeResource, default_cube_resource
 from pipelines.schedules import yearly_backfill
 
+BENCHMARK_KEYS = (PAIRS_KEY, SPLITS_KEY, INSTANCES_KEY, FORECAST_CASES_KEY, FORECAST_SCORES_KEY)
+"""The benchmark assets: computed from the staged cube and published with it."""
+
 
 def build_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
     """Every asset of the cube for a modality catalogue."""
@@ -33,13 +36,10 @@ def build_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         *build_source_assets(catalogue),
         *build_derived_assets(catalogue),
         *build_modality_assets(catalogue),
-        *build_cube_assets(catalogue),
+        *build_cube_assets(catalogue, publish_after=BENCHMARK_KEYS),
         *build_benchmark_assets(catalogue),
         *build_forecast_assets(),
-        *build_report_assets(
-            catalogue,
-            after=[PAIRS_KEY, SPLITS_KEY, INSTANCES_KEY, FORECAST_CASES_KEY, FORECAST_SCORES_KEY],
-        ),
+        *build_report_assets(catalogue, after=BENCHMARK_KEYS),
     ]
 
 

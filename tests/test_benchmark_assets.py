@@ -1,9 +1,9 @@
 """The benchmark assets materialised through Dagster on a small hand-made release.
 
 The release holds synthetic observations of Amsterdam for two years (every field of the 18
-modalities) and one land-cover chip store whose west half is a single class, published in a
-real ``cube.duckdb``. The assets then run as ``make run`` runs them, and their views, files
-and the instance loader are checked.
+modalities) and one land-cover chip store whose west half is a single class, in a staged
+``cube.duckdb``. The assets then run as ``make run`` runs them, between the staged database and
+its publication, and the published views, files and the instance loader are checked.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from citycube.cube import (
     CHIP_INDEX_SCHEMA,
     Release,
     build_duckdb,
+    publish_database,
     release_metadata,
     write_parquet_atomic,
     write_tiles,
@@ -90,7 +91,7 @@ def materialised(tmp_path_factory: pytest.TempPathFactory) -> Release:
     )
     _lc_store(release)
     meta = release_metadata(release, source_set="test", synthetic=True)
-    build_duckdb(release, CAT, meta)
+    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
     result = dg.materialize(
         build_benchmark_assets(CAT),
         resources={"cube": CubeResource(data_root=str(root / "data"), release_version="t")},
@@ -100,6 +101,7 @@ def materialised(tmp_path_factory: pytest.TempPathFactory) -> Release:
     assert result.success
     checks = result.get_asset_check_evaluations()
     assert [(c.check_name, c.passed) for c in checks] == [("no_cross_split_overlap", True)]
+    publish_database(release, meta)
     return release
 
 
@@ -138,7 +140,7 @@ def test_views_are_queryable_in_the_published_database(materialised: Release) ->
 def test_files_and_manifest(materialised: Release) -> None:
     import json
 
-    files = BenchmarkFiles(materialised)
+    files = BenchmarkFiles.published(materialised)
     table14 = pq.read_table(files.route_counts)
     assert table14.num_rows == 18 and "H&F" in table14.column_names
     assert files.heatmap.read_bytes()[:4] == b"\x89PNG"
@@ -159,7 +161,7 @@ def test_single_class_chips_are_sampled_less(materialised: Release) -> None:
             JOIN read_parquet(?) s ON s.tile_id = i.tile_id AND s.year = i.year
             WHERE s.modality = 'LC'
             """,
-            [str(BenchmarkFiles(materialised).single_class)],
+            [str(BenchmarkFiles.published(materialised).single_class)],
         ).fetchone()
     kept, overall = share
     assert overall is not None and 0 < overall < 1

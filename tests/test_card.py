@@ -64,7 +64,7 @@ def test_mlcroissant_validates_and_reads_the_observations_and_tiles(release: Rel
     dataset = mlc.Dataset(jsonld=card_paths(release)["croissant"])
     assert dataset.metadata.version == "0.2.0"
     records = list(dataset.records("observations"))
-    table = pq.read_table(release.root / "observations", partitioning=None).to_pylist()
+    table = pq.read_table(release.published_root / "observations", partitioning=None).to_pylist()
     assert len(records) == len(table) == 2 * (140 + 12)
     flipped = [
         r

@@ -45,7 +45,7 @@ def _wait_for(build: subprocess.Popen[str], marker: str, lines: list[str]) -> No
 
 
 def _observation_years(data: Path) -> set[int]:
-    files = (data / "releases").glob(f"*/observations/city={CITY}/year=*/*.parquet")
+    files = (data / "releases").glob(f"*/published/observations/city={CITY}/year=*/*.parquet")
     return {int(path.parent.name.removeprefix("year=")) for path in files}
 
 

@@ -46,10 +46,10 @@ def test_a_changed_source_reports_every_changed_value_and_the_largest_change(
     diff = diff_releases(data_root, "v1", "v3")
     assert diff.changed == ((CITY, YEAR, "NTL"),) and diff.unchanged == 1
     (ntl,) = diff.fields
+    published = data_root / "releases/v1/published/observations/city=Amsterdam/year=2020"
     with duckdb.connect() as con:
         values = con.execute(
-            "SELECT count(value), max(value) FROM read_parquet(?)",
-            [str(data_root / "releases/v1/observations/city=Amsterdam/year=2020/NTL.parquet")],
+            "SELECT count(value), max(value) FROM read_parquet(?)", [str(published / "NTL.parquet")]
         ).fetchone()
     assert ntl.changed_values == values[0] == 152  # every tile has light, and all of it doubled
     assert ntl.max_abs_change == pytest.approx(values[1], rel=1e-5)  # doubled: Δ = the value

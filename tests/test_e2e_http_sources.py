@@ -296,7 +296,7 @@ def test_a_product_failing_past_its_retries_fails_its_partition_only(
 ) -> None:
     database: Path = first_build["database"]
     published = hashlib.sha256(database.read_bytes()).hexdigest()
-    observations = first_build["release"] / "observations" / f"city={CITY}"
+    observations = first_build["release"] / "published" / "observations" / f"city={CITY}"
     before = {p: p.stat().st_mtime_ns for p in observations.rglob("*.parquet")}
 
     done = _build(root, str(FAILING_YEAR))

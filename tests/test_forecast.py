@@ -21,7 +21,14 @@ import pytest
 
 from benchmark_assets import build_forecast_assets
 from citycube.catalogue import load_catalogue
-from citycube.cube import OBSERVATION_SCHEMA, Release, build_duckdb, release_metadata, write_tiles
+from citycube.cube import (
+    OBSERVATION_SCHEMA,
+    Release,
+    build_duckdb,
+    publish_database,
+    release_metadata,
+    write_tiles,
+)
 from citycube.forecast import (
     CASE_SCHEMA,
     ORIGINS,
@@ -113,7 +120,7 @@ def _rows(city_index: int, city: str, year: int) -> dict[str, list[dict]]:
 
 
 def make_cube(root: Path) -> Release:
-    """Write and publish the hand-made observations."""
+    """Write the hand-made observations and stage a database over them."""
     release = Release(root / "data", "t")
     write_tiles(release)
     for ci, city in enumerate(CITIES):
@@ -122,7 +129,8 @@ def make_cube(root: Path) -> Release:
                 path = release.observations_file(city, year, code)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 pq.write_table(pa.Table.from_pylist(rows, schema=OBSERVATION_SCHEMA), path)
-    build_duckdb(release, CAT, release_metadata(release, source_set="test", synthetic=True))
+    meta = release_metadata(release, source_set="test", synthetic=True)
+    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
     return release
 
 
@@ -150,11 +158,12 @@ def cube(tmp_path_factory: pytest.TempPathFactory) -> Release:
         },
     )
     assert result.success
+    publish_database(release, release_metadata(release, source_set="test", synthetic=True))
     return release
 
 
 def _tables(release: Release) -> tuple[pa.Table, pa.Table, pa.Table]:
-    files = ForecastFiles(release)
+    files = ForecastFiles.published(release)
     return (
         pq.read_table(files.cases),
         pq.read_table(files.references),
@@ -252,7 +261,7 @@ def test_case_ids_counts_and_round_robin(cube: Release) -> None:
     assert [per_city[("carbon", c)] for c in CITIES] == [4, 4, 4]
     # property asks for more than exists: every eligible tile, 9 per record city
     assert per_city[("property", "Boston")] == per_city[("property", "London")] == 9
-    manifest = json.loads(ForecastFiles(cube).manifest.read_text(encoding="utf-8"))
+    manifest = json.loads(ForecastFiles.published(cube).manifest.read_text(encoding="utf-8"))
     assert manifest["requested"] == ASKED
     assert manifest["achieved"] == {"lst": 50, "carbon": 60, "property": 90}
     assert manifest["complete"] is False
@@ -281,15 +290,16 @@ def test_selection_rules() -> None:
 
 
 def test_cases_are_deterministic(cube: Release, tmp_path: Path) -> None:
-    files = ForecastFiles(cube)
-    before = {p: p.read_bytes() for p in (files.cases, files.references, files.eligibility)}
-    write_forecast_cases(cube, ASKED)
-    assert {p: p.read_bytes() for p in before} == before
+    published, draft = ForecastFiles.published(cube), ForecastFiles.draft(cube)
+    names = ("cases", "references", "eligibility")
+    before = {n: getattr(published, n).read_bytes() for n in names}
+    write_forecast_cases(cube, ASKED)  # outside a build: from the published cube, into the draft
+    assert {n: getattr(draft, n).read_bytes() for n in names} == before
 
 
 def test_baselines_scored_by_hand(cube: Release) -> None:
     cases, references, _ = _tables(cube)
-    scores = pq.read_table(ForecastFiles(cube).scores("parquet")).to_pylist()
+    scores = pq.read_table(ForecastFiles.published(cube).scores("parquet")).to_pylist()
     at = {(r["target"], r["group"], r["method"], r["metric"]): r for r in scores}
     history = dict(zip(cases["case_key"].to_pylist(), cases["history"].to_pylist(), strict=True))
     lst = [r for r in references.to_pylist() if r["target"] == "lst"]
@@ -352,7 +362,7 @@ def test_scorer_cli_is_reproducible(cube: Release, tmp_path: Path) -> None:
     mine = {(r["target"], r["group"], r["metric"]): r for r in scores if r["method"] == "mine"}
     assert mine[("property", "all", "mape")]["value"] == pytest.approx(1.0)
     # the baselines are the same as the asset's (same seed, same replicates)
-    asset = pq.read_table(ForecastFiles(cube).scores("parquet"))
+    asset = pq.read_table(ForecastFiles.published(cube).scores("parquet"))
     cli = pq.read_table(tmp_path / "a" / "forecast_mine.parquet")
     base = [r for r in cli.to_pylist() if r["method"] != "mine"]
     assert base == asset.to_pylist()

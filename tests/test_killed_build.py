@@ -154,7 +154,7 @@ def _expected_rows(code: str) -> int:
 
 def _assert_readers_see_only_whole_partitions(release: Release) -> None:
     """Every file a reader finds under its real name is whole; DuckDB, if published, reads."""
-    for path in release.root.glob("observations/city=*/year=*/*.parquet"):
+    for path in release.published_root.glob("observations/city=*/year=*/*.parquet"):
         table = pq.read_table(path, page_checksum_verification=True)
         assert table.num_rows == _expected_rows(path.stem), path
     for path in release.root.glob("derived/*/*/*.parquet"):

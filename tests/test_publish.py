@@ -80,8 +80,7 @@ def _stage_and_publish(release: Release) -> None:
 def _published_digests(release: Release) -> dict[str, str]:
     return {
         path.relative_to(release.root).as_posix(): file_sha256(path)
-        for table in ("observations", "chip_index")
-        for path in sorted((release.root / table).rglob("*.parquet"))
+        for path in sorted(release.published_root.rglob("*.parquet"))
     }
 
 
@@ -133,10 +132,11 @@ def test_the_manifest_and_verify_cover_the_published_tables_not_the_draft(
     _rebuild_draft(release, add=5.0)  # a draft differs from the published release …
     assert verify_release(release).ok  # … and the release is still the one published
     names = {p.relative_to(release.root).as_posix() for p in release.root.rglob("*.parquet")}
-    assert f"observations/city={CITY}/year={YEAR}/NTL.parquet" in names
+    assert f"published/observations/city={CITY}/year={YEAR}/NTL.parquet" in names
+    assert "published/tiles.parquet" in names
     _stage_and_publish(release)
     changed = set(verify_release(release).changed) - TIMESTAMPED_FILES
-    assert changed == {f"observations/city={CITY}/year={YEAR}/NTL.parquet"}
+    assert changed == {f"published/observations/city={CITY}/year={YEAR}/NTL.parquet"}
     write_manifest(release, release_metadata(release, source_set="t", synthetic=True), CAT)
     assert verify_release(release).ok
 

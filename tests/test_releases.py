@@ -67,7 +67,7 @@ def test_a_truncated_file_shows_in_the_listing_without_hashing(tmp_path: Path) -
     path.write_bytes(path.read_bytes()[:-10])
     (summary,) = list_releases(tmp_path)
     assert summary.manifest == "differs"
-    changed = "changed observations/city=Amsterdam/year=2020/NTL.parquet"
+    changed = "changed published/observations/city=Amsterdam/year=2020/NTL.parquet"
     assert summary.manifest_problems == (changed,)
 
 
