@@ -310,7 +310,8 @@ def test_the_release_is_verified_against_its_manifest(release_dir: Path, tmp_pat
     manifest = read_manifest(release)
     names = set(manifest["files"])
     assert "release.json" in names and any(n.startswith("chips/") for n in names)
-    assert any(n.startswith("observations/") for n in names)
+    assert any(n.startswith("published/observations/") for n in names)
+    assert "published/tiles.parquet" in names and "published/benchmark/splits.parquet" in names
     assert any(n.startswith("reports/") for n in names)
     assert verify_release(release).ok
 
