@@ -122,7 +122,8 @@ def test_a_second_build_of_a_release_or_an_instance_is_refused(
     err = capsys.readouterr().err
     assert "[CC305]" in err and "is in use by another build: citycube build of release r1" in err
     assert "Wait for it to end" in err and "Traceback" not in err
-    assert not (data / "releases" / "r1" / "observations").exists()
+    assert not (data / "releases" / "r1" / "published").exists()
+    assert not (data / "releases" / "r1" / ".draft").exists()
 
 
 def test_the_next_build_closes_what_a_killed_build_left_open(tmp_path: Path) -> None:
