@@ -35,6 +35,7 @@ import asyncio
 import hashlib
 import json
 import math
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -102,14 +103,19 @@ def icechunk_session(path: Path, ref: str | None = None) -> icechunk.Session:
 
 def open_icechunk_chips(path: Path, ref: str | None = None) -> xr.Dataset:
     """:func:`citycube.chips.open_chips` for an icechunk store: lazy, not dask-backed."""
-    return xr.open_zarr(
-        icechunk_session(path, ref).store,
-        chunks=None,
-        zarr_format=3,
-        consolidated=False,
-        decode_coords="all",
-        mask_and_scale=False,
-    )
+    try:
+        return xr.open_zarr(
+            icechunk_session(path, ref).store,
+            chunks=None,
+            zarr_format=3,
+            consolidated=False,
+            decode_coords="all",
+            mask_and_scale=False,
+        )
+    except zarr.errors.GroupNotFoundError as exc:  # a repository whose write never committed
+        raise ChipsNotFoundError(
+            f"the chip store {path} has no committed chips; rebuild its partition"
+        ) from exc
 
 
 class IcechunkChipWriter(ChipStoreWriter):
@@ -135,6 +141,10 @@ class IcechunkChipWriter(ChipStoreWriter):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[tuple[str, bytes | None]] = []
         """Keys to set (bytes) or delete (None), sent to icechunk together by ``_flush``."""
+        self._new_repository = False
+        """True when the store did not exist: its repository is made in the temp sibling and
+        renamed into place after its first commit, so a killed first write leaves no
+        repository without a commit under the real name."""
         self.snapshot_id: str | None = None
         """The commit this writer made (after ``commit``)."""
 
@@ -148,7 +158,11 @@ class IcechunkChipWriter(ChipStoreWriter):
         return self._session.store._store  # icechunk's store: bytes in, no Buffer wrapping
 
     def _begin_store(self) -> None:
-        repo = icechunk.Repository.open_or_create(_storage(self.path))
+        self._new_repository = not self.path.is_dir()
+        if self._new_repository:
+            repo = icechunk.Repository.create(_storage(self._tmp_path))
+        else:
+            repo = icechunk.Repository.open(_storage(self.path))
         self._session = repo.writable_session(DRAFT_BRANCH)
         self._loop = asyncio.new_event_loop()
         store = self._raw_store
@@ -237,13 +251,20 @@ class IcechunkChipWriter(ChipStoreWriter):
                     k: v for k, v in self.attrs.items() if isinstance(v, str | int | float | bool)
                 },
             )
-        except icechunk.IcechunkError as exc:
+            if self._new_repository:  # the first commit: the repository comes into view
+                self._tmp_path.rename(self.path)
+        except (icechunk.IcechunkError, OSError) as exc:
             raise CubeWriteError.writing(self.path, exc) from exc
         self._committed = True
         remove_other_formats(self.path)
 
     def _discard(self) -> None:
-        """Drop the session (uncommitted blocks stay unreferenced) and the event loop."""
+        """Drop the session (uncommitted blocks stay unreferenced) and the event loop.
+
+        A repository made for a first write and never renamed into place is deleted whole.
+        """
+        if self._new_repository and not self._committed:
+            shutil.rmtree(self._tmp_path, ignore_errors=True)
         self._session = None
         self._zarr_group = None
         self._arrays = {}
