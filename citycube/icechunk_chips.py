@@ -35,6 +35,7 @@ import asyncio
 import hashlib
 import json
 import math
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -102,14 +103,19 @@ def icechunk_session(path: Path, ref: str | None = None) -> icechunk.Session:
 
 def open_icechunk_chips(path: Path, ref: str | None = None) -> xr.Dataset:
     """:func:`citycube.chips.open_chips` for an icechunk store: lazy, not dask-backed."""
-    return xr.open_zarr(
-        icechunk_session(path, ref).store,
-        chunks=None,
-        zarr_format=3,
-        consolidated=False,
-        decode_coords="all",
-        mask_and_scale=False,
-    )
+    try:
+        return xr.open_zarr(
+            icechunk_session(path, ref).store,
+            chunks=None,
+            zarr_format=3,
+            consolidated=False,
+            decode_coords="all",
+            mask_and_scale=False,
+        )
+    except zarr.errors.GroupNotFoundError as exc:  # a repository whose write never committed
+        raise ChipsNotFoundError(
+            f"the chip store {path} has no committed chips; rebuild its partition"
+        ) from exc
 
 
 class IcechunkChipWriter(ChipStoreWriter):
@@ -133,6 +139,12 @@ class IcechunkChipWriter(ChipStoreWriter):
         super().__init__(path, pixel_grid, band_names, dtype, fill_value, attrs)
         self._session: icechunk.Session | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[tuple[str, bytes | None]] = []
+        """Keys to set (bytes) or delete (None), sent to icechunk together by ``_flush``."""
+        self._new_repository = False
+        """True when the store did not exist: its repository is made in the temp sibling and
+        renamed into place after its first commit, so a killed first write leaves no
+        repository without a commit under the real name."""
         self.snapshot_id: str | None = None
         """The commit this writer made (after ``commit``)."""
 
@@ -146,7 +158,11 @@ class IcechunkChipWriter(ChipStoreWriter):
         return self._session.store._store  # icechunk's store: bytes in, no Buffer wrapping
 
     def _begin_store(self) -> None:
-        repo = icechunk.Repository.open_or_create(_storage(self.path))
+        self._new_repository = not self.path.is_dir()
+        if self._new_repository:
+            repo = icechunk.Repository.create(_storage(self._tmp_path))
+        else:
+            repo = icechunk.Repository.open(_storage(self.path))
         self._session = repo.writable_session(DRAFT_BRANCH)
         self._loop = asyncio.new_event_loop()
         store = self._raw_store
@@ -162,25 +178,61 @@ class IcechunkChipWriter(ChipStoreWriter):
     def _put_key(self, key: str, payload: bytes) -> None:
         if key.endswith("zarr.json") and b"NaN" in payload:
             payload = _strict_json(payload)
-        store = self._raw_store
-
-        async def put() -> None:  # icechunk's calls need a running loop when made
-            await store.set(key, bytes(payload))
-
-        self._run(put())
+        self._pending.append((key, bytes(payload)))
 
     def _drop_key(self, key: str) -> None:
+        self._pending.append((key, None))
+
+    def _flush(self) -> None:
+        """Send the pending sets and deletes to icechunk in one pass of the event loop.
+
+        One loop pass per key cost more than the chunks' compression (each waits for
+        icechunk's own threads). Documents go first and in order (a node's parent before it),
+        then the chunks together: a block's chunk keys are distinct.
+        """
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
         store = self._raw_store
 
-        async def drop() -> None:
-            if await store.exists(key):
+        async def apply(key: str, payload: bytes | None) -> None:
+            if payload is not None:
+                await store.set(key, payload)
+            elif await store.exists(key):
                 await store.delete(key)
 
-        self._run(drop())
+        async def apply_all() -> None:  # icechunk's calls need a running loop when made
+            documents = [(k, v) for k, v in pending if k.endswith("zarr.json")]
+            chunks = [(k, v) for k, v in pending if not k.endswith("zarr.json")]
+            for key, payload in documents:  # in order: a node's parent before the node
+                await apply(key, payload)
+            if len({key for key, _ in chunks}) == len(chunks):
+                await asyncio.gather(*(apply(key, payload) for key, payload in chunks))
+            else:  # the same key twice: keep the order
+                for key, payload in chunks:
+                    await apply(key, payload)
+
+        self._run(apply_all())
+
+    def _write_template(self) -> None:
+        super()._write_template()
+        self._flush()
+
+    def write_rows(self, row_start: int, values: Any, valid: Any, *, col_start: int = 0) -> None:
+        try:
+            super().write_rows(row_start, values, valid, col_start=col_start)
+        finally:
+            try:
+                self._flush()
+            except Exception as exc:
+                raise CubeWriteError(
+                    f"writing rows from {row_start} of {self.path} failed: {exc}"
+                ) from exc
 
     def _group(self) -> zarr.Group:
         if self._zarr_group is None:
             assert self._session is not None
+            self._flush()
             self._zarr_group = zarr.open_group(self._session.store, mode="r+", zarr_format=3)
         return self._zarr_group
 
@@ -192,22 +244,31 @@ class IcechunkChipWriter(ChipStoreWriter):
             raise RuntimeError("nothing to commit: the writer was never entered")
         self._check_covered()
         try:
+            self._flush()
             self.snapshot_id = self._session.commit(
                 f"chips {'/'.join(self.path.parts[-3:])}",
                 metadata={
                     k: v for k, v in self.attrs.items() if isinstance(v, str | int | float | bool)
                 },
             )
-        except icechunk.IcechunkError as exc:
+            if self._new_repository:  # the first commit: the repository comes into view
+                self._tmp_path.rename(self.path)
+        except (icechunk.IcechunkError, OSError) as exc:
             raise CubeWriteError.writing(self.path, exc) from exc
         self._committed = True
         remove_other_formats(self.path)
 
     def _discard(self) -> None:
-        """Drop the session (uncommitted blocks stay unreferenced) and the event loop."""
+        """Drop the session (uncommitted blocks stay unreferenced) and the event loop.
+
+        A repository made for a first write and never renamed into place is deleted whole.
+        """
+        if self._new_repository and not self._committed:
+            shutil.rmtree(self._tmp_path, ignore_errors=True)
         self._session = None
         self._zarr_group = None
         self._arrays = {}
+        self._pending = []
         if self._loop is not None:
             self._loop.close()
             self._loop = None

@@ -73,14 +73,23 @@ def _workers_arg(text: str) -> int:
     return workers
 
 
-def _minutes_arg(text: str) -> float:
+def _non_negative(text: str, what: str) -> float:
+    """``text`` as a finite number, 0 or more; else an argparse error naming ``what``."""
     try:
-        minutes = float(text)
+        amount = float(text)
     except ValueError:
-        minutes = -1.0
-    if not minutes >= 0 or minutes == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes (0 or more)")
-    return minutes
+        amount = -1.0
+    if not amount >= 0 or amount == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what} (0 or more)")
+    return amount
+
+
+def _minutes_arg(text: str) -> float:
+    return _non_negative(text, "a number of minutes")
+
+
+def _amount_arg(text: str) -> float:
+    return _non_negative(text, "a number")
 
 
 def _data_arg(text: str) -> str:
@@ -431,6 +440,22 @@ def gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def prune_cache(args: argparse.Namespace) -> int:
+    """Delete the STAC family's least recently used cached windows, masks and chunks."""
+    from sources.stac.adapter import STAC_STATE_DIR
+    from sources.stac.pruning import prune_caches
+
+    state = Path(args.data).resolve() / "sources" / STAC_STATE_DIR
+    report = prune_caches(
+        state,
+        max_bytes=None if args.max_gb is None else int(args.max_gb * 1e9),
+        older_than_s=None if args.older_than_days is None else args.older_than_days * 86400.0,
+        dry_run=args.dry_run,
+    )
+    print(f"{state}: {report.summary()}")
+    return 0
+
+
 def diff(args: argparse.Namespace) -> int:
     """Compare two releases' published observations; exit 0 when identical, 1 when not."""
     from citycube.diff import diff_releases, diff_text
@@ -645,6 +670,29 @@ def parser() -> argparse.ArgumentParser:
         help="keep what is younger, for readers still on a recent commit (default 60; 0: all)",
     )
     gcp.set_defaults(func=gc)
+    pc = sub.add_parser(
+        "prune-cache",
+        help="delete the least recently used fetched windows, masks and chunks (STAC sources)",
+        description=(
+            "The STAC sources keep every Landsat band window, clear mask and Zarr chunk they "
+            "fetch under <data root>/sources/.stac (qa/, windows/, zarr/), so reruns download "
+            "nothing again. This deletes the entries not used for --older-than-days, then the "
+            "least recently used ones until the rest fit in --max-gb; a deleted entry is only "
+            "fetched again when a build needs it. Entries a running fetch holds are left alone; "
+            "installed source items and search records are never touched. Without options it "
+            "reports the caches' size. The source-set option cache_max_gb prunes after every "
+            "fetch instead."
+        ),
+    )
+    pc.add_argument("--max-gb", type=_amount_arg, metavar="GB", help="size to prune down to")
+    pc.add_argument(
+        "--older-than-days",
+        type=_amount_arg,
+        metavar="DAYS",
+        help="delete every entry not used for this long",
+    )
+    pc.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
+    pc.set_defaults(func=prune_cache)
     df = sub.add_parser(
         "diff",
         help="what changed between two releases: partitions and field values; exit 1 if any",

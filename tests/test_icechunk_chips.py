@@ -145,6 +145,40 @@ def test_a_failed_or_killed_write_leaves_the_last_commit(tmp_path: Path) -> None
     np.testing.assert_array_equal(_stored(store)[0], _expected(7)[0])
 
 
+def test_a_first_write_that_fails_or_is_killed_leaves_no_store(tmp_path: Path) -> None:
+    store = tmp_path / "new.icechunk"
+    with (
+        pytest.raises(CubeWriteError, match="never written"),
+        chip_writer(store, GRID, BANDS, np.uint8, 0, {}) as w,
+    ):
+        w.write_block(0, 0, *(a[..., :100, :100] for a in _values(5)))
+    assert not any(tmp_path.iterdir())  # neither the store nor its temp sibling
+    script = textwrap.dedent(
+        f"""
+        import os
+        from pathlib import Path
+        from citycube.chips import ChipStoreWriter
+        from tests.test_icechunk_chips import _write
+
+        original = ChipStoreWriter.write_block
+        def write_then_die(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            os._exit(9)
+        ChipStoreWriter.write_block = write_then_die
+        _write(Path({str(store)!r}), 7)
+        """
+    )
+    root = Path(__file__).resolve().parents[1]
+    assert subprocess.run([sys.executable, "-c", script], cwd=root, check=False).returncode == 9
+    assert not store.exists()  # a reader finds no store, not one without chips
+    with pytest.raises(FileNotFoundError, match="no chip store"):
+        open_chips(store)
+    _write(store, 7)  # the next write removes the dead write's temp repository and commits
+    assert [p.name for p in tmp_path.iterdir()] == [store.name]
+    assert commit_count(store) == 2
+    np.testing.assert_array_equal(_stored(store)[0], _expected(7)[0])
+
+
 def _write_three_times(path: str) -> int:
     for seed in (11, 12, 13):
         _write(Path(path), seed)

@@ -38,6 +38,7 @@ from sources.downloads import host_slot
 from sources.stac.clearmasks import ClearMaskCache
 from sources.stac.grids import TargetGrid
 from sources.stac.options import StacFamilyOptions
+from sources.stac.pruning import prune_caches
 from sources.stac.reading import (
     AssetRead,
     Block,
@@ -366,6 +367,17 @@ class StacSource(SourceProduct):
             self.identity(city, source_year),
             lambda staging: self.recipe(context, staging),
         )
+        if self.options.cache_max_gb is not None:
+            # After the install: this fetch's entries are the newest, so they go last.
+            report = prune_caches(state, max_bytes=int(self.options.cache_max_gb * 1e9))
+            if report.removed or report.skipped_locked:
+                log.info(
+                    "%s %s %s: caches pruned: %s",
+                    self.product_id,
+                    city,
+                    source_year,
+                    report.summary(),
+                )
         return self.installed_source_item(installed, city, source_year)
 
     def _check_year(self, city: str, source_year: int | None) -> None:

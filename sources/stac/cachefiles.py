@@ -77,7 +77,16 @@ def read(path: Path, key: Mapping[str, Any]) -> tuple[dict[str, Any], memoryview
     checked = _checked(data, key)
     if checked is None:
         discard(path)
+    else:
+        touch(path)
     return checked
+
+
+def touch(path: Path) -> None:
+    """Mark an entry as just used (every load does), so pruning the caches keeps it longest
+    (``sources.stac.pruning``)."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
 
 
 def discard(path: Path) -> None:

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
+from sources.stac import cachefiles
+
 MASK_VERSION = "clear-mask-1"
 """Bump when what a mask holds changes (masking rules, reader)."""
 
@@ -68,8 +70,10 @@ class ClearMaskCache:
         self, city: str, year: int, scene_id: str, key: Mapping[str, Any]
     ) -> np.ndarray | None:
         """The kept mask; None when absent or unreadable."""
-        mask = _load(self.path(city, year, scene_id, key))
+        path = self.path(city, year, scene_id, key)
+        mask = _load(path)
         if mask is not None:
+            cachefiles.touch(path)
             with self._lock:
                 self.hits += 1
         return mask

@@ -92,6 +92,15 @@ class StacFamilyOptions(BaseModel):
         "and years sharing a chunk download it once.",
     )
 
+    cache_max_gb: float | None = Field(
+        None,
+        ge=0,
+        description="After each fetch, delete the least recently used entries of those caches "
+        "(and of the clear masks) until they hold at most this many GB; a deleted entry is "
+        "only read from the source again when needed. Unset: keep everything (prune by hand "
+        "with `citycube prune-cache`).",
+    )
+
     @model_validator(mode="after")
     def _waits(self) -> Self:
         if self.retry_wait_max_s < self.retry_wait_initial_s:
