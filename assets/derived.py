@@ -36,7 +36,7 @@ def _preview(metadata: dict) -> dict:
         return {}
     from PIL import Image
 
-    from citycube.render import png_data_uri
+    from citycube.thumbnails import png_data_uri
 
     with Image.open(metadata["quicklook"]) as image:
         uri = png_data_uri(image, THUMBNAIL_PX)

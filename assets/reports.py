@@ -48,8 +48,8 @@ def build_report_assets(
         import pandas as pd
         from PIL import Image
 
-        from citycube.render import png_data_uri
         from citycube.report import write_report
+        from citycube.thumbnails import png_data_uri
 
         release = cube.release()
         paths = write_report(release, catalogue)

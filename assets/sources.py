@@ -9,6 +9,7 @@ import hashlib
 from collections.abc import Iterator
 
 import dagster as dg
+from dagster._core.errors import DagsterExecutionInterruptedError
 
 from assets.common import (
     SINGLE_RUN,
@@ -95,6 +96,20 @@ def build_sources_asset(
         can_subset=True,
     )
     def _sources(
+        context: dg.AssetExecutionContext, cube: CubeResource, compute: ComputeResource
+    ) -> Iterator[dg.MaterializeResult]:
+        try:
+            yield from _fetch(context, cube, compute)
+        except (DagsterExecutionInterruptedError, KeyboardInterrupt) as stopped:
+            # Dagster's retry policy retries an interrupted step too, and a build's runs are
+            # interrupted only when Dagster terminates them (a stop request): retried, the step
+            # would fetch on and its run go on to process, as if no one had asked it to stop.
+            raise dg.Failure(
+                description=f"{context.op_def.name}: interrupted (its run is being terminated)",
+                allow_retries=False,
+            ) from stopped
+
+    def _fetch(
         context: dg.AssetExecutionContext, cube: CubeResource, compute: ComputeResource
     ) -> Iterator[dg.MaterializeResult]:
         sources, release = cube.sources_for_tasks(), cube.release()

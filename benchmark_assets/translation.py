@@ -48,7 +48,7 @@ def build_benchmark_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         """Directed source → target routes each (city, scale, tile, year) offers (Table 14)."""
         from PIL import Image
 
-        from citycube.render import png_data_uri
+        from citycube.thumbnails import png_data_uri
         from citycube.translation import (
             BenchmarkFiles,
             stage_views,

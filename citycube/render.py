@@ -17,8 +17,6 @@ never modifies the input arrays; released values stay in physical units.
 
 from __future__ import annotations
 
-import base64
-import io
 import math
 import os
 import re
@@ -36,6 +34,7 @@ from citycube.cube import Release
 from citycube.errors import ChipsNotFoundError, SpecError, UnknownTileError
 from citycube.grids import PixelGrid, city_grid, pixel_grid
 from citycube.temporal import check_year
+from citycube.thumbnails import png_data_uri
 
 __all__ = [
     "GRID_LINE_RGBA",
@@ -187,21 +186,6 @@ def _save_atomic(image: Image.Image, path: Path) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
-
-
-def png_data_uri(image: np.ndarray | Image.Image, max_px: int = 160) -> str:
-    """A small PNG thumbnail as a ``data:`` URI, for markdown in Dagster metadata.
-
-    Downsampling is nearest-neighbour so categorical colours are never blended.
-    """
-    img = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
-    scale = max(img.width, img.height) / max_px
-    if scale > 1:
-        size = (max(1, round(img.width / scale)), max(1, round(img.height / scale)))
-        img = img.resize(size, Image.Resampling.NEAREST)
-    buffer = io.BytesIO()
-    img.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def legend_key(catalogue: Catalogue, name: str) -> str:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import dagster as dg
 import duckdb
 import pytest
 
@@ -49,44 +50,39 @@ def _observation_years(data: Path) -> set[int]:
     return {int(path.parent.name.removeprefix("year=")) for path in files}
 
 
-def _probe(tmp_path: Path, code: str) -> list[str]:
-    """Lines printed by ``code`` run against the build's instance in a fresh interpreter."""
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")}
-    done = subprocess.run(
-        [sys.executable, "-c", "import dagster as dg\ni = dg.DagsterInstance.get()\n" + code],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip().splitlines()
+def _instance(tmp_path: Path) -> dg.DagsterInstance:
+    """The build's Dagster instance, opened read-back in this process (no build is running)."""
+    from dagster._core.instance.ref import InstanceRef
+
+    return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(tmp_path / "dagster_home")))
 
 
 def _instance_state(tmp_path: Path) -> tuple[list[str], int]:
     """Backfill statuses and runs still recorded as running."""
-    statuses, running = _probe(
-        tmp_path,
-        "s = [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING,\n"
-        "     dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.CANCELING]\n"
-        "print(','.join(b.status.value for b in i.get_backfills()))\n"
-        "print(len(i.get_runs(filters=dg.RunsFilter(statuses=s))))\n",
-    )[-2:]
-    return statuses.split(","), int(running)
+    unfinished = [
+        dg.DagsterRunStatus.STARTED,
+        dg.DagsterRunStatus.STARTING,
+        dg.DagsterRunStatus.QUEUED,
+        dg.DagsterRunStatus.CANCELING,
+    ]
+    with _instance(tmp_path) as instance:
+        statuses = [b.status.value for b in instance.get_backfills()]
+        running = len(instance.get_runs(filters=dg.RunsFilter(statuses=unfinished)))
+    return statuses, running
 
 
 def _run_priorities(tmp_path: Path) -> list[tuple[str, bool]]:
     """(dagster/priority tag, whether it holds city × year assets) of the newest backfill's runs."""
-    rows = _probe(
-        tmp_path,
-        "from pipelines.build import _per_city_year_assets\n"
-        "keys = _per_city_year_assets()\n"
-        "newest = i.get_backfills()[0].backfill_id\n"
-        "for r in i.get_runs(filters=dg.RunsFilter(tags={'dagster/backfill': newest})):\n"
-        "    mine = any(k in keys for k in (r.asset_selection or ()))\n"
-        "    print(r.tags.get('dagster/priority', '0'), mine)\n",
-    )
-    return [(priority, mine == "True") for priority, mine in (row.split() for row in rows)]
+    from pipelines.build import _per_city_year_assets
+
+    keys = _per_city_year_assets()
+    with _instance(tmp_path) as instance:
+        newest = instance.get_backfills()[0].backfill_id
+        runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/backfill": newest}))
+    return [
+        (run.tags.get("dagster/priority", "0"), any(k in keys for k in run.asset_selection or ()))
+        for run in runs
+    ]
 
 
 def test_stop_requests_then_a_rerun_builds_everything(tmp_path: Path) -> None:

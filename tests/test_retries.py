@@ -87,3 +87,16 @@ def test_only_transient_fetch_errors_are_retried(
     else:
         (failure,) = [e for e in result.all_events if e.is_step_failure]
         assert "Amsterdam|2020" in failure.event_specific_data.error.message
+
+
+def test_a_fetch_step_interrupted_by_its_runs_termination_is_not_retried(tmp_path: Path) -> None:
+    """Dagster's retry policy would retry an interrupted step; a build's source step is
+    interrupted only when Dagster terminates its run, so it fails at once instead."""
+    from dagster._core.errors import DagsterExecutionInterruptedError
+
+    result = _materialize(tmp_path, DagsterExecutionInterruptedError(), failures=1)
+    assert _retries(result) == 0
+    assert result.success is False
+    assert (tmp_path / "calls").read_text() == "1"  # fetched once, never again
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert "interrupted" in failure.event_specific_data.error.message
