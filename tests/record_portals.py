@@ -245,3 +245,22 @@ def esri_polygon(ring_lonlat: list[tuple[float, float]]) -> dict[str, Any]:
     if ring[0] != ring[-1]:
         ring.append(ring[0])
     return {"rings": [[list(p) for p in ring]]}
+
+
+def wb_rows(indicator: str, series: dict[str, dict[int, float | None]]) -> list[dict[str, Any]]:
+    """World Bank API v2 rows of one indicator: country ISO3 -> year -> value (None: not
+    published), newest year first as the API lists them."""
+    return [
+        {
+            "indicator": {"id": indicator, "value": indicator},
+            "country": {"id": iso3[:2], "value": iso3},
+            "countryiso3code": iso3,
+            "date": str(year),
+            "value": value,
+            "unit": "",
+            "obs_status": "",
+            "decimal": 1,
+        }
+        for iso3, years in series.items()
+        for year, value in sorted(years.items(), reverse=True)
+    ]

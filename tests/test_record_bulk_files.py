@@ -7,54 +7,26 @@ nothing installed."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import geopandas as gpd
 import pytest
 import shapely
 import yaml
-from openpyxl import Workbook
-from pyproj import Transformer
 
 from citycube.errors import SourceReadError
-from citycube.grids import city_grid
 from citycube.records import place_records, tile_values
 from citycube.staging import COMPLETE_MARKER
 from sources.records import records_adapters
 from tests.glc_globfp_fixtures import zip_of
+from tests.record_files import CityTiles, b_record, dat_file, workbook_bytes
 from tests.record_portals import RecordPortals
 
 CITY = "Sydney"
-EPSG = 32756
-GRID = city_grid(CITY, "2km")
-TO_LONLAT = Transformer.from_crs(EPSG, 4326, always_xy=True)
-
-
-def tile_box(row: int, col: int) -> tuple[float, float, float, float]:
-    """UTM bounds of a 2 km tile of Sydney's grid."""
-    x0 = GRID.x_min + col * 2000.0
-    y1 = GRID.y_max - row * 2000.0
-    return x0, y1 - 2000.0, x0 + 2000.0, y1
-
-
-def centre_lonlat(row: int, col: int) -> tuple[float, float]:
-    x0, y0, x1, y1 = tile_box(row, col)
-    lon, lat = TO_LONLAT.transform((x0 + x1) / 2, (y0 + y1) / 2)
-    return float(lon), float(lat)
-
-
-def index(row: int, col: int) -> int:
-    return row * GRID.n_cols + col
-
-
-def polygons_geojson(named: dict[str, shapely.Polygon], key: str) -> bytes:
-    frame = gpd.GeoDataFrame(
-        {key: list(named)}, geometry=[shapely.segmentize(p, 50) for p in named.values()], crs=EPSG
-    )
-    return frame.to_crs(4326).to_json().encode()
+SYDNEY = CityTiles(CITY)
+GRID = SYDNEY.grid
+EPSG = GRID.epsg
 
 
 def write_specs(path: Path, *entries: dict[str, Any]) -> Path:
@@ -82,30 +54,6 @@ def portals() -> Iterator[RecordPortals]:
 
 
 # ------------------------------------------------------------------ NSW property sales (.DAT)
-
-
-def b_record(
-    property_id: int, counter: int, lodged: str, postcode: str, contract: str, price: str
-) -> str:
-    """A current-format B record (24 fields and the trailing ';'), dealing AA<property id>."""
-    fields = ["B", "001", str(property_id), str(counter), f"{lodged} 01:07", "", "", "1"]
-    fields += ["MAIN ST", "SYDNEY", postcode, "450", "M", contract, contract, price, "R2", "R"]
-    fields += ["RESIDENCE", "", "", "", "", f"AA{property_id}"]
-    return ";".join(fields) + ";"
-
-
-def dat_file(lodged: str, *lines: str) -> bytes:
-    """A weekly file: A header, the lines (each B followed by its C and D records), Z trailer."""
-    out = [f"A;RTSALEDATA;001;{lodged} 01:07;VALNET;"]
-    for line in lines:
-        out.append(line)
-        if line.startswith("B;") and len(line.split(";")) > 20:
-            pid = line.split(";")[2]
-            out.append(f"C;001;{pid};1;{lodged} 01:07;1/DP{pid};")
-            out.append(f"D;001;{pid};1;{lodged} 01:07;P;;;;;;")
-            out.append(f"D;001;{pid};1;{lodged} 01:07;V;;;;;;")
-    out.append(f"Z;{len(out) + 1};{sum(line.startswith('B;') for line in lines)};")
-    return ("\r\n".join(out) + "\r\n").encode()
 
 
 POSTCODES = {"2000": (5, 5), "2010": (5, 6)}
@@ -148,14 +96,11 @@ def serve_psi(portals: RecordPortals) -> None:
         }
     )
     table = "postcode,locality,long,lat\n" + "".join(
-        f"{code},X,{centre_lonlat(*tile)[0]},{centre_lonlat(*tile)[1]}\n"
+        f"{code},X,{SYDNEY.centre_lonlat(*tile)[0]},{SYDNEY.centre_lonlat(*tile)[1]}\n"
         for code, tile in POSTCODES.items()
     )
     portals.files["australian_postcodes.csv"] = table.encode()
-    x0, y0, _, _ = tile_box(7, 4)
-    _, _, x1, y1 = tile_box(4, 7)
-    coverage = gpd.GeoDataFrame(geometry=[shapely.segmentize(shapely.box(x0, y0, x1, y1), 50)])
-    portals.files["coverage.geojson"] = coverage.set_crs(EPSG).to_crs(4326).to_json().encode()
+    portals.files["coverage.geojson"] = SYDNEY.block_geojson(range(4, 8), range(4, 8))
 
 
 def psi_spec(portals: RecordPortals) -> dict[str, Any]:
@@ -206,10 +151,10 @@ def test_psi_archives_give_the_hand_computed_tile_means_and_count_what_they_leav
     assert placed.ingest.unmatched == 1 and placed.ingest.unmatched_examples == ("2999",)
     assert placed.ingest.used == 4
     tiles = tile_values(placed, GRID, total=False)
-    assert tiles.value[index(5, 5)] == pytest.approx((1_000_000 + 1_600_000) / 2)
-    assert tiles.value[index(5, 6)] == pytest.approx((800_000 + 900_000) / 2)
-    assert tiles.support[index(5, 5)] == pytest.approx(1.0, abs=1e-4)
-    assert tiles.support[index(0, 0)] == 0.0  # outside the declared coverage
+    assert tiles.value[SYDNEY.index(5, 5)] == pytest.approx((1_000_000 + 1_600_000) / 2)
+    assert tiles.value[SYDNEY.index(5, 6)] == pytest.approx((800_000 + 900_000) / 2)
+    assert tiles.support[SYDNEY.index(5, 5)] == pytest.approx(1.0, abs=1e-4)
+    assert tiles.support[SYDNEY.index(0, 0)] == 0.0  # outside the declared coverage
 
 
 def test_a_later_archive_not_yet_published_is_named_not_fatal(
@@ -221,7 +166,7 @@ def test_a_later_archive_not_yet_published_is_named_not_fatal(
     assert item.extra["psi_archives"] == "2021.zip"
     assert item.extra["psi_archives_missing"] == "2022.zip (404)"
     tiles = tile_values(place_records(item, EPSG, 2021), GRID, total=False)
-    assert tiles.value[index(5, 6)] == pytest.approx(1_200_000)
+    assert tiles.value[SYDNEY.index(5, 6)] == pytest.approx(1_200_000)
 
 
 def test_a_truncated_psi_archive_names_source_city_year_and_file_and_installs_nothing(
@@ -250,34 +195,6 @@ def test_a_truncated_psi_archive_names_source_city_year_and_file_and_installs_no
 UNITS = {"E01000001": (6, 6), "E01000002": (6, 7)}
 
 
-def workbook_bytes(sheets: dict[str, tuple[int, list[list[Any]]]]) -> bytes:
-    """An xlsx with, per sheet, notes down to the header row, the header (names broken over
-    lines as the publisher prints them), the rows, a blank row and a footnote."""
-    book = Workbook()
-    book.remove(book.active)
-    for name, (header_row, rows) in sheets.items():
-        sheet = book.create_sheet(name)
-        sheet.append([f"LSOA domestic electricity consumption, {name}"])
-        for note in range(header_row - 2):
-            sheet.append([f"Note {note + 1}: figures are not weather corrected"])
-        sheet.append(
-            [
-                "Local authority code",
-                "LSOA code",
-                "Number\nof meters\n",
-                "Total \nconsumption\n(kWh)",
-                "Mean \nconsumption\n(kWh per meter)",
-            ]
-        )
-        for row in rows:
-            sheet.append(row)
-        sheet.append([])
-        sheet.append(["Source: loopback statistics"])
-    buffer = io.BytesIO()
-    book.save(buffer)
-    return buffer.getvalue()
-
-
 def serve_xlsx(portals: RecordPortals) -> None:
     rows_2020 = [
         ["E09000001", "E01000001", 1000, 4_000_000.0, 4000.0],
@@ -288,12 +205,12 @@ def serve_xlsx(portals: RecordPortals) -> None:
     portals.files["LSOA_domestic_elec_2010-2020.xlsx"] = workbook_bytes(
         {"2019": (5, rows_2019), "2020": (7, rows_2020)}
     )
-    x0, y0, x1, y1 = tile_box(6, 6)
+    x0, y0, x1, y1 = SYDNEY.box(6, 6)
     units = {
         "E01000001": shapely.box(x0, y0, x1, y1),
         "E01000002": shapely.box(x1, y0, x1 + 2000.0, y0 + 1000.0),  # south half of r6c7
     }
-    portals.files["lsoa.geojson"] = polygons_geojson(units, "LSOA21CD")
+    portals.files["lsoa.geojson"] = SYDNEY.polygons_geojson(units, "LSOA21CD")
 
 
 def xlsx_spec(portals: RecordPortals) -> dict[str, Any]:
@@ -323,15 +240,16 @@ def test_xlsx_sheet_of_the_year_is_apportioned_to_tiles_by_hand(
     placed = place_records(item, EPSG, 2020)
     assert placed.ingest is not None and placed.ingest.unmatched == 1
     tiles = tile_values(placed, GRID, total=True)
-    assert tiles.value[index(6, 6)] == pytest.approx(4_000_000 / 4.0)  # kWh per nominal km²
-    assert tiles.value[index(6, 7)] == pytest.approx(1_000_000 / 4.0)
-    assert tiles.support[index(6, 7)] == pytest.approx(0.5, abs=1e-4)
-    assert tiles.support[index(0, 0)] == 0.0
+    # kWh per nominal km²
+    assert tiles.value[SYDNEY.index(6, 6)] == pytest.approx(4_000_000 / 4.0)
+    assert tiles.value[SYDNEY.index(6, 7)] == pytest.approx(1_000_000 / 4.0)
+    assert tiles.support[SYDNEY.index(6, 7)] == pytest.approx(0.5, abs=1e-4)
+    assert tiles.support[SYDNEY.index(0, 0)] == 0.0
 
     earlier = electricity.fetch(CITY, 2019, tmp_path / "sources")
     assert earlier.extra["header_row"] == "5"
     tiles = tile_values(place_records(earlier, EPSG, 2019), GRID, total=True)
-    assert tiles.value[index(6, 6)] == pytest.approx(3_600_000 / 4.0)
+    assert tiles.value[SYDNEY.index(6, 6)] == pytest.approx(3_600_000 / 4.0)
     workbook = [s for s in portals.seen if s.path.endswith(".xlsx")]
     assert len(workbook) == 1  # one download serves every year
 

@@ -26,7 +26,7 @@ from citycube.grids import city_grid
 from citycube.money import ppp_2017_factor
 from citycube.records import place_records, tile_values
 from sources.records import records_adapters
-from tests.record_portals import Fault, Layer, RecordPortals, esri_polygon
+from tests.record_portals import Fault, Layer, RecordPortals, esri_polygon, wb_rows
 
 CITY = "Boston"
 EPSG = 32619
@@ -418,23 +418,6 @@ def test_json_api_pages_by_offset_and_apportions_admin_units(
 
 
 # ---------------------------------------------------------------------------- World Bank
-
-
-def wb_rows(indicator: str, series: dict[str, dict[int, float | None]]) -> list[dict[str, Any]]:
-    return [
-        {
-            "indicator": {"id": indicator, "value": indicator},
-            "country": {"id": iso3[:2], "value": iso3},
-            "countryiso3code": iso3,
-            "date": str(year),
-            "value": value,
-            "unit": "",
-            "obs_status": "",
-            "decimal": 1,
-        }
-        for iso3, years in series.items()
-        for year, value in sorted(years.items(), reverse=True)
-    ]
 
 
 def test_world_bank_series_are_paged_merged_and_convert_by_hand(
