@@ -1,11 +1,13 @@
-"""`citycube build` killed with SIGKILL at random moments, then built again, twice.
+"""`citycube build` killed with SIGKILL at random points of its writes, then built again, twice.
 
 One scenario, in order (Amsterdam 2024 with two dask workers: about 60 partition writes of
 sources, derived results, chips and observations, then the cube):
 
-1. the driver's whole process group is killed at a random moment; then the driver alone
-   (as the OOM killer would), at a later random moment. After each kill no process of the
-   build survives a short grace period, and every partition a reader can see is whole;
+1. the driver's whole process group is killed at a random point among the first twenty
+   partition writes; then the driver alone (as the OOM killer would), at a random point among
+   the next twenty (counted on disk, moments within a write drawn too). After each kill no
+   process of the build survives a short grace period, and every partition a reader can see
+   is whole;
 2. the same command completes: the earlier builds' runs and backfills left open are closed
    (failed or canceled, none STARTED), the cube checks pass and ``citycube verify`` too;
 3. a derived result and a source file are damaged, and the same command is run again while
@@ -15,7 +17,7 @@ sources, derived results, chips and observations, then the cube):
    chip store is compared by its content, as its file names are random).
 
 This is the suite's slowest test: four builds, two of them complete. On this project's
-two-core machine shared with other work it took 300 s at a load of 7–10 and 467 s at 15–20.
+two-core machine it took 117–129 s alone and 300 s at a load of 7–10, 467 s at 15–20.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from citycube.catalogue import load_catalogue
-from citycube.chips import open_chips
+from citycube.chips import ICECHUNK_SUFFIX, open_chips
 from citycube.cities import SCALES
 from citycube.cube import Release
 from citycube.grids import city_grid
@@ -126,9 +128,30 @@ def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
-def _kill_and_check_nothing_survives(build: Build, delay: float, whole_group: bool) -> None:
+def partition_writes(release: Release) -> int:
+    """Partitions written whole so far: source items, derived results, chip stores and
+    observation partitions (each under its real name only once whole)."""
+    whole = (
+        *release.data_root.glob("sources/*/*/*/_complete.json"),
+        *release.root.glob("derived/*/*/*.parquet"),
+        *release.root.glob(f"chips/*/*/*{ICECHUNK_SUFFIX}"),
+        *release.draft_dir.glob("observations/city=*/year=*/*.parquet"),
+    )
+    return len(whole)
+
+
+def _kill_and_check_nothing_survives(
+    build: Build, release: Release, after_writes: int, within_s: float, whole_group: bool
+) -> int:
+    """Kill the build ``within_s`` seconds after its ``after_writes``-th partition write
+    (counted on disk, earlier builds' included); the writes done when it was killed."""
     driver = build.driver()
-    time.sleep(delay)
+    deadline = time.monotonic() + 300
+    while partition_writes(release) < after_writes:
+        assert build.process.poll() is None, f"the build ended first:\n{build.output}"
+        assert time.monotonic() < deadline, f"no {after_writes} writes:\n{build.output}"
+        time.sleep(0.05)
+    time.sleep(within_s)
     tree = [driver, *driver.children(recursive=True)]
     assert len(tree) > 1, f"the build had not started its processes:\n{build.output}"
     if whole_group:
@@ -145,6 +168,7 @@ def _kill_and_check_nothing_survives(build: Build, delay: float, whole_group: bo
         process.kill()
     described = [" ".join(p.cmdline())[:120] for p in survivors if p.is_running()]
     assert not survivors, f"processes outlived the killed build: {described}"
+    return partition_writes(release)
 
 
 def _expected_rows(code: str) -> int:
@@ -191,16 +215,26 @@ def test_killed_builds_leave_no_process_nor_partial_partition_and_reruns_agree(
     rng = random.Random(SEED)
     release = Release(tmp_path / "data", RELEASE)
 
-    # 1. Two kills at random moments: the whole group early, the driver alone later.
-    for whole_group, (earliest, latest) in ((True, (2.0, 15.0)), (False, (15.0, 35.0))):
+    # 1. Two kills at random points of the build's partition writes: the whole group among
+    # the first twenty, then the driver alone among the next twenty (of about sixty).
+    written = 0
+    for whole_group in (True, False):
         build = Build(tmp_path, "home", str(YEAR))
-        _kill_and_check_nothing_survives(build, rng.uniform(earliest, latest), whole_group)
+        after = written + rng.randint(1, 20)
+        written = _kill_and_check_nothing_survives(
+            build, release, after, rng.uniform(0.0, 1.0), whole_group
+        )
         _assert_readers_see_only_whole_partitions(release)
+        assert written >= after
+        print(f"killed {'the group' if whole_group else 'the driver'} at {written} writes")
 
     # 2. The same command completes and closes what the killed builds left open.
     build = Build(tmp_path, "home", str(YEAR))
     assert build.finish() == 0, build.output
     assert "check unique_keys: PASS" in build.output
+    total = partition_writes(release)
+    print(f"the complete build: {total} writes")
+    assert total > 40  # both kill points fell inside the build's writes
     assert verify_release(release).ok
     with _instance(tmp_path, "home") as instance:
         runs = instance.get_runs()
