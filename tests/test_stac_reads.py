@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -350,3 +351,52 @@ def test_reads_overlap_up_to_the_per_host_limit(stac_world, monkeypatch, tmp_pat
             read_workers=workers,
         )
         assert state["most"] == min(per_host, workers), (per_host, workers, state)
+
+
+# ---- the DEM's tile windows -------------------------------------------------------------------
+
+
+def _dem_tiles(world: StacWorld) -> list[str]:
+    """File names of the DEM tiles the world serves, in the order the mosaic reads them (by id)."""
+    return [
+        world.items[item_id]["assets"]["data"]["href"].rsplit("/", 1)[1]
+        for item_id in sorted(world.items)
+        if world.items[item_id].get("collection") == "cop-dem-glo-30"
+    ]
+
+
+def _fetch_dem(world: StacWorld, dest: Path, **overrides: Any) -> tuple[np.ndarray, list[str]]:
+    """The DEM mosaic fetched for the city, and the tile files requested while doing it."""
+    start = len(world.log_lines())
+    item = _adapters(world, **overrides)["cop_dem_glo30"].fetch(CITY, None, dest)
+    with rasterio.open(item.href("data")) as src:
+        mosaic = src.read()
+    tiles = set(_dem_tiles(world))
+    return mosaic, sorted(_files(world.log_lines()[start:]) & tiles)
+
+
+def test_the_dem_keeps_its_tile_windows_so_a_retry_or_rerun_reads_no_tile_again(
+    stac_world: StacWorld, tmp_path: Path
+) -> None:
+    """The second tile fails: the retry reads only that tile; with the item removed, a rerun
+    reads no tile at all; the mosaic is the one a fetch keeping nothing writes."""
+    reference, read_uncached = _fetch_dem(stac_world, tmp_path / "plain", cache_reads=False)
+    tiles = _dem_tiles(stac_world)
+    assert len(tiles) == 2 and read_uncached == sorted(tiles)
+    stac_world.set_faults([{"match": tiles[1], "status": 500}])
+    try:
+        with pytest.raises(SourceFetchError) as caught:
+            _fetch_dem(stac_world, tmp_path / "cached", retry_attempts=1)
+    finally:
+        stac_world.set_faults([])
+    assert "cop_dem_glo30" in str(caught.value)
+    mosaic, read = _fetch_dem(stac_world, tmp_path / "cached")
+    assert read == [tiles[1]]
+    np.testing.assert_array_equal(mosaic, reference)
+    kept = sorted((tmp_path / "cached" / ".stac" / "windows" / CITY / "static").glob("*.win"))
+    assert len(kept) == 2 and all(_whole(path) for path in kept)
+    for item_dir in (tmp_path / "cached" / "cop_dem_glo30").iterdir():
+        shutil.rmtree(item_dir)
+    again, read_again = _fetch_dem(stac_world, tmp_path / "cached")
+    assert read_again == []
+    np.testing.assert_array_equal(again, reference)

@@ -2,8 +2,10 @@
 
 The mosaic stays on the tiles' own geographic lattice (EPSG:4326, pixel centres on whole
 arc-seconds, as the sample twin writes it), so tile pixels are copied, not resampled; only
-each tile's part inside the window is read. GLO-30 publishes no tile over open sea: pixels that
-no tile covers stay nodata (unavailable), and so do the product's own voids.
+each tile's part inside the window is read, and kept in the family's window cache (under the
+city's ``static/`` folder), so a fetch retried after a failure at a later tile, or rerun after
+the item was removed, reads no tile window again. GLO-30 publishes no tile over open sea: pixels
+that no tile covers stay nodata (unavailable), and so do the product's own voids.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ from affine import Affine
 from citycube.errors import SourceReadError, SourceUnavailableError
 from citycube.staging import StagedFiles
 from sources.stac.adapter import FetchContext
-from sources.stac.grids import city_bbox_wgs84, geographic_grid
-from sources.stac.reading import CorruptAssetError, gdal_env, vsicurl
+from sources.stac.grids import TargetGrid, city_bbox_wgs84, geographic_grid
+from sources.stac.reading import AssetRead, CorruptAssetError, gdal_env, vsicurl
 from sources.stac.retrying import TransientError, is_transient_gdal_message
 from sources.stac.search import SearchRequest
+from sources.stac.windows import window_key
 from sources.stac.writing import PROVENANCE_FILE, Layer, write_cog, write_provenance
+
+STATIC_PERIOD = "static"
+"""The window cache's folder for a static product's tiles."""
 
 
 def tile_lattice(ctx: FetchContext, item: pystac.Item, asset_key: str) -> Affine:
@@ -57,6 +63,21 @@ def tile_lattice(ctx: FetchContext, item: pystac.Item, asset_key: str) -> Affine
         ) from None
 
 
+def read_tile(
+    ctx: FetchContext, tile: pystac.Item, asset: str, grid: TargetGrid, nodata: float
+) -> AssetRead:
+    """A tile's window on the mosaic grid: from the window cache when kept and whole, else read
+    (with the retry policy) and kept; straight from the source when the family keeps nothing."""
+
+    def read() -> AssetRead:
+        return ctx.read(tile, asset, grid, fill=nodata, nodata=nodata)
+
+    if ctx.windows is None:
+        return read()
+    key = window_key(tile, asset, grid, nodata, nodata)
+    return ctx.windows.get(ctx.city, STATIC_PERIOD, tile.id, asset, key, read)
+
+
 def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
     """Search the tiles over the city window, paste their windows, write the mosaic."""
     spec = ctx.spec
@@ -80,7 +101,7 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
     mosaic = np.full(grid.shape, nodata, dtype=np.float32)
     used = []
     for tile in tiles:
-        read = ctx.read(tile, band.asset, grid, fill=float(nodata), nodata=float(nodata))
+        read = read_tile(ctx, tile, band.asset, grid, float(nodata))
         values = read.values.astype(np.float32)
         take = read.covered & (mosaic == nodata) & (values != nodata) & np.isfinite(values)
         mosaic[take] = values[take]

@@ -48,7 +48,7 @@ from sources.stac.grids import TargetGrid, city_bbox_wgs84, landsat_grid
 from sources.stac.reading import AssetRead, Block, grid_blocks
 from sources.stac.records import unsigned
 from sources.stac.search import SearchRequest, cloud_cover, year_interval
-from sources.stac.windows import WindowCache
+from sources.stac.windows import WindowCache, grid_key, window_key
 from sources.stac.writing import PROVENANCE_FILE, Layer, write_cog, write_provenance
 
 QA_NODATA = pixels.QA_FILL
@@ -114,15 +114,6 @@ def block_stores(ctx: FetchContext) -> Iterator[BlockStores]:
         )
 
 
-def _grid_key(grid: TargetGrid) -> dict[str, Any]:
-    """What identifies the target grid in a cache key."""
-    return {
-        "crs": grid.crs.to_wkt(),
-        "transform": [float(v) for v in tuple(grid.transform)[:6]],
-        "shape": [int(v) for v in grid.shape],
-    }
-
-
 def _mask_key(ctx: FetchContext, item: pystac.Item, grid: TargetGrid) -> dict[str, Any]:
     """What a scene's clear mask on the grid depends on (a block's adds the block)."""
     qa_spec = ctx.spec.qa
@@ -131,24 +122,8 @@ def _mask_key(ctx: FetchContext, item: pystac.Item, grid: TargetGrid) -> dict[st
     return {
         "scene": item.id,
         "qa_href": None if asset is None else unsigned(asset.href),
-        **_grid_key(grid),
+        **grid_key(grid),
         "invalid_mask": qa_spec.mask,
-    }
-
-
-def _window_key(
-    item: pystac.Item, asset_key: str, grid: TargetGrid, fill: float, nodata: float | None
-) -> dict[str, Any]:
-    """What a scene's band window on the grid depends on (a block's adds the block)."""
-    asset = item.assets.get(asset_key)
-    return {
-        "scene": item.id,
-        "asset": asset_key,
-        "href": None if asset is None else unsigned(asset.href),
-        **_grid_key(grid),
-        "band": 1,
-        "fill": float(fill),
-        "nodata": None if nodata is None else float(nodata),
     }
 
 
@@ -214,7 +189,7 @@ def _read_windows(
 ) -> None:
     """Read one band of the scene for these blocks and keep each block."""
     fill, nodata = _band_read(ctx)
-    key = _window_key(item, asset_key, grid, fill, nodata)
+    key = window_key(item, asset_key, grid, fill, nodata)
 
     def keep(block: Block, read: AssetRead) -> None:
         windows.save(ctx.city, _year(ctx), item.id, asset_key, _in_block(key, block), read)
@@ -245,7 +220,7 @@ def keep_scene_blocks(
     fill, nodata = _band_read(ctx)
     for band in ctx.spec.bands:
         asset_key = band.asset_for(platform)
-        key = _window_key(item, asset_key, grid, fill, nodata)
+        key = window_key(item, asset_key, grid, fill, nodata)
         with windows.lock(city, year, item.id, asset_key, key):
             missing = [
                 b
@@ -281,7 +256,7 @@ def _window_block(
     """A block of one band window: loaded, or read again when its file was damaged or removed
     since it was kept."""
     fill, nodata = _band_read(ctx)
-    key = _in_block(_window_key(item, asset_key, grid, fill, nodata), block)
+    key = _in_block(window_key(item, asset_key, grid, fill, nodata), block)
     for _ in range(2):
         window = stores.windows.load(ctx.city, _year(ctx), item.id, asset_key, key)
         if window is not None:

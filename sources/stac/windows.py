@@ -1,10 +1,11 @@
-"""Band windows on disk, so a Landsat scene's band is read once per city grid, whoever needs it.
+"""Band windows on disk, so a scene's or tile's band is read once per city grid, whoever needs it.
 
 OPT reads red, green and blue; NDVI reads red and nir08; HEAT reads the thermal band. Each is a
 product of its own (own adapter, own Dagster step, maybe its own process), so without a cache
 the red window of every scene is downloaded twice, and a fetch that fails at scene k and is
 retried downloads every window of the scenes before k again. Here the first read of a window
-keeps it under ``<data root>/sources/.stac/windows/<city>/<year>/``; later reads load it.
+keeps it under ``<data root>/sources/.stac/windows/<city>/<year>/`` (``static/`` for a static
+product's tiles, such as the DEM's); later reads load it.
 
 A window is keyed by everything its pixels depend on: the scene id, the asset key and its
 unsigned href (never a token), the target grid (CRS, transform, shape), the band, the fill and
@@ -25,16 +26,49 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pystac
 from filelock import FileLock
 from numcodecs import Blosc
 
 from sources.stac import cachefiles
+from sources.stac.grids import TargetGrid
 from sources.stac.reading import AssetRead
+from sources.stac.records import unsigned
 
 WINDOW_VERSION = "band-window-1"
 """Bump when what a window holds changes (reader, warping rules)."""
 _CODEC = Blosc(cname="zstd", clevel=3, shuffle=Blosc.SHUFFLE)
 """Compression of the values (zstd over shuffled bytes: compact and quick on 16-bit bands)."""
+
+
+def grid_key(grid: TargetGrid) -> dict[str, Any]:
+    """What identifies the target grid in a cache key."""
+    return {
+        "crs": grid.crs.to_wkt(),
+        "transform": [float(v) for v in tuple(grid.transform)[:6]],
+        "shape": [int(v) for v in grid.shape],
+    }
+
+
+def window_key(
+    item: pystac.Item, asset_key: str, grid: TargetGrid, fill: float, nodata: float | None
+) -> dict[str, Any]:
+    """What an item's band window on the grid depends on (a block's adds the block): never
+    a token, only the unsigned href."""
+    asset = item.assets.get(asset_key)
+    return {
+        "scene": item.id,
+        "asset": asset_key,
+        "href": None if asset is None else unsigned(asset.href),
+        **grid_key(grid),
+        "band": 1,
+        "fill": float(fill),
+        "nodata": None if nodata is None else float(nodata),
+    }
+
+
+Period = int | str
+"""A cache folder under the city: the source year, or 'static' for a static product."""
 
 
 class WindowCache:
@@ -48,7 +82,9 @@ class WindowCache:
         """Windows read from the source by this instance."""
         self._lock = threading.Lock()
 
-    def path(self, city: str, year: int, scene_id: str, asset: str, key: Mapping[str, Any]) -> Path:
+    def path(
+        self, city: str, year: Period, scene_id: str, asset: str, key: Mapping[str, Any]
+    ) -> Path:
         """Where a window lives: one folder per city-year, named by scene and asset."""
         name = f"{scene_id}.{asset}.{cachefiles.digest(self._full(key))[:20]}.win"
         return self.root / city / str(year) / name
@@ -56,7 +92,7 @@ class WindowCache:
     def get(
         self,
         city: str,
-        year: int,
+        year: Period,
         scene_id: str,
         asset: str,
         key: Mapping[str, Any],
@@ -70,12 +106,14 @@ class WindowCache:
                 self.save(city, year, scene_id, asset, key, window)
             return window
 
-    def has(self, city: str, year: int, scene_id: str, asset: str, key: Mapping[str, Any]) -> bool:
+    def has(
+        self, city: str, year: Period, scene_id: str, asset: str, key: Mapping[str, Any]
+    ) -> bool:
         """Whether a window is kept (not checked: ``load`` checks it)."""
         return self.path(city, year, scene_id, asset, key).is_file()
 
     def load(
-        self, city: str, year: int, scene_id: str, asset: str, key: Mapping[str, Any]
+        self, city: str, year: Period, scene_id: str, asset: str, key: Mapping[str, Any]
     ) -> AssetRead | None:
         """The kept window if it is whole; None when absent or damaged (then deleted)."""
         kept = _load(self.path(city, year, scene_id, asset, key), self._full(key))
@@ -87,7 +125,7 @@ class WindowCache:
     def save(
         self,
         city: str,
-        year: int,
+        year: Period,
         scene_id: str,
         asset: str,
         key: Mapping[str, Any],
@@ -100,7 +138,7 @@ class WindowCache:
             self.misses += 1
 
     def lock(
-        self, city: str, year: int, scene_id: str, asset: str, key: Mapping[str, Any]
+        self, city: str, year: Period, scene_id: str, asset: str, key: Mapping[str, Any]
     ) -> FileLock:
         """A lock named by ``key`` (e.g. a scene's asset on a grid, for reading its blocks),
         so a second process waits for the first instead of reading the same windows."""
