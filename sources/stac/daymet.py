@@ -323,13 +323,13 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
         Layer(
             v.role,
             spec.file_name.format(role=v.role, aggregate=v.aggregate, year=ctx.year),
-            np.where(np.isfinite(by_role[v.role]), by_role[v.role], spec.nodata)[None].astype(
-                np.float32
-            ),
             spec.nodata,
             (v.role,),
             v.units,
             v.title,
+            data=np.where(np.isfinite(by_role[v.role]), by_role[v.role], spec.nodata)[None].astype(
+                np.float32
+            ),
         )
         for v in spec.variables
     ]

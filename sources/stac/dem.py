@@ -125,11 +125,11 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
     layer = Layer(
         "data",
         f"{item_id}.tif",
-        mosaic[None],
         out.nodata,
         out.band_descriptions,
         out.units,
         out.title,
+        data=mosaic[None],
     )
     tags = {
         "SYNTHETIC": "false",

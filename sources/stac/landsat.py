@@ -11,7 +11,8 @@ statistics over the clear observations (see ``sources.stac.pixels``); a pixel wi
 nodata, never 0.
 
 Composites are computed block by block over the output grid (``composite_block_px``; see
-``composite``), so memory follows the block and the scene count, not the city. A scene's clear
+``composite``) and written into their files block by block, so memory follows the block and the
+scene count, not the city. A scene's clear
 mask is kept on disk block by block (``sources.stac.clearmasks``), so the three products of a
 city-year read its QA_PIXEL window once, and so is every band window it reads
 (``sources.stac.windows``), so OPT and NDVI read the red band once and a retried fetch reads only
@@ -28,9 +29,9 @@ surface temperature is float32 Kelvin, band 1 the annual mean and band 2 the ann
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from sources.stac.reading import AssetRead, Block, grid_blocks
 from sources.stac.records import unsigned
 from sources.stac.search import SearchRequest, cloud_cover, year_interval
 from sources.stac.windows import WindowCache, grid_key, window_key
-from sources.stac.writing import PROVENANCE_FILE, Layer, write_cog, write_provenance
+from sources.stac.writing import PROVENANCE_FILE, CogBlocks, LayerFile, write_provenance
 
 QA_NODATA = pixels.QA_FILL
 """Nodata of the QA layer (the fill bit alone), as the sample twin writes it."""
@@ -316,25 +317,32 @@ def keep_scenes(
 
 @dataclass(frozen=True)
 class Composite:
-    """A composite's files' pixels on the whole grid and what each scene gave."""
+    """A composite's files, as written, and what each scene gave."""
 
-    layers: list[Layer]
+    layers: list[LayerFile]
     """The recipe's files."""
     clear_pixels: list[int]
     """Clear pixels of each scene on the grid, in scene order."""
+    valid_pixels: int
+    """Pixels of the data file holding a value."""
 
 
 def composite(
-    ctx: FetchContext, scenes: Sequence[pystac.Item], grid: TargetGrid, item_id: str
+    ctx: FetchContext,
+    scenes: Sequence[pystac.Item],
+    grid: TargetGrid,
+    item_id: str,
+    staging: Path,
+    tags: Mapping[str, str],
 ) -> Composite:
-    """The recipe's composite of ``scenes`` on ``grid``, computed block by block.
+    """The recipe's composite of ``scenes`` on ``grid``, computed and written block by block
+    into the recipe's COGs in ``staging``.
 
     First every scene's clear mask and band windows are read (at most ``read_workers`` scenes
     at once) and kept on disk block by block; then each block of the output is composited from
-    that block of every scene, loaded from disk, and written into the output arrays. So a
-    composite holds one block of every scene at a time, plus, per reading thread, one asset's
-    raw window (2–3 bytes per pixel) and the output itself (4–8 bytes per pixel): the part
-    that grew with scenes × bands × 4 bytes per pixel is bounded by the block.
+    that block of every scene, loaded from disk, and written into the files (``CogBlocks``). So
+    a composite holds one block of every scene at a time, plus, per reading thread, one
+    asset's raw window (2–3 bytes per pixel); no output array of the whole window is held.
 
     A scene's asset window is read once, whole, and sliced into blocks, rather than read from
     the source block by block: a block boundary cuts through the asset's internal tiles, which
@@ -349,9 +357,15 @@ def composite(
     """
     blocks = grid_blocks(grid, ctx.options.composite_block_px)
     clear_pixels = [0] * len(scenes)
-    outputs: list[np.ndarray] = []
-    with block_stores(ctx) as stores:
+    valid_pixels = 0
+    files = _layer_files(ctx.spec, item_id)
+    nodata = ctx.spec.output.nodata
+    with block_stores(ctx) as stores, ExitStack() as writing:
         keep_scenes(ctx, scenes, grid, blocks, stores)
+        outputs = [
+            writing.enter_context(CogBlocks(staging / file.filename, file, grid, tags))
+            for file in files
+        ]
         for block in blocks:
             stacks: list[list[np.ndarray]] = [[] for _ in ctx.spec.bands]
             for index, item in enumerate(scenes):
@@ -363,15 +377,11 @@ def composite(
             del stacks
             values = _block_values(ctx.spec, arrays)
             del arrays
-            if not outputs:
-                outputs = [np.empty((v.shape[0], *grid.shape), dtype=v.dtype) for v in values]
+            data = values[0]
+            valid_pixels += int((~(data == np.asarray(nodata, data.dtype)).all(axis=0)).sum())
             for output, value in zip(outputs, values, strict=True):
-                output[(slice(None), *block.slices)] = value
-    layers = [
-        Layer(**{**meta, "data": data})
-        for meta, data in zip(_layer_metadata(ctx.spec, item_id), outputs, strict=True)
-    ]
-    return Composite(layers, clear_pixels)
+                output.write(block.window(), value)
+    return Composite(files, clear_pixels, valid_pixels)
 
 
 def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
@@ -396,19 +406,6 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
             f"platform {list(spec.platforms)} with eo:cloud_cover ≤ {limit} %",
             reason="no_scenes",
         )
-    made = composite(ctx, scenes, grid, _item_id(spec, ctx))
-    used = [
-        _provenance(item, spec, clear)
-        for item, clear in zip(scenes, made.clear_pixels, strict=True)
-    ]
-    layers = made.layers
-    valid = _valid(spec, layers[0])
-    if not valid.any():
-        raise SourceUnavailableError(
-            f"{ctx.where()}: none of the {len(scenes)} scene(s) has a clear pixel in the city "
-            "window (cloud, shadow, snow or gaps everywhere)",
-            reason="no_clear_observation",
-        )
     tags = {
         "SYNTHETIC": "false",
         "CITYCUBE_PRODUCT": spec.product,
@@ -416,10 +413,21 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
         "CITYCUBE_SOURCE_YEAR": str(ctx.year),
         "CITYCUBE_SOURCE": ctx.source_id,
         "CITYCUBE_COMPOSITE": COMPOSITE_RULE[spec.recipe],
-        "CITYCUBE_SCENES": ",".join(s["id"] for s in used),
+        "CITYCUBE_SCENES": ",".join(item.id for item in scenes),
     }
-    for layer in layers:
-        write_cog(staging / layer.filename, layer, grid, tags)
+    made = composite(ctx, scenes, grid, _item_id(spec, ctx), staging, tags)
+    used = [
+        _provenance(item, spec, clear)
+        for item, clear in zip(scenes, made.clear_pixels, strict=True)
+    ]
+    layers = made.layers
+    if not made.valid_pixels:
+        raise SourceUnavailableError(
+            f"{ctx.where()}: none of the {len(scenes)} scene(s) has a clear pixel in the city "
+            "window (cloud, shadow, snow or gaps everywhere)",
+            reason="no_clear_observation",
+        )
+    valid_share = made.valid_pixels / (grid.width * grid.height)
     covers = [s["eo:cloud_cover"] for s in used if s["eo:cloud_cover"] is not None]
     write_provenance(
         staging / PROVENANCE_FILE,
@@ -433,7 +441,7 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
         properties={
             "citycube:composite": COMPOSITE_RULE[spec.recipe],
             "citycube:source": ctx.source_id,
-            "citycube:valid_share": round(float(valid.mean()), 6),
+            "citycube:valid_share": round(valid_share, 6),
         },
     )
     extra = {
@@ -445,7 +453,7 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
         "composite": COMPOSITE_RULE[spec.recipe],
         "units": spec.output.units,
         "nodata": str(spec.output.nodata),
-        "valid_share": f"{float(valid.mean()):.6f}",
+        "valid_share": f"{valid_share:.6f}",
         "stac_item_file": PROVENANCE_FILE,
     }
     return StagedFiles(files={layer.role: layer.filename for layer in layers}, extra=extra)
@@ -508,38 +516,34 @@ def _block_values(spec: StacProductSpec, arrays: list[np.ndarray]) -> list[np.nd
     raise ValueError(f"{spec.product}: recipe {spec.recipe} is not a Landsat composite")
 
 
-def _layer_metadata(spec: StacProductSpec, item_id: str) -> list[dict[str, Any]]:
-    """Everything of the recipe's files but their pixels (``Layer`` fields), in the order
-    ``_block_values`` gives the pixels."""
+def _layer_files(spec: StacProductSpec, item_id: str) -> list[LayerFile]:
+    """The recipe's files (all but their pixels), in the order ``_block_values`` gives the
+    pixels."""
     out = spec.output
-    data = {
-        "role": "data",
-        "nodata": out.nodata,
-        "band_descriptions": out.band_descriptions,
-        "units": out.units,
-        "title": out.title,
-    }
+
+    def data_file(suffix: str) -> LayerFile:
+        return LayerFile(
+            "data",
+            f"{item_id}_{suffix}.TIF",
+            out.nodata,
+            out.band_descriptions,
+            out.units,
+            out.title,
+        )
+
     if spec.recipe is Recipe.RGB_UINT8:
-        return [
-            {**data, "filename": f"{item_id}_SR_RGB.TIF"},
-            {
-                "role": "qa",
-                "filename": f"{item_id}_QA_PIXEL.TIF",
-                "nodata": QA_NODATA,
-                "band_descriptions": ("qa_pixel",),
-                "units": "bit field",
-                "title": "Composite quality: bit 6 clear where a value exists, bit 0 fill "
-                "elsewhere",
-                "categorical": True,
-            },
-        ]
+        qa = LayerFile(
+            "qa",
+            f"{item_id}_QA_PIXEL.TIF",
+            QA_NODATA,
+            ("qa_pixel",),
+            "bit field",
+            "Composite quality: bit 6 clear where a value exists, bit 0 fill elsewhere",
+            categorical=True,
+        )
+        return [data_file("SR_RGB"), qa]
     if spec.recipe is Recipe.NDVI:
-        return [{**data, "filename": f"{item_id}_NDVI.TIF"}]
+        return [data_file("NDVI")]
     if spec.recipe is Recipe.SURFACE_TEMPERATURE:
-        return [{**data, "filename": f"{item_id}_ST_ANNUAL.TIF"}]
+        return [data_file("ST_ANNUAL")]
     raise ValueError(f"{spec.product}: recipe {spec.recipe} is not a Landsat composite")
-
-
-def _valid(spec: StacProductSpec, data_layer: Layer) -> np.ndarray:
-    """Pixels of the data file holding a value."""
-    return ~(data_layer.data == np.asarray(spec.output.nodata, data_layer.data.dtype)).all(axis=0)

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import rasterio
 from rasterio.crs import CRS as RioCRS
+from rasterio.shutil import copy as rio_copy
+from rasterio.windows import Window
 
 from sources.stac.grids import TargetGrid
 
@@ -23,15 +25,13 @@ PROVENANCE_FILE = "item.json"
 
 
 @dataclass(frozen=True)
-class Layer:
-    """One file of an item."""
+class LayerFile:
+    """One file of an item, but its pixels."""
 
     role: str
     """Role in the item ('data', 'qa')."""
     filename: str
     """File name in the item directory."""
-    data: np.ndarray
-    """(bands, rows, cols) in the file's type."""
     nodata: float
     """Nodata value."""
     band_descriptions: tuple[str, ...]
@@ -44,30 +44,104 @@ class Layer:
     """Bit fields and classes get nearest-neighbour overviews."""
 
 
-def write_cog(path: Path, layer: Layer, grid: TargetGrid, tags: Mapping[str, str]) -> None:
-    """A DEFLATE COG with band descriptions and units, as the sample twin writes."""
-    count = layer.data.shape[0]
-    profile: dict[str, Any] = {
-        "driver": "COG",
-        "width": grid.width,
-        "height": grid.height,
-        "count": count,
-        "dtype": layer.data.dtype.name,
-        "crs": RioCRS.from_wkt(grid.crs.to_wkt()),
-        "transform": grid.transform,
-        "nodata": layer.nodata,
+@dataclass(frozen=True, kw_only=True)
+class Layer(LayerFile):
+    """One file of an item with its pixels, held whole."""
+
+    data: np.ndarray
+    """(bands, rows, cols) in the file's type."""
+
+
+def _cog_options(layer: LayerFile) -> dict[str, Any]:
+    """Creation options of every COG written: DEFLATE, 512-px tiles, overviews."""
+    return {
         "compress": "DEFLATE",
         "level": 6,
         "predictor": "YES",
         "blocksize": 512,
         "overview_resampling": "nearest" if layer.categorical else "average",
     }
-    with rasterio.open(path, "w", **profile) as dst:
+
+
+def _base_profile(layer: LayerFile, grid: TargetGrid, count: int, dtype: np.dtype) -> dict:
+    return {
+        "width": grid.width,
+        "height": grid.height,
+        "count": count,
+        "dtype": np.dtype(dtype).name,
+        "crs": RioCRS.from_wkt(grid.crs.to_wkt()),
+        "transform": grid.transform,
+        "nodata": layer.nodata,
+    }
+
+
+def _describe(dst: Any, layer: LayerFile, tags: Mapping[str, str]) -> None:
+    """Tags, band descriptions and units, as the sample twin writes them."""
+    dst.update_tags(**tags, CITYCUBE_UNITS=layer.units)
+    for band, description in enumerate(layer.band_descriptions, start=1):
+        dst.set_band_description(band, description)
+        dst.update_tags(band, units=layer.units)
+
+
+def write_cog(path: Path, layer: Layer, grid: TargetGrid, tags: Mapping[str, str]) -> None:
+    """A DEFLATE COG with band descriptions and units, as the sample twin writes."""
+    profile = _base_profile(layer, grid, layer.data.shape[0], layer.data.dtype)
+    with rasterio.open(path, "w", driver="COG", **profile, **_cog_options(layer)) as dst:
         dst.write(layer.data)
-        dst.update_tags(**tags, CITYCUBE_UNITS=layer.units)
-        for band, description in enumerate(layer.band_descriptions, start=1):
-            dst.set_band_description(band, description)
-            dst.update_tags(band, units=layer.units)
+        _describe(dst, layer, tags)
+
+
+class CogBlocks:
+    """One COG written block by block, so no array of the whole window is ever held.
+
+    Blocks go into a tiled, uncompressed GTiff next to the target; on a clean exit GDAL's COG
+    driver copies that file into place (tiles, DEFLATE and overviews made from it, as for
+    :func:`write_cog`, so the pixels are the same) and removes it. On an error the partial
+    file is removed and no COG is left. Band count and type come from the first block.
+    """
+
+    def __init__(
+        self, path: Path, layer: LayerFile, grid: TargetGrid, tags: Mapping[str, str]
+    ) -> None:
+        self.path = Path(path)
+        self.layer = layer
+        self.grid = grid
+        self.tags = dict(tags)
+        self._blocks = self.path.with_name(f".{self.path.name}.blocks.tif")
+        self._dst: Any = None
+
+    def __enter__(self) -> CogBlocks:
+        return self
+
+    def write(self, window: Window, values: np.ndarray) -> None:
+        """Write (bands, h, w) at ``window`` of the grid."""
+        if self._dst is None:
+            profile = _base_profile(self.layer, self.grid, values.shape[0], values.dtype)
+            self._dst = rasterio.open(
+                self._blocks,
+                "w",
+                driver="GTiff",
+                tiled=True,
+                blockxsize=512,
+                blockysize=512,
+                bigtiff="IF_SAFER",
+                **profile,
+            )
+        self._dst.write(values, window=window)
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            if exc_type is None:
+                if self._dst is None:
+                    raise ValueError(f"{self.path.name}: no block was written")
+                _describe(self._dst, self.layer, self.tags)
+                self._dst.close()
+                self._dst = None
+                rio_copy(self._blocks, self.path, driver="COG", **_cog_options(self.layer))
+        finally:
+            if self._dst is not None:
+                self._dst.close()
+            self._blocks.unlink(missing_ok=True)
 
 
 def write_provenance(
@@ -78,7 +152,7 @@ def write_provenance(
     city: str,
     source_year: int | None,
     grid: TargetGrid,
-    layers: Sequence[Layer],
+    layers: Sequence[LayerFile],
     sources: Sequence[Mapping[str, Any]],
     properties: Mapping[str, Any],
 ) -> None:
