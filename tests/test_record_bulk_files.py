@@ -189,6 +189,46 @@ def test_a_truncated_psi_archive_names_source_city_year_and_file_and_installs_no
     assert item.extra["records"] == "6"
 
 
+def _cut_before_trailer(data: bytes) -> bytes:
+    """A weekly file cut short: its last two records (a D record and the Z trailer) gone."""
+    return b"\r\n".join(data.rstrip(b"\r\n").split(b"\r\n")[:-2]) + b"\r\n"
+
+
+def _sale_dropped(data: bytes) -> bytes:
+    """A weekly file one B record short, its trailer unchanged (a line lost in copying)."""
+    lines = data.split(b"\r\n")
+    first_b = next(i for i, line in enumerate(lines) if line.startswith(b"B;"))
+    return b"\r\n".join(lines[:first_b] + lines[first_b + 1 :])
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (_cut_before_trailer, "does not end with its Z trailer"),
+        (_sale_dropped, "holds 9 records, its Z trailer states [10, 2]"),
+    ],
+)
+def test_a_weekly_file_cut_short_or_missing_a_record_is_refused_by_its_trailer(
+    tmp_path: Path, portals: RecordPortals, damage, said: str
+) -> None:
+    """The zip is intact (CRCs match), so only the Z trailer's counts show the loss."""
+    serve_psi(portals)
+    week = dat_file(
+        "20210104",
+        *(b_record(110 + i, i, "20210104", "2010", "20200301", "9") for i in range(1, 3)),
+    )
+    assert week.rstrip().endswith(b";2;")  # Z;<total records>;<B records>;
+    member = "2021/001_SALES_DATA_NNME_04012021.DAT"
+    portals.files["psi/2021.zip"] = zip_of({member: damage(week)})
+    source = adapters(tmp_path, write_specs(tmp_path / "s.yaml", psi_spec(portals)))
+    with pytest.raises(SourceReadError) as raised:
+        source["city_property"].fetch(CITY, 2020, tmp_path / "sources")
+    message = str(raised.value)
+    for part in ("records:city_property", CITY, "2020", f"2021.zip > {member}", said):
+        assert part in message, message
+    assert not list((tmp_path / "sources").rglob(COMPLETE_MARKER))
+
+
 # ---------------------------------------------------------------------- DESNZ-style xlsx
 
 

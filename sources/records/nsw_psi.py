@@ -2,14 +2,17 @@
 
 Each ``.DAT`` file (one per valuation district and week) holds ';'-separated typed records: A
 (file header), B (one sale: address, dates, price), C (legal description), D (interests) and Z
-(trailer). A yearly archive holds the year's weekly files directly or as weekly zips inside it,
+(trailer: a property count and the file's total record count, A and Z included). A yearly
+archive holds the year's weekly files directly or as weekly zips inside it,
 so archives are walked to any depth up to ``MAX_NESTING``; nothing is extracted to disk.
 
 Only the current format (2001 on) is read. Its B-record field order is :data:`B_FIELDS`, as
 three independent public readers of the files agree (each citing the Valuer General's
 "Current Property Sales Data File Format 2001 to Current"); this connector relies on the post
 code (11th field), the contract date (14th, ``YYYYMMDD``) and the purchase price (16th, whole
-dollars) and keys a sale by district, property id, strata lot and dealing number. B records of
+dollars) and keys a sale by district, property id, strata lot and dealing number. A file whose
+last record is not its Z trailer, or whose trailer states no count equal to the records the
+file holds, was cut short or padded and is refused by name (not read for less). B records of
 the pre-2001 archive format (source tag ``ARCHIVE``/``VALNET1`` in the third field) are counted
 and left out, as are malformed lines; every count lands in the item's extras.
 
@@ -137,7 +140,8 @@ class NswPsiDat(Connector):
                 pager.manager.discard(url)
                 raise SourceReadError(
                     f"{pager.source_name}: {pager.city} {year}: archive {name} "
-                    f"({redact_url(url)}): {exc}. It was dropped from the download cache"
+                    f"({redact_url(url)}): {exc.message}. It was dropped from the download "
+                    "cache; fetch again, and report it to the Valuer General if it persists"
                 ) from None
             except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
                 pager.manager.discard(url)
@@ -204,11 +208,15 @@ class NswPsiDat(Connector):
             text = raw.decode("latin-1")
             counts.latin1_files += 1
         counts.dat_files += 1
+        record_lines = 0
+        trailer: list[str] | None = None
         for line_no, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
+            record_lines += 1
             fields = [f.strip() for f in line.split(";")]
             kind = fields[0]
+            trailer = fields if kind == "Z" else None
             if kind not in RECORD_TYPES:
                 counts.bad_line(where, line_no, f"record type {kind[:10]!r}")
                 continue
@@ -232,6 +240,7 @@ class NswPsiDat(Connector):
                 f"{date[:4]}-{date[4:6]}-{date[6:]}" if date else ""
             )
             records.append([*padded, where])
+        _check_trailer(where, trailer, record_lines)
 
     @staticmethod
     def _one_row_per_sale(frame: pd.DataFrame) -> pd.DataFrame:
@@ -246,3 +255,21 @@ class NswPsiDat(Connector):
         frame = frame.replace({"": None})
         latest_first = frame.sort_values("download_datetime", ascending=False, kind="stable")
         return latest_first.drop_duplicates("sale_key").sort_index()
+
+
+def _check_trailer(where: str, trailer: list[str] | None, record_lines: int) -> None:
+    """Refuse a ``.DAT`` file that does not end with its Z trailer, or whose trailer states no
+    count equal to the records the file holds: the file was cut short or padded, and reading
+    it would silently lower the year's sales. The trailer's counts are matched by value, not
+    position (the format names a property count and a total record count)."""
+    if trailer is None:
+        raise SourceReadError(
+            f"{where} does not end with its Z trailer record ({record_lines} records read): the "
+            "file was cut short"
+        )
+    declared = [int(f) for f in trailer[1:] if f.isdigit()]
+    if record_lines not in declared:
+        raise SourceReadError(
+            f"{where} holds {record_lines} records, its Z trailer states {declared}: the file "
+            "was cut short or padded"
+        )
