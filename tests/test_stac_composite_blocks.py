@@ -1,6 +1,7 @@
 """Landsat composites computed block by block equal the whole-window composite pixel for pixel
 (values, nodata and QA), at block sizes that divide the window and sizes that do not, with the
-caches on and off (loopback services of tests/stac_fixtures)."""
+caches on and off, and however many blocks are composited at once (loopback services of
+tests/stac_fixtures)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _composites(world: StacWorld, dest: Path, block_px: int, **overrides: Any) -
 @pytest.fixture(scope="module")
 def whole_window(stac_world: StacWorld, tmp_path_factory: pytest.TempPathFactory) -> dict:
     stac_world.set_faults([])
-    return _composites(stac_world, tmp_path_factory.mktemp("whole"), WHOLE)
+    return _composites(stac_world, tmp_path_factory.mktemp("whole"), WHOLE, composite_workers=1)
 
 
 def test_the_whole_window_composite_has_values_and_nodata(whole_window: dict) -> None:
@@ -58,10 +59,10 @@ def test_the_whole_window_composite_has_values_and_nodata(whole_window: dict) ->
 @pytest.mark.parametrize(
     ("block_px", "overrides"),
     [
-        (512, {}),  # the default: does not divide 1068 × 1067
+        (512, {}),  # the default (2 blocks at a time): does not divide 1068 × 1067
         (256, {"cache_reads": False, "share_qa": False}),  # throwaway block stores
-        (300, {"read_workers": 1}),
-        (97, {}),  # many small blocks, neither edge divides
+        (300, {"read_workers": 1, "composite_workers": 1}),  # one thing at a time
+        (97, {"composite_workers": 4}),  # many small blocks, neither edge divides, 4 at once
         (1067, {}),  # one full-width column of blocks and a one-row strip
     ],
 )

@@ -3,6 +3,7 @@ nothing behind."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -81,3 +82,26 @@ def test_a_write_of_no_block_is_an_error_and_leaves_no_file(tmp_path: Path) -> N
     ):
         pass
     assert list(tmp_path.iterdir()) == []
+
+
+def test_blocks_written_from_several_threads_in_any_order_give_the_same_cog(tmp_path: Path):
+    values = _values()
+    write_cog(tmp_path / "whole.TIF", Layer(**vars(FILE), data=values), GRID, TAGS)
+    blocks = list(grid_blocks(GRID, 128))
+    np.random.default_rng(3).shuffle(blocks)
+    with (
+        CogBlocks(tmp_path / "threads.TIF", FILE, GRID, TAGS) as out,
+        ThreadPoolExecutor(max_workers=4) as pool,
+    ):
+        list(pool.map(lambda b: out.write(b.window(), values[(slice(None), *b.slices)]), blocks))
+    got, want = _read(tmp_path / "threads.TIF")[0], _read(tmp_path / "whole.TIF")[0]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_block_that_arrives_after_the_close_is_refused_not_written(tmp_path: Path) -> None:
+    values = _values()
+    with CogBlocks(tmp_path / "x.TIF", FILE, GRID, TAGS) as out:
+        out.write(Block(0, GRID.height, 0, GRID.width).window(), values)
+    with pytest.raises(RuntimeError, match="after it was closed"):
+        out.write(Block(0, 512, 0, 512).window(), values[:, :512, :512])
+    np.testing.assert_array_equal(_read(tmp_path / "x.TIF")[0], values)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 import pystac
 
@@ -340,9 +341,11 @@ def composite(
 
     First every scene's clear mask and band windows are read (at most ``read_workers`` scenes
     at once) and kept on disk block by block; then each block of the output is composited from
-    that block of every scene, loaded from disk, and written into the files (``CogBlocks``). So
-    a composite holds one block of every scene at a time, plus, per reading thread, one
-    asset's raw window (2–3 bytes per pixel); no output array of the whole window is held.
+    that block of every scene, loaded from disk, and written into the files (``CogBlocks``):
+    one dask task per block, ``composite_workers`` at a time on dask's threaded scheduler
+    (numpy's sorts and reductions release the GIL). So a composite holds one block of every
+    scene per running task, plus, per reading thread, one asset's raw window (2–3 bytes per
+    pixel); no output array of the whole window is held.
 
     A scene's asset window is read once, whole, and sliced into blocks, rather than read from
     the source block by block: a block boundary cuts through the asset's internal tiles, which
@@ -356,8 +359,6 @@ def composite(
     pixel with no clear observation stays NaN (the file's nodata), never 0.
     """
     blocks = grid_blocks(grid, ctx.options.composite_block_px)
-    clear_pixels = [0] * len(scenes)
-    valid_pixels = 0
     files = _layer_files(ctx.spec, item_id)
     nodata = ctx.spec.output.nodata
     with block_stores(ctx) as stores, ExitStack() as writing:
@@ -366,21 +367,42 @@ def composite(
             writing.enter_context(CogBlocks(staging / file.filename, file, grid, tags))
             for file in files
         ]
-        for block in blocks:
-            stacks: list[list[np.ndarray]] = [[] for _ in ctx.spec.bands]
-            for index, item in enumerate(scenes):
-                bands, clear = block_observations(ctx, item, grid, block, stores)
-                clear_pixels[index] += clear
-                for stack, band in zip(stacks, bands, strict=True):
-                    stack.append(band)
-            arrays = [np.stack(stack) for stack in stacks]
-            del stacks
-            values = _block_values(ctx.spec, arrays)
-            del arrays
-            data = values[0]
-            valid_pixels += int((~(data == np.asarray(nodata, data.dtype)).all(axis=0)).sum())
-            for output, value in zip(outputs, values, strict=True):
-                output.write(block.window(), value)
+
+        def composite_block(block: Block) -> tuple[list[int], int] | Exception:
+            """One output block composited from every scene and written: (clear pixels per
+            scene, valid pixels). A failure is returned, not raised, so that every block's
+            task has ended before the files are closed."""
+            try:
+                stacks: list[list[np.ndarray]] = [[] for _ in ctx.spec.bands]
+                clear_counts = []
+                for item in scenes:
+                    bands, clear = block_observations(ctx, item, grid, block, stores)
+                    clear_counts.append(clear)
+                    for stack, band in zip(stacks, bands, strict=True):
+                        stack.append(band)
+                arrays = [np.stack(stack) for stack in stacks]
+                del stacks
+                values = _block_values(ctx.spec, arrays)
+                del arrays
+                data = values[0]
+                valid = int((~(data == np.asarray(nodata, data.dtype)).all(axis=0)).sum())
+                for output, value in zip(outputs, values, strict=True):
+                    output.write(block.window(), value)
+                return clear_counts, valid
+            except Exception as exc:  # raised below, the first in block order
+                return exc
+
+        done = dask.compute(
+            *[dask.delayed(composite_block, pure=False)(block) for block in blocks],
+            scheduler="threads",
+            num_workers=ctx.options.composite_workers,
+        )
+        for result in done:
+            if isinstance(result, Exception):
+                raise result
+    tallies = [result for result in done if not isinstance(result, Exception)]
+    clear_pixels = [sum(counts) for counts in zip(*(t[0] for t in tallies), strict=True)]
+    valid_pixels = sum(t[1] for t in tallies)
     return Composite(files, clear_pixels, valid_pixels)
 
 

@@ -79,6 +79,13 @@ class StacFamilyOptions(BaseModel):
         "computed over: a composite holds one block of every scene at a time, so its memory "
         "follows this and the scene count, not the city's size.",
     )
+    composite_workers: int = Field(
+        2,
+        ge=1,
+        description="Blocks of a Landsat composite computed at the same time (dask's threaded "
+        "scheduler, one task per block); memory grows with it: each holds one block of every "
+        "scene.",
+    )
     share_qa: bool = Field(
         True,
         description="Keep each scene's clear mask on disk (<data root>/sources/.stac/qa) so "

@@ -13,8 +13,6 @@ clear observation stays invalid — never 0.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 QA_FILL = 1 << 0
@@ -41,12 +39,6 @@ def masked(values: np.ndarray, clear: np.ndarray) -> np.ndarray:
     return np.where(clear, values, np.float32(np.nan)).astype(np.float32)
 
 
-def _all_nan_quiet(function, stack: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN pixels stay NaN
-        return function(stack, axis=0).astype(np.float32)
-
-
 def median_composite(stack: np.ndarray) -> np.ndarray:
     """Per-pixel median over observations (axis 0), ignoring NaN; NaN where none is clear.
 
@@ -70,7 +62,15 @@ def mean_composite(stack: np.ndarray) -> np.ndarray:
     """Per-pixel mean over observations (axis 0), ignoring NaN; NaN where none is clear."""
     if stack.shape[0] == 0:
         raise ValueError("a composite needs at least one observation")
-    return _all_nan_quiet(np.nanmean, stack)
+    # numpy.nanmean's own steps (NaN as 0, a float32 sum, divided by the count), so the values
+    # are the same bit for bit, but all-NaN pixels give NaN under a thread-safe errstate instead
+    # of a warning silenced through the process-wide warnings filters (composites run in
+    # several threads).
+    missing = np.isnan(stack)
+    total = np.sum(np.where(missing, np.float32(0), stack), axis=0)
+    count = np.sum(~missing, axis=0, dtype=np.intp)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.true_divide(total, count, out=total, casting="unsafe").astype(np.float32)
 
 
 def clear_count(stack: np.ndarray) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,8 @@ class CogBlocks:
     driver copies that file into place (tiles, DEFLATE and overviews made from it, as for
     :func:`write_cog`, so the pixels are the same) and removes it. On an error the partial
     file is removed and no COG is left. Band count and type come from the first block.
+    Blocks may come from several threads in any order; writes and the close are serialised, and
+    a write after the close is refused rather than reaching a closed dataset.
     """
 
     def __init__(
@@ -109,12 +112,20 @@ class CogBlocks:
         self.tags = dict(tags)
         self._blocks = self.path.with_name(f".{self.path.name}.blocks.tif")
         self._dst: Any = None
+        self._closed = False
+        self._lock = threading.Lock()
 
     def __enter__(self) -> CogBlocks:
         return self
 
     def write(self, window: Window, values: np.ndarray) -> None:
         """Write (bands, h, w) at ``window`` of the grid."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.path.name}: written after it was closed")
+            self._write(window, values)
+
+    def _write(self, window: Window, values: np.ndarray) -> None:
         if self._dst is None:
             profile = _base_profile(self.layer, self.grid, values.shape[0], values.dtype)
             self._dst = rasterio.open(
@@ -130,8 +141,13 @@ class CogBlocks:
         self._dst.write(values, window=window)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        with self._lock:
+            self._closed = True
+            self._finish(exc_type is None)
+
+    def _finish(self, succeeded: bool) -> None:
         try:
-            if exc_type is None:
+            if succeeded:
                 if self._dst is None:
                     raise ValueError(f"{self.path.name}: no block was written")
                 _describe(self._dst, self.layer, self.tags)
