@@ -7,8 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +251,31 @@ def test_the_mask_cache_computes_once_per_key(tmp_path: Path) -> None:
     other = {**key, "invalid_mask": 31}
     cache.get("Boston", 2020, "S", other, compute)
     assert len(calls) == 2
+
+
+def test_masks_load_from_many_threads_at_once(tmp_path: Path) -> None:
+    """Composites load masks block by block in parallel; every load gives the mask (numpy's
+    npz header parse is not thread-safe on CPython 3.11 and once failed a composite here)."""
+    cache = ClearMaskCache(tmp_path)
+    masks = {i: np.random.default_rng(i).random((64, 48)) > 0.5 for i in range(8)}
+    keys = {i: {"scene": f"S{i}", "block": [i]} for i in masks}
+    for i, mask in masks.items():
+        cache.save("Boston", 2020, f"S{i}", keys[i], mask)
+
+    def load_all(_: int) -> bool:
+        return all(
+            np.array_equal(cache.load("Boston", 2020, f"S{i}", keys[i]), masks[i])
+            for _ in range(40)
+            for i in masks
+        )
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads swap as often as they can
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            assert all(pool.map(load_all, range(8)))
+    finally:
+        sys.setswitchinterval(switch)
 
 
 def test_the_window_cache_reads_once_per_key_and_never_trusts_a_damaged_file(tmp_path) -> None:

@@ -106,9 +106,16 @@ def _save(path: Path, mask: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
+_NPY_HEADERS = threading.Lock()
+"""Serialises reading ``.npz`` members: numpy parses each member's header with
+``ast.literal_eval``, and CPython 3.11's parser is not safe to run in several threads at once
+("AST constructor recursion depth mismatch"), which composites loading masks block by block
+in parallel would otherwise hit."""
+
+
 def _load(path: Path) -> np.ndarray | None:
     try:
-        with np.load(path) as saved:
+        with _NPY_HEADERS, np.load(path) as saved:
             shape = tuple(int(v) for v in saved["shape"])
             bits = saved["bits"]
         count = int(np.prod(shape))
