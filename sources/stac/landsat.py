@@ -400,9 +400,8 @@ def composite(
         for result in done:
             if isinstance(result, Exception):
                 raise result
-    tallies = [result for result in done if not isinstance(result, Exception)]
-    clear_pixels = [sum(counts) for counts in zip(*(t[0] for t in tallies), strict=True)]
-    valid_pixels = sum(t[1] for t in tallies)
+    clear_pixels = [sum(counts) for counts in zip(*(clear for clear, _ in done), strict=True)]
+    valid_pixels = sum(valid for _, valid in done)
     return Composite(files, clear_pixels, valid_pixels)
 
 
