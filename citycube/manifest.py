@@ -118,7 +118,7 @@ def _in_threads(function: Callable[[Any], Any], items: Iterable[Any]) -> list[An
 
 
 def file_sha256(path: Path) -> str:
-    """SHA-256 of a file, read in 1 MiB blocks."""
+    """SHA-256 of a file."""
     with open(path, "rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
@@ -132,9 +132,18 @@ def _entry(path: Path, *known: Mapping[str, Any] | None) -> dict[str, Any]:
     their writer from the bytes it wrote, which spares reading 5 GB back.
     """
     state = file_state(path)
+    return _known_entry(state, *known) or _hashed_entry(path, state)
+
+
+def _known_entry(state: list[int], *known: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The entry of a file in ``state`` from a hash known for that same state, if any."""
     for entry in known:
         if entry is not None and entry.get("state") == state and "sha256" in entry:
             return {"sha256": entry["sha256"], "bytes": state[0], "state": state}
+    return None
+
+
+def _hashed_entry(path: Path, state: list[int]) -> dict[str, Any]:
     return {"sha256": file_sha256(path), "bytes": state[0], "state": state}
 
 
@@ -168,18 +177,30 @@ def build_manifest(
     if not release.root.is_dir():
         raise ReleaseNotFoundError(f"no release at {release.root}")
     earlier = _earlier_entries(release)
-    paths: list[Path] = []
+    files: dict[str, dict[str, Any]] = {}
+    unknown: list[tuple[str, Path, list[int]]] = []
     written: dict[str, Mapping[str, Any]] = {}
+    # Most files' hashes are known (their writer's, or the earlier manifest's): those cost a
+    # stat here, with plain strings (Path objects and a task per file were most of the time
+    # for the calendar's ~90,000 files); only the others are read, on a few threads. A
+    # writer's digests sit at the top of what it wrote, which the walk visits first.
     for folder, kept, has_digests in _walk(release):
-        paths += [folder / name for name in kept]
         if has_digests:
             written.update(_written_digests(release.root, folder))
-    names = [path.relative_to(release.root).as_posix() for path in paths]
-    entries = _in_threads(
-        lambda pair: _entry(*pair),
-        zip(paths, map(earlier.get, names), map(written.get, names), strict=True),
-    )
-    files: dict[str, dict[str, Any]] = dict(zip(names, entries, strict=True))
+        prefix = folder.relative_to(release.root).as_posix()
+        prefix = "" if prefix == "." else f"{prefix}/"
+        for name in kept:
+            path, key = os.path.join(folder, name), prefix + name
+            state = file_state(path)
+            entry = _known_entry(state, earlier.get(key), written.get(key))
+            if entry is None:  # hashed below; its place in the listing kept
+                unknown.append((key, Path(path), state))
+                entry = {}
+            files[key] = entry
+    for (key, _, _), entry in zip(
+        unknown, _in_threads(lambda item: _hashed_entry(*item[1:]), unknown), strict=True
+    ):
+        files[key] = entry
     return {
         "format": MANIFEST_FORMAT,
         "release": release.version,

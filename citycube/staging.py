@@ -132,11 +132,11 @@ other processes; a file written since has another change time (which cannot be s
 user space) and is hashed again."""
 
 
-def file_state(path: Path) -> list[int]:
+def file_state(path: str | Path) -> list[int]:
     """What changes whenever a file's bytes can have changed: size, modification and change
     times, inode. The change time cannot be set back from user space, so a rewritten file
     never matches its earlier state, even with its modification time restored."""
-    stat = path.stat()
+    stat = os.stat(path)
     return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
 
 
