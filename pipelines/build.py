@@ -1,8 +1,10 @@
-"""``citycube build``: an asset backfill of the chosen cities and years, run by Dagster.
+"""``citycube build``: asset backfills of the chosen cities and years, run by Dagster.
 
-The build is a Dagster asset backfill like one launched from the UI: every asset partition the
+The build is Dagster asset backfills like ones launched from the UI: every asset partition the
 cities and years need, across the city, city × epoch and city × year partitionings plus the
-cube. Dagster's backfill logic turns it into runs (one per partition range, as the single-run
+cube, in two backfills one after the other — the static and epoch products first, then the
+rest, so that every city-year asset of a city finds what it reads materialised and joins one
+run. Dagster's backfill logic turns each into runs (one per partition range, as the single-run
 backfill policy asks), its queued run coordinator launches them and each run's steps fan their
 partitions out to one dask cluster. When a Dagster daemon already serves this
 ``DAGSTER_HOME`` (``make dev``), it executes the backfill; otherwise the build process ticks the
@@ -334,23 +336,53 @@ def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[str]:
         cluster.close()
 
 
+def request_selection(request: BuildRequest) -> Any:
+    """Every asset partition the request's cities, years and assets need."""
+    from pipelines.definitions import defs
+    from pipelines.selection import build_selection
+
+    keys = selected_asset_keys(request.assets)
+    return build_selection(defs.resolve_asset_graph(), request.cities, request.years, keys)
+
+
+def backfill_phases(request: BuildRequest) -> list[tuple[str, Any]]:
+    """The build's backfills in order, (what, asset partitions): the static and epoch products
+    first, then the rest (see ``source_periods_first``); one when either part is empty."""
+    from pipelines.definitions import defs
+    from pipelines.selection import source_periods_first
+
+    first, rest = source_periods_first(defs.resolve_asset_graph(), request_selection(request))
+    if first.is_empty or rest.is_empty:
+        return [("", first | rest)]
+    return [("static and 5-year products", first), ("city-years and the cube", rest)]
+
+
+PHASE_DONE = ("COMPLETED_SUCCESS", "COMPLETED_FAILED")
+"""Statuses of a build's first backfill after which the next one starts (COMPLETED_FAILED:
+some partitions failed; the next backfill tries them again with everything downstream)."""
+
+
+def unmaterialized(instance: Any, backfill_id: str) -> Any:
+    """The partitions a finished backfill targeted and did not materialise."""
+    data = instance.get_backfill(backfill_id).asset_backfill_data
+    return data.target_subset - data.materialized_subset
+
+
 def submit_backfill(
     instance: Any,
     request: BuildRequest,
     build_id: str,
     title: str | None = None,
     driver: str = "build",
+    subset: Any = None,
 ) -> str:
-    """Add the asset backfill of the request's cities and years to the instance."""
+    """Add an asset backfill to the instance: of ``subset`` (an ``AssetGraphSubset``), or of
+    everything the request's cities and years need."""
     from dagster._core.execution.backfill import PartitionBackfill
     from dagster._core.utils import make_new_backfill_id
 
-    from pipelines.definitions import defs
-    from pipelines.selection import build_selection
-
-    graph = defs.resolve_asset_graph()
-    keys = selected_asset_keys(request.assets)
-    subset = build_selection(graph, request.cities, request.years, keys)
+    if subset is None:
+        subset = request_selection(request)
     backfill_id = make_new_backfill_id()
     backfill = PartitionBackfill.from_asset_graph_subset(
         backfill_id=backfill_id,
@@ -442,6 +474,12 @@ class ProgressPrinter:
         self.ended: list[Any] = []
         """Runs that ended since the caller last emptied this list."""
         self.report = BuildReport()
+
+    def follow(self, backfill_id: str) -> None:
+        """Print the runs of the build's next backfill from now on (run numbers go on)."""
+        self.backfill_id = backfill_id
+        self.current = []
+        self.ended.clear()
 
     def line(self, text: str, at: float | None = None) -> None:
         """One progress line with the time since the build started (or since ``at``)."""
@@ -786,15 +824,36 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
             os.environ[SCHEDULER_ENV] = scheduler
             os.environ[WORKERS_ENV] = str(request.workers)
             driver = "daemon" if served else "build"
-            backfill_id = submit_backfill(instance, request, build_id, driver=driver)
-            print(
-                f"Dagster backfill {backfill_id} on {os.environ['DAGSTER_HOME']} "
-                "(see it in `make dev`: Runs → Backfills)",
-                file=out,
-                flush=True,
-            )
-            printer = ProgressPrinter(instance, backfill_id, out)
-            report = drive_backfill(instance, backfill_id, printer, stop, own=not served)
+            phases = backfill_phases(request)
+            printer: ProgressPrinter | None = None
+            backfill_id = ""
+            for number, (what, subset) in enumerate(phases, 1):
+                if number > 1:  # what the first left unmaterialised (failed) is tried again
+                    subset = subset | unmaterialized(instance, backfill_id)
+                part = f" ({number}/{len(phases)}: {what})" if what else ""
+                backfill_id = submit_backfill(
+                    instance,
+                    request,
+                    build_id,
+                    title=f"citycube build {_describe(request)}{part}",
+                    driver=driver,
+                    subset=subset,
+                )
+                print(
+                    f"Dagster backfill {backfill_id}{part} on {os.environ['DAGSTER_HOME']} "
+                    "(see it in `make dev`: Runs → Backfills)",
+                    file=out,
+                    flush=True,
+                )
+                if printer is None:
+                    printer = ProgressPrinter(instance, backfill_id, out)
+                else:
+                    printer.follow(backfill_id)
+                report = drive_backfill(instance, backfill_id, printer, stop, own=not served)
+                if stop.graceful or report.status not in PHASE_DONE:
+                    break  # stopped or canceled: the next backfill is not started
+                if number < len(phases):  # the next backfill tries the failed ones again
+                    report.failures.clear()
     except Exception as exc:
         import traceback
 

@@ -565,13 +565,14 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser(
         "build",
-        help="build cities and years as a Dagster asset backfill",
+        help="build cities and years as Dagster asset backfills",
         description=(
-            "Submit a Dagster asset backfill of everything the selected cities and years need "
+            "Submit Dagster asset backfills of everything the selected cities and years need "
             "(sources, derived results per source period, all 18 modalities' observations, "
             "quick-looks, then the tiles table, the checked DuckDB catalogue and the "
-            "availability report) and drive it to the end, printing progress. The backfill "
-            "and its runs are visible in `make dev` (Runs → Backfills). Partition work runs on "
+            "availability report) and drive them to the end, printing progress: first the "
+            "static and 5-year products, then the rest. The backfills and their runs are "
+            "visible in `make dev` (Runs → Backfills). Partition work runs on "
             "a dask LocalCluster of --workers processes, or on the scheduler named by "
             "CITYCUBE_DASK_SCHEDULER (e.g. tcp://host:8786)."
         ),

@@ -8,7 +8,7 @@ import dagster as dg
 from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
 from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
 
-from pipelines.partitions import keys_for
+from pipelines.partitions import city_epoch_partitions, city_partitions, keys_for
 
 
 def build_selection(
@@ -37,3 +37,23 @@ def build_selection(
         partitions_subsets_by_asset_key=partitioned,  # type: ignore[arg-type]
         non_partitioned_asset_keys=whole,
     )
+
+
+def source_periods_first(
+    asset_graph: BaseAssetGraph, subset: AssetGraphSubset
+) -> tuple[AssetGraphSubset, AssetGraphSubset]:
+    """(the static and epoch assets' partitions, the rest) of a build's selection.
+
+    Everything partitioned by city × year that reads a static or epoch product (its
+    observations, a conversion series) can only join a run once that product is materialised.
+    In one backfill with the rest, Dagster requests those assets in a second run per city after
+    the first, each a process that loads the code; built first, every city-year asset of a city
+    fits in one run.
+    """
+    ahead = {
+        key
+        for key in subset.asset_keys
+        if asset_graph.get(key).partitions_def in (city_partitions, city_epoch_partitions)
+    }
+    first = subset.filter_asset_keys(ahead)
+    return first, subset - first

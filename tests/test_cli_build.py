@@ -98,7 +98,10 @@ def test_stop_requests_then_a_rerun_builds_everything(tmp_path: Path) -> None:
     assert build.returncode == 130, out
     assert "Stopped after" in out and "Run the same command again" in out
     statuses, running = _instance_state(tmp_path)
-    assert statuses == ["CANCELED"] and running == 0, out
+    # The backfill it was driving is canceled (and a second one never started, if the first
+    # was); an earlier one of the same build may have completed.
+    assert statuses[0] == "CANCELED" and running == 0, out
+    assert set(statuses[1:]) <= {"COMPLETED_SUCCESS"}, out
     assert not list((data / "releases").glob("*/cube.duckdb")), "a stopped build published a cube"
 
     # 2. Two requests: every run is forced down at once; none is left recorded as running.

@@ -55,18 +55,27 @@ def _instance(home: Path) -> dg.DagsterInstance:
     return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
 
 
-def test_build_is_one_backfill_of_successful_runs(build: dict[str, object]) -> None:
+def test_build_is_two_backfills_of_successful_runs(build: dict[str, object]) -> None:
     from dagster._core.execution.backfill import BulkActionStatus
 
     with _instance(build["home"]) as instance:  # type: ignore[arg-type]
-        (backfill,) = instance.get_backfills()
-        assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS
-        assert backfill.tags["citycube/release"] == "e2e"
-        runs = instance.get_runs(
-            filters=dg.RunsFilter(tags={"dagster/backfill": backfill.backfill_id})
-        )
+        second, first = instance.get_backfills()  # newest first
+        assert "(1/2: static and 5-year products)" in (first.title or "")
+        assert "(2/2: city-years and the cube)" in (second.title or "")
+        runs = []
+        for backfill in (first, second):
+            assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS
+            assert backfill.tags["citycube/release"] == "e2e"
+            assert backfill.tags["citycube/build"] == first.tags["citycube/build"]
+            tags = {"dagster/backfill": backfill.backfill_id}
+            runs += instance.get_runs(filters=dg.RunsFilter(tags=tags))
         assert len(runs) >= 4  # static, epoch, annual and cube partitionings each get runs
         assert {r.status for r in runs} == {dg.DagsterRunStatus.SUCCESS}
+        # Every city-year asset of the city is in one run: the static and epoch products it
+        # reads were materialised by the first backfill.
+        (city_year_run,) = [r for r in runs if len(r.asset_selection or ()) > 40]
+        assert dg.AssetKey(["modalities", "dem"]) in city_year_run.asset_selection
+        assert dg.AssetKey(["derived", "prop"]) in city_year_run.asset_selection
         materialized = {
             key.to_user_string()
             for run in runs
