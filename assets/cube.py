@@ -137,15 +137,15 @@ def build_cube_assets(
             release, catalogue, _release_metadata(cube), path=release.staged_duckdb_file
         )
         with duckdb.connect(str(path), read_only=True) as con:
+            counts = checks.modality_counts(con, catalogue)  # one scan for three figures
             outcomes = [
                 checks.check_schema(con),
                 checks.check_unique_keys(con),
-                checks.check_values(con, catalogue),
-                checks.check_availability_floor(con),
+                checks.check_values(con, catalogue, counts),
+                checks.check_availability_floor(con, counts=counts),
             ]
-            rows, available = con.execute(
-                "SELECT count(*), count(*) FILTER (WHERE available) FROM observations"
-            ).fetchone()
+            rows = sum(c.rows for c in counts.values())
+            available = sum(c.available for c in counts.values())
             preview = _preview(con)
         return dg.MaterializeResult(
             metadata={

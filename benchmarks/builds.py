@@ -96,8 +96,9 @@ def direct_build(
     with duckdb.connect(str(path), read_only=True) as con:
         checks.check_schema(con)
         checks.check_unique_keys(con)
-        checks.check_values(con, catalogue)
-        checks.check_availability_floor(con)
+        counts = checks.modality_counts(con, catalogue)
+        checks.check_values(con, catalogue, counts)
+        checks.check_availability_floor(con, counts=counts)
     write_report(release, catalogue)
     return time.perf_counter() - start
 

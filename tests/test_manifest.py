@@ -163,8 +163,8 @@ def _count_hashes(monkeypatch: pytest.MonkeyPatch, release: Release) -> list[str
     hashed: list[str] = []
     real = manifest_module.file_sha256
 
-    def counting(path: Path) -> str:
-        hashed.append(path.relative_to(release.root).as_posix())
+    def counting(path: str | Path) -> str:
+        hashed.append(Path(path).relative_to(release.root).as_posix())
         return real(path)
 
     monkeypatch.setattr(manifest_module, "file_sha256", counting)
