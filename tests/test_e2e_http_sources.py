@@ -44,6 +44,9 @@ CITY = "Amsterdam"
 YEARS = (2020, 2023)  # ODIAC over HTTP publishes 2000-2023 ...
 MISSING_YEAR = 2024  # ... so 2024 is unavailable; GHS-POP serves epoch 2020 to all three
 FAILING_YEAR = 2021
+FAILING_EPOCH_YEAR = 2016
+"""A year of epoch 2015, whose GHS-POP tiles answer 500: the build's first backfill (static
+and 5-year products) fails there, while that year's ODIAC files are served."""
 SPECS = load_http_products()
 ASSETS = "sources/odiac,sources/ghs_pop,derived/co2,derived/pop,modalities/co2,modalities/pop,cube"
 SAMPLES = 200
@@ -77,7 +80,7 @@ def serve_odiac(server: FaultyServer, year: int, faults: list[Fault] | None = No
     return months
 
 
-def serve_ghs_pop(server: FaultyServer, epoch: int) -> Patch:
+def serve_ghs_pop(server: FaultyServer, epoch: int, faults: list[Fault] | None = None) -> Patch:
     """The zipped 1 km GHS-POP tiles covering the city (persons per cell, some nodata)."""
     spec = SPECS["ghs_pop"]
     rng = np.random.default_rng(epoch)
@@ -92,7 +95,7 @@ def serve_ghs_pop(server: FaultyServer, epoch: int) -> Patch:
         url = probe.url(spec.variables[0], epoch, row=row, col=col)
         stem = url.rsplit("/", 1)[1].removesuffix(".zip")
         body = zipped(f"{stem}.tif", tif_bytes(block, tile_t, spec.native_crs, -200.0))
-        server.add(_rel(url), body)
+        server.add(_rel(url), body, *(faults or []))
     return patch
 
 
@@ -183,6 +186,8 @@ def served(server: FaultyServer) -> dict[str, Any]:
     odiac = {year: serve_odiac(server, year) for year in YEARS}
     # Every request for the failing year's months answers 500, past every retry bound.
     serve_odiac(server, FAILING_YEAR, faults=[Fault(status=500)] * 200)
+    serve_odiac(server, FAILING_EPOCH_YEAR)
+    serve_ghs_pop(server, 2015, faults=[Fault(status=500)] * 200)
     return {"odiac": odiac, "ghs_pop": serve_ghs_pop(server, 2020)}
 
 
@@ -314,13 +319,31 @@ def test_a_product_failing_past_its_retries_fails_its_partition_only(
     assert {p: p.stat().st_mtime_ns for p in before} == before
     assert not (observations / f"year={FAILING_YEAR}" / "CO2.parquet").exists()
     assert not (root / "data" / "sources" / "odiac" / CITY / str(FAILING_YEAR)).exists()
-    # POP of that year reads epoch 2020, which did not fail: its partition was written, into
-    # the draft; the published folder does not show it (that city-year was never published).
+    # POP of that year reads epoch 2020, which did not fail, but its observations are in the
+    # same run as the failed fetch step, whose later steps Dagster skips: not written (a rerun
+    # writes them); nothing of that city-year is published.
     draft = first_build["release"] / ".draft" / "observations" / f"city={CITY}"
-    assert (draft / f"year={FAILING_YEAR}" / "POP.parquet").is_file()
+    assert not (draft / f"year={FAILING_YEAR}" / "POP.parquet").exists()
     assert not (observations / f"year={FAILING_YEAR}").exists()
     # The published database shows only what it published: neither the failed CO2 year nor
-    # the POP partition the failed build wrote (that city-year was never published).
+    # that year's POP.
     assert _observations(database, "CO2", FAILING_YEAR) == {}
     assert _observations(database, "POP", FAILING_YEAR) == {}
     assert len(_observations(database, "POP", 2020)) == 152
+
+
+def test_a_failing_epoch_product_fails_only_what_reads_it(
+    first_build: dict[str, Any], root: Path
+) -> None:
+    """The first backfill fails on GHS-POP's epoch; the second tries it once more and still
+    builds the year's CO2, which does not read it."""
+    done = _build(root, str(FAILING_EPOCH_YEAR))
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "(1/2: static and 5-year products)" in out and "(2/2: city-years and the cube)" in out
+    assert "ghs_pop" in out and "HTTP 500" in out, out
+    assert f"{CITY}|2015" in out, out
+    draft = first_build["release"] / ".draft" / "observations" / f"city={CITY}"
+    assert (draft / f"year={FAILING_EPOCH_YEAR}" / "CO2.parquet").is_file()
+    assert not (draft / f"year={FAILING_EPOCH_YEAR}" / "POP.parquet").exists()
+    assert not (root / "data" / "sources" / "ghs_pop" / CITY / "2015").exists()
