@@ -336,22 +336,17 @@ def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[str]:
         cluster.close()
 
 
-def request_selection(request: BuildRequest) -> Any:
-    """Every asset partition the request's cities, years and assets need."""
-    from pipelines.definitions import defs
-    from pipelines.selection import build_selection
-
-    keys = selected_asset_keys(request.assets)
-    return build_selection(defs.resolve_asset_graph(), request.cities, request.years, keys)
-
-
 def backfill_phases(request: BuildRequest) -> list[tuple[str, Any]]:
-    """The build's backfills in order, (what, asset partitions): the static and epoch products
-    first, then the rest (see ``source_periods_first``); one when either part is empty."""
+    """The build's backfills in order, (what, asset partitions): everything the request's
+    cities, years and assets need, the static and epoch products first, then the rest (see
+    ``source_periods_first``); one when either part is empty."""
     from pipelines.definitions import defs
-    from pipelines.selection import source_periods_first
+    from pipelines.selection import build_selection, source_periods_first
 
-    first, rest = source_periods_first(defs.resolve_asset_graph(), request_selection(request))
+    graph = defs.resolve_asset_graph()
+    keys = selected_asset_keys(request.assets)
+    selection = build_selection(graph, request.cities, request.years, keys)
+    first, rest = source_periods_first(graph, selection)
     if first.is_empty or rest.is_empty:
         return [("", first | rest)]
     return [("static and 5-year products", first), ("city-years and the cube", rest)]
@@ -372,17 +367,14 @@ def submit_backfill(
     instance: Any,
     request: BuildRequest,
     build_id: str,
-    title: str | None = None,
+    subset: Any,
+    title: str,
     driver: str = "build",
-    subset: Any = None,
 ) -> str:
-    """Add an asset backfill to the instance: of ``subset`` (an ``AssetGraphSubset``), or of
-    everything the request's cities and years need."""
+    """Add an asset backfill of ``subset`` (an ``AssetGraphSubset``) to the instance."""
     from dagster._core.execution.backfill import PartitionBackfill
     from dagster._core.utils import make_new_backfill_id
 
-    if subset is None:
-        subset = request_selection(request)
     backfill_id = make_new_backfill_id()
     backfill = PartitionBackfill.from_asset_graph_subset(
         backfill_id=backfill_id,
@@ -390,7 +382,7 @@ def submit_backfill(
         tags={BUILD_TAG: build_id, RELEASE_TAG: request.release, DRIVER_TAG: driver},
         dynamic_partitions_store=instance,
         asset_graph_subset=subset,
-        title=title or f"citycube build {_describe(request)}",
+        title=title,
         description=f"release {request.release}: {_describe(request)}",
         run_config=None,
     )
@@ -825,30 +817,21 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
             os.environ[WORKERS_ENV] = str(request.workers)
             driver = "daemon" if served else "build"
             phases = backfill_phases(request)
-            printer: ProgressPrinter | None = None
+            printer = ProgressPrinter(instance, "", out)
             backfill_id = ""
             for number, (what, subset) in enumerate(phases, 1):
                 if number > 1:  # what the first left unmaterialised (failed) is tried again
                     subset = subset | unmaterialized(instance, backfill_id)
                 part = f" ({number}/{len(phases)}: {what})" if what else ""
-                backfill_id = submit_backfill(
-                    instance,
-                    request,
-                    build_id,
-                    title=f"citycube build {_describe(request)}{part}",
-                    driver=driver,
-                    subset=subset,
-                )
+                title = f"citycube build {_describe(request)}{part}"
+                backfill_id = submit_backfill(instance, request, build_id, subset, title, driver)
                 print(
                     f"Dagster backfill {backfill_id}{part} on {os.environ['DAGSTER_HOME']} "
                     "(see it in `make dev`: Runs → Backfills)",
                     file=out,
                     flush=True,
                 )
-                if printer is None:
-                    printer = ProgressPrinter(instance, backfill_id, out)
-                else:
-                    printer.follow(backfill_id)
+                printer.follow(backfill_id)
                 report = drive_backfill(instance, backfill_id, printer, stop, own=not served)
                 if stop.graceful or report.status not in PHASE_DONE:
                     break  # stopped or canceled: the next backfill is not started
