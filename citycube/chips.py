@@ -44,7 +44,6 @@ from affine import Affine
 from pyproj import CRS
 from rasterio.warp import Resampling, reproject
 from rasterio.windows import Window
-from scipy.sparse import csr_array, sparray
 from xarray.backends.zarr import FillValueCoder, encode_zarr_attr_value
 from zarr.codecs import BytesCodec, ZstdCodec
 from zarr.codecs.bytes import Endian
@@ -309,15 +308,35 @@ def _average_with_support(
     return out[:n_bands], supported
 
 
+@dataclass(frozen=True)
+class _AxisWeights:
+    """Area weights of one axis: destination cell ``i`` takes ``weight[i, k]`` of source cell
+    ``index[i, k]``, for the few ``k`` of the cells its interval overlaps, in source order.
+
+    Slots beyond a destination's overlap (or outside the source) weigh 0 and point at a
+    valid cell, so every destination has the same number of slots and one gather per slot
+    serves all of them.
+    """
+
+    index: np.ndarray
+    weight: np.ndarray
+
+    @property
+    def covered(self) -> np.ndarray:
+        """Share of each destination interval that source cells cover."""
+        return self.weight.sum(axis=1)
+
+
 def _axis_aligned_weights(
     geometry: dict[str, Any], shape: tuple[int, int], height: int, width: int
-) -> tuple[sparray, sparray] | None:
+) -> tuple[_AxisWeights, _AxisWeights] | None:
     """Row and column area weights when source and block share a CRS and both are north-up.
 
     Then each destination pixel's support is a rectangle of source cells, and the area
     weight of a cell is the product of its row overlap and its column overlap: the warp is
-    two sparse products, a fraction of GDAL's generic warp (which transforms coordinates
-    pixel by pixel) for the same area-weighted average (``tests/test_chips.py``).
+    a weighted sum over a few rows, then over a few columns, a fraction of GDAL's generic
+    warp (which transforms coordinates pixel by pixel) for the same area-weighted average
+    (``tests/test_chips.py``).
     """
     src, dst = geometry["src_transform"], geometry["dst_transform"]
     if not (src.b == src.d == dst.b == dst.d == 0 and src.a > 0 > src.e and dst.a > 0 > dst.e):
@@ -332,8 +351,8 @@ def _axis_aligned_weights(
 
 def _overlap_weights(
     src_start: float, src_step: float, n_src: int, dst_start: float, dst_step: float, n_dst: int
-) -> sparray:
-    """[dst, src] share of each destination interval covered by each source interval."""
+) -> _AxisWeights:
+    """Share of each destination interval covered by each source interval it overlaps."""
     dst_low = dst_start + dst_step * np.arange(n_dst)
     first = np.floor((dst_low - src_start) / src_step).astype(np.int64)
     span = math.ceil(dst_step / src_step) + 1
@@ -343,35 +362,82 @@ def _overlap_weights(
         dst_low[:, None], src_low
     )
     keep = (overlap > dst_step * 1e-9) & (src_index >= 0) & (src_index < n_src)
-    dst_index = np.broadcast_to(np.arange(n_dst)[:, None], src_index.shape)
-    return csr_array(
-        (overlap[keep] / dst_step, (dst_index[keep], src_index[keep])), shape=(n_dst, n_src)
+    return _AxisWeights(
+        index=np.where(keep, src_index, 0).astype(np.intp),
+        weight=np.where(keep, overlap / dst_step, 0.0),
     )
+
+
+class _SeparableWarp:
+    """The two-pass weighted sum of :func:`_separable_average`, into buffers it keeps.
+
+    A block's warps (validity, then each band) have the same shapes, so the intermediate
+    arrays are made once per block: freshly allocated block-sized temporaries cost more in
+    page faults than the arithmetic (``citycube.memory`` maps every large buffer anew).
+    """
+
+    def __init__(self, rows: _AxisWeights, cols: _AxisWeights, src_width: int) -> None:
+        height, width = len(rows.index), len(cols.index)
+        self._row_steps = [
+            (np.ascontiguousarray(rows.index[:, k]), np.ascontiguousarray(rows.weight[:, k, None]))
+            for k in range(rows.index.shape[1])
+        ]
+        self._col_steps = [
+            (np.ascontiguousarray(cols.index[:, k]), np.ascontiguousarray(cols.weight[:, k]))
+            for k in range(cols.index.shape[1])
+        ]
+        self._by_rows = np.empty((height, src_width))
+        self._row_term = np.empty((height, src_width))
+        self._col_term = np.empty((height, width))
+        self.shape = (height, width)
+
+    def __call__(self, cells: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out`` = the weighted sums of ``cells`` (any real or bool type), summed in float64
+        in source order, as a sparse row-then-column product sums them."""
+        (index, weight), *more_rows = self._row_steps
+        np.multiply(weight, cells[index], out=self._by_rows)
+        for index, weight in more_rows:
+            self._by_rows += np.multiply(weight, cells[index], out=self._row_term)
+        (index, weight), *more_cols = self._col_steps
+        np.take(self._by_rows, index, axis=1, out=out, mode="clip")  # unbuffered; in range
+        out *= weight
+        for index, weight in more_cols:
+            np.take(self._by_rows, index, axis=1, out=self._col_term, mode="clip")
+            self._col_term *= weight
+            out += self._col_term
+        return out
 
 
 def _separable_average(
     values: np.ndarray,
     valid: np.ndarray,
-    axes: tuple[sparray, sparray],
+    axes: tuple[_AxisWeights, _AxisWeights],
     float_type: type[np.floating],
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_average_with_support` for axis-aligned weights; a band's non-finite cells drop
     out of that band alone, as they do in GDAL with ``UNIFIED_SRC_NODATA=NO``."""
     rows, cols = axes
-
-    def warp(cells: np.ndarray) -> np.ndarray:
-        return (cols @ (rows @ cells).T).T
-
-    covered = np.outer(rows.sum(axis=1), cols.sum(axis=1))  # the support's area share
-    shared = warp(valid.astype(np.float64))
+    warp = _SeparableWarp(rows, cols, valid.shape[1])
+    covered = np.outer(rows.covered, cols.covered)  # the support's area share
+    all_valid = bool(valid.all())
+    shared = warp(valid, np.empty(warp.shape))
+    total = np.empty(warp.shape)
+    own_weight: np.ndarray | None = None
+    out = np.empty((len(values), *warp.shape), dtype=float_type)
     with np.errstate(invalid="ignore", divide="ignore"):
         supported = shared / covered >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE
-        out = np.empty((len(values), *covered.shape), dtype=float_type)
         for band, cells in enumerate(values):
-            usable = valid & np.isfinite(cells)
-            weight = shared if np.array_equal(usable, valid) else warp(usable.astype(np.float64))
-            total = warp(np.where(usable, cells, 0).astype(np.float64))
-            out[band] = np.where(weight > 0, total / weight, np.nan)
+            finite = np.issubdtype(cells.dtype, np.integer) or bool(np.isfinite(cells).all())
+            if finite:
+                weight, usable = shared, valid
+            else:
+                usable = valid & np.isfinite(cells)
+                own_weight = np.empty(warp.shape) if own_weight is None else own_weight
+                weight = warp(usable, own_weight)
+            warp(cells if finite and all_valid else np.where(usable, cells, 0), total)
+            np.divide(total, weight, out=total)
+            total[~(weight > 0)] = np.nan
+            out[band] = total
     return out, supported
 
 
@@ -1165,8 +1231,9 @@ def tile_pixel_summaries(
 
     Called per block with the warped arrays, so tile availability is known without reading
     the store back. Tiles not wholly inside the block are skipped (they belong to another).
-    The tiles of a block usually form a lattice of equal windows; their counts, sums and class
-    counts are then taken for all of them at once, else tile by tile.
+    A block holds tiles of two sizes (2 km and 5 km); the tiles of each size usually form a
+    lattice of equal windows, whose counts, sums and class counts are then taken for all of
+    them at once, else tile by tile.
     """
     n_bands, height, width = values.shape
     if categorical and n_bands != 1:
@@ -1181,15 +1248,25 @@ def tile_pixel_summaries(
             and col_off + w <= col_start + width
         ):
             inside.append((tile, (row_off - row_start, col_off - col_start, h, w)))
-    lattice = _lattice(inside)
-    if lattice is not None:
-        return _lattice_summaries(values, valid, inside, lattice, categorical)
-    return [_tile_summary(values, valid, tile, window, categorical) for tile, window in inside]
+    by_size: dict[tuple[int, int], list[int]] = {}
+    for index, (_, window) in enumerate(inside):
+        by_size.setdefault((window[2], window[3]), []).append(index)
+    summaries: dict[int, TilePixelSummary] = {}
+    for members in by_size.values():
+        group = [inside[index] for index in members]
+        lattice = _lattice(group)
+        if lattice is not None:
+            found = _lattice_summaries(values, valid, group, lattice, categorical)
+        else:
+            found = [_tile_summary(values, valid, t, window, categorical) for t, window in group]
+        summaries.update(zip(members, found, strict=True))
+    return [summaries[index] for index in range(len(inside))]
 
 
 @dataclass(frozen=True)
 class _Lattice:
-    """Tiles filling rows × cols equal windows of h × w pixels from (row0, col0) of a block."""
+    """Tiles on rows × cols equal windows of h × w pixels from (row0, col0) of a block (a
+    window with no tile, as at a city's edge, is summarised too and not handed out)."""
 
     row0: int
     col0: int
@@ -1200,7 +1277,7 @@ class _Lattice:
 
 
 def _lattice(inside: Sequence[tuple[Tile, tuple[int, int, int, int]]]) -> _Lattice | None:
-    """The lattice the tiles' windows fill exactly (each cell once), or None."""
+    """The lattice the tiles' equal windows lie on (each cell at most once), or None."""
     if len(inside) < 2:
         return None
     windows = np.array([window for _, window in inside])
@@ -1211,7 +1288,7 @@ def _lattice(inside: Sequence[tuple[Tile, tuple[int, int, int, int]]]) -> _Latti
     r, rr = np.divmod(windows[:, 0] - row0, h)
     c, cr = np.divmod(windows[:, 1] - col0, w)
     rows, cols = int(r.max()) + 1, int(c.max()) + 1
-    if rr.any() or cr.any() or rows * cols != len(inside):
+    if rr.any() or cr.any():
         return None
     if len(np.unique(r * cols + c)) != len(inside):
         return None
@@ -1289,20 +1366,29 @@ def _lattice_means(
 
 def _lattice_class_counts(
     ids: np.ndarray, cell_valid: np.ndarray, lattice: _Lattice
-) -> np.ndarray | None:
-    """(cells, ids) counts of valid ids per lattice cell, or None for ids a bincount cannot
-    index (negative, large or not integers)."""
-    picked = ids.reshape(cell_valid.shape)[cell_valid]
+) -> list[np.ndarray] | None:
+    """Counts of valid ids per lattice cell (indexed by id), or None for ids a bincount cannot
+    index (negative, large or not integers).
+
+    Counted cell by cell on views of the block: one bincount of each cell's valid ids, with
+    no block-sized index arrays (each would cost more to allocate than the counting).
+    """
     if not np.issubdtype(ids.dtype, np.integer):
         return None
-    high = int(picked.max()) + 1 if picked.size else 1
-    if picked.size and (int(picked.min()) < 0 or high > _COUNTED_IDS):
-        return None
-    n_cells = lattice.rows * lattice.cols
-    cell_of = np.arange(n_cells).reshape(lattice.rows, 1, lattice.cols, 1)
-    cell_index = np.broadcast_to(cell_of, cell_valid.shape)[cell_valid]
-    flat = cell_index * high + picked.astype(np.intp, copy=False)
-    return np.bincount(flat, minlength=n_cells * high).reshape(n_cells, high)
+    byte_ids = ids.dtype == np.uint8  # every value is a countable id
+    cells = ids.reshape(cell_valid.shape)
+    counts: list[np.ndarray] = []
+    for row in range(lattice.rows):
+        for col in range(lattice.cols):
+            picked = cells[row, :, col, :][cell_valid[row, :, col, :]]
+            if (
+                not byte_ids
+                and picked.size
+                and (int(picked.min()) < 0 or int(picked.max()) >= _COUNTED_IDS)
+            ):
+                return None
+            counts.append(np.bincount(picked.astype(np.intp, copy=False), minlength=1))
+    return counts
 
 
 def _tile_summary(

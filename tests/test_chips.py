@@ -642,6 +642,30 @@ def test_same_crs_north_up_warps_are_gdals_area_weighted_average(
     np.testing.assert_allclose(out, expected, rtol=1e-7, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_same_crs_warps_of_wholly_valid_bands_are_gdals_too(dtype: type) -> None:
+    """Bands without a gap are warped as they are (no zero-filled copy): same pixels as GDAL."""
+    rng = np.random.default_rng(11)
+    n_src = 70
+    values = rng.integers(1, 255, (3, n_src, n_src)).astype(dtype)
+    valid = np.ones((n_src, n_src), dtype=bool)
+    crs = rasterio.crs.CRS.from_epsg(EPSG)
+    geometry = {
+        "src_transform": utm_transform(30.0, X_MIN - 415.0, Y_MAX + 415.0),
+        "src_crs": crs,
+        "dst_transform": utm_transform(25.0),
+        "dst_crs": crs,
+    }
+
+    out, supported = citycube.chips._average_with_support(values, valid, 55, 55, geometry)
+    expected, expected_supported = _gdal_average_with_support(
+        values.astype(np.float64), valid, geometry, (55, 55)
+    )
+
+    assert supported.all() and expected_supported.all()
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
 def test_mollweide_warps_through_its_proj_string_with_identical_pixels() -> None:
     """GDAL looks a WKT without an EPSG code up again on every warp; the PROJ string it is
     handed instead describes the same CRS and gives the same pixels."""

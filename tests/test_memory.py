@@ -89,3 +89,34 @@ def test_freed_heap_is_kept_between_blocks_and_handed_back_at_the_end() -> None:
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["kept"] - seen["start"] > 2 * seen["margin"]
     assert seen["end"] - seen["start"] < seen["margin"] // 2
+
+
+REUSE_PROBE = """
+import json, resource
+import numpy as np
+from citycube.memory import bound_process_memory
+
+bound_process_memory()
+block = 1000 * 1000  # a 10 km block of 10 m pixels
+np.ones(block).sum()  # the heap grows to a block once
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    np.ones(block).sum()
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(json.dumps({"faults": faults, "pages": 20 * block * 8 // 4096}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt and getrusage")
+def test_block_sized_buffers_reuse_the_heap_instead_of_faulting_in_fresh_pages() -> None:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run(
+        [sys.executable, "-c", REUSE_PROBE],
+        cwd=REPO_ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["faults"] < seen["pages"] // 10, seen
