@@ -372,8 +372,8 @@ class _SeparableWarp:
     """The two-pass weighted sum of :func:`_separable_average`, into buffers it keeps.
 
     A block's warps (validity, then each band) have the same shapes, so the intermediate
-    arrays are made once per block: freshly allocated block-sized temporaries cost more in
-    page faults than the arithmetic (``citycube.memory`` maps every large buffer anew).
+    arrays are made once per block, not once per warp and step: the arithmetic is a few
+    multiply-adds per pixel, cheaper than allocating and touching a fresh block-sized array.
     """
 
     def __init__(self, rows: _AxisWeights, cols: _AxisWeights, src_width: int) -> None:
@@ -896,7 +896,7 @@ class ChipStoreWriter:
 
         Works in place on one working copy (or none, when every pixel is valid and the type
         already fits): a block is written per 10 km, and each extra full-size temporary is
-        mapped and unmapped again (see ``citycube.memory``).
+        one more pass over a block's memory.
         """
         out_is_int = np.issubdtype(self.dtype, np.integer)
         all_valid = bool(valid.all())
@@ -1371,7 +1371,7 @@ def _lattice_class_counts(
     index (negative, large or not integers).
 
     Counted cell by cell on views of the block: one bincount of each cell's valid ids, with
-    no block-sized index arrays (each would cost more to allocate than the counting).
+    no block-sized index arrays (writing one costs more than the counting).
     """
     if not np.issubdtype(ids.dtype, np.integer):
         return None
