@@ -30,17 +30,22 @@ print(json.dumps({"before": before, "after": after, "thp_off": thp}))
 """
 
 
-def _probe(**env: str) -> dict:
-    environ = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+def _run(script: str, environ: dict[str, str]) -> dict:
+    """What a fresh interpreter running ``script`` prints last, as JSON."""
     done = subprocess.run(
-        [sys.executable, "-c", PROBE],
+        [sys.executable, "-c", script],
         cwd=REPO_ROOT,
-        env={**environ, **env},
+        env=environ,
         capture_output=True,
         text=True,
         check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _probe(**env: str) -> dict:
+    environ = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    return _run(PROBE, {**environ, **env})
 
 
 def test_block_sweep_switches_arrow_to_the_system_pool() -> None:
@@ -79,14 +84,7 @@ print(json.dumps({"start": start, "kept": kept, "end": resident_bytes(),
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc_trim and /proc")
 def test_freed_heap_is_kept_between_blocks_and_handed_back_at_the_end() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", TRIM_PROBE],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = _run(TRIM_PROBE, dict(os.environ))
     assert seen["kept"] - seen["start"] > 2 * seen["margin"]
     assert seen["end"] - seen["start"] < seen["margin"] // 2
 
@@ -109,14 +107,5 @@ print(json.dumps({"faults": faults, "pages": 20 * block * 8 // 4096}))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt and getrusage")
 def test_block_sized_buffers_reuse_the_heap_instead_of_faulting_in_fresh_pages() -> None:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    done = subprocess.run(
-        [sys.executable, "-c", REUSE_PROBE],
-        cwd=REPO_ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = _run(REUSE_PROBE, {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")})
     assert seen["faults"] < seen["pages"] // 10, seen
