@@ -368,46 +368,6 @@ def _overlap_weights(
     )
 
 
-class _SeparableWarp:
-    """The two-pass weighted sum of :func:`_separable_average`, into buffers it keeps.
-
-    A block's warps (validity, then each band) have the same shapes, so the intermediate
-    arrays are made once per block, not once per warp and step: the arithmetic is a few
-    multiply-adds per pixel, cheaper than allocating and touching a fresh block-sized array.
-    """
-
-    def __init__(self, rows: _AxisWeights, cols: _AxisWeights, src_width: int) -> None:
-        height, width = len(rows.index), len(cols.index)
-        self._row_steps = [
-            (np.ascontiguousarray(rows.index[:, k]), np.ascontiguousarray(rows.weight[:, k, None]))
-            for k in range(rows.index.shape[1])
-        ]
-        self._col_steps = [
-            (np.ascontiguousarray(cols.index[:, k]), np.ascontiguousarray(cols.weight[:, k]))
-            for k in range(cols.index.shape[1])
-        ]
-        self._by_rows = np.empty((height, src_width))
-        self._row_term = np.empty((height, src_width))
-        self._col_term = np.empty((height, width))
-        self.shape = (height, width)
-
-    def __call__(self, cells: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """``out`` = the weighted sums of ``cells`` (any real or bool type), summed in float64
-        in source order, as a sparse row-then-column product sums them."""
-        (index, weight), *more_rows = self._row_steps
-        np.multiply(weight, cells[index], out=self._by_rows)
-        for index, weight in more_rows:
-            self._by_rows += np.multiply(weight, cells[index], out=self._row_term)
-        (index, weight), *more_cols = self._col_steps
-        np.take(self._by_rows, index, axis=1, out=out, mode="clip")  # unbuffered; in range
-        out *= weight
-        for index, weight in more_cols:
-            np.take(self._by_rows, index, axis=1, out=self._col_term, mode="clip")
-            self._col_term *= weight
-            out += self._col_term
-        return out
-
-
 def _separable_average(
     values: np.ndarray,
     valid: np.ndarray,
@@ -417,27 +377,31 @@ def _separable_average(
     """:func:`_average_with_support` for axis-aligned weights; a band's non-finite cells drop
     out of that band alone, as they do in GDAL with ``UNIFIED_SRC_NODATA=NO``."""
     rows, cols = axes
-    warp = _SeparableWarp(rows, cols, valid.shape[1])
+
+    def warp(cells: np.ndarray) -> np.ndarray:
+        """Weighted sums over the overlapping rows, then columns, in float64 and source order
+        (as a sparse row-then-column product sums them); any real or bool ``cells``."""
+        by_rows = rows.weight[:, 0, None] * cells[rows.index[:, 0]]
+        for k in range(1, rows.index.shape[1]):
+            by_rows += rows.weight[:, k, None] * cells[rows.index[:, k]]
+        # "clip": the indices are in range, and the default mode buffers the gather.
+        out = cols.weight[:, 0] * by_rows.take(cols.index[:, 0], axis=1, mode="clip")
+        for k in range(1, cols.index.shape[1]):
+            out += cols.weight[:, k] * by_rows.take(cols.index[:, k], axis=1, mode="clip")
+        return out
+
     covered = np.outer(rows.covered, cols.covered)  # the support's area share
     all_valid = bool(valid.all())
-    shared = warp(valid, np.empty(warp.shape))
-    total = np.empty(warp.shape)
-    own_weight: np.ndarray | None = None
-    out = np.empty((len(values), *warp.shape), dtype=float_type)
+    shared = warp(valid)
+    out = np.empty((len(values), *covered.shape), dtype=float_type)
     with np.errstate(invalid="ignore", divide="ignore"):
         supported = shared / covered >= MIN_VALID_FRACTION - _FRACTION_TOLERANCE
         for band, cells in enumerate(values):
             finite = np.issubdtype(cells.dtype, np.integer) or bool(np.isfinite(cells).all())
-            if finite:
-                weight, usable = shared, valid
-            else:
-                usable = valid & np.isfinite(cells)
-                own_weight = np.empty(warp.shape) if own_weight is None else own_weight
-                weight = warp(usable, own_weight)
-            warp(cells if finite and all_valid else np.where(usable, cells, 0), total)
-            np.divide(total, weight, out=total)
-            total[~(weight > 0)] = np.nan
-            out[band] = total
+            usable = valid if finite else valid & np.isfinite(cells)
+            weight = shared if finite else warp(usable)
+            total = warp(cells if finite and all_valid else np.where(usable, cells, 0))
+            out[band] = np.where(weight > 0, total / weight, np.nan)
     return out, supported
 
 

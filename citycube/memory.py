@@ -72,18 +72,20 @@ def bound_process_memory() -> None:
     """Fix the mmap and trim thresholds, turn off huge pages and use Arrow's system pool (once
     per process).
 
-    Settings are process-wide and inherited by child processes; applying them costs nothing
-    measurable in the benchmarks' processing times.
+    Settings are process-wide and inherited by child processes; with block buffers reusing
+    the heap, processing is faster with them than without (``benchmarks/README.md``).
     """
     global _applied
     if _applied:
         return
     _applied = True
     mallopt = _libc_call("mallopt")
-    if mallopt is not None and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    if mallopt is not None and "MALLOC_TRIM_THRESHOLD_" not in os.environ:
-        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+    for variable, option, value in (
+        ("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+        ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
+    ):
+        if mallopt is not None and variable not in os.environ:
+            mallopt(option, value)
     prctl = _libc_call("prctl")
     if prctl is not None:
         prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0)

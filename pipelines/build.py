@@ -452,9 +452,10 @@ class BuildReport:
 class ProgressPrinter:
     """Prints what the backfill's runs do: runs starting and ending, steps, progress lines."""
 
-    def __init__(self, instance: Any, backfill_id: str, out: TextIO) -> None:
+    def __init__(self, instance: Any, out: TextIO) -> None:
         self.instance = instance
-        self.backfill_id = backfill_id
+        self.backfill_id = ""
+        """The backfill whose runs are printed (see :meth:`follow`)."""
         self.out = out
         self.start = time.time()
         self.cursors: dict[str, str | None] = {}
@@ -817,7 +818,7 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
             os.environ[WORKERS_ENV] = str(request.workers)
             driver = "daemon" if served else "build"
             phases = backfill_phases(request)
-            printer = ProgressPrinter(instance, "", out)
+            printer = ProgressPrinter(instance, out)
             backfill_id = ""
             for number, (what, subset) in enumerate(phases, 1):
                 if number > 1:  # what the first left unmaterialised (failed) is tried again
