@@ -79,8 +79,8 @@ the equator; rows are split into sub-rows until this tolerance is met (see
 """
 
 _MAX_SUBROWS = 64
-_CACHE_FORMAT = 2
-"""Version of the coverage cache files; 2: one file of two arrays per 2-D block of tiles."""
+_CACHE_FORMAT = 3
+"""Version of the coverage cache files; 3: one file per grid pair, two arrays per block."""
 
 
 @dataclass(frozen=True)
@@ -431,37 +431,17 @@ class _Coverage:
     row_cell_area: np.ndarray
     """(window rows,) area of one cell in each window row."""
 
-    def save(self, path: Path) -> None:
-        """Write atomically, so a concurrent or interrupted run never sees half a file.
-
-        Two arrays (all integers, all floats) rather than one per field: a cached call loads
-        one file per block, and each array in a file costs a header parse.
-        """
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
-        os.close(handle)
+    def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Two arrays (all integers, all floats) rather than one per field: each array read
+        costs a header parse."""
         w = self.weights
         header = [_CACHE_FORMAT, *self.window, *w.shape, w.nnz]
-        try:
-            with open(tmp, "wb") as out:
-                np.savez_compressed(
-                    out,
-                    ints=np.concatenate([np.array(header), w.indices, w.indptr]).astype(np.int64),
-                    floats=np.concatenate([w.data, self.tile_area, self.row_cell_area]),
-                )
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        ints = np.concatenate([np.array(header), w.indices, w.indptr]).astype(np.int64)
+        return ints, np.concatenate([w.data, self.tile_area, self.row_cell_area])
 
     @classmethod
-    def load(cls, path: Path) -> _Coverage | None:
-        """The cached weights, or None when the file is missing, stale or unreadable."""
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                ints, floats = z["ints"], z["floats"]
-        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):
-            return None
+    def from_arrays(cls, ints: np.ndarray, floats: np.ndarray) -> _Coverage | None:
+        """The weights :meth:`to_arrays` gave, or None when the arrays are not such a pair."""
         if ints.ndim != 1 or ints.size < 8 or int(ints[0]) != _CACHE_FORMAT:
             return None
         row_off, col_off, height, width, n_tiles, n_cells, nnz = (int(n) for n in ints[1:8])
@@ -473,8 +453,100 @@ class _Coverage:
         return cls((row_off, col_off, height, width), weights, tile_area, row_cell_area)
 
 
-def _cache_folder(cache_dir: Path, raster: RasterGrid, grid: TileGrid) -> Path:
-    """The folder of one (source grid, tile grid) pair's coverage files, one per block."""
+_ARRAY_NAMES = ("ints", "floats")
+
+
+class _CoverageFile:
+    """The cached coverage weights of every block of one source grid on one tile grid.
+
+    One file per grid pair, each block two members of an uncompressed ``.npz`` read on its own
+    (memory follows the block). A file per block cost a file create per block on the first year
+    of every city and product, and creates are the dearest small write on many file systems.
+
+    Blocks are read from the existing file while it holds them all. Once one has to be computed
+    (no file yet, a stale or damaged member), a new file is written beside it, the blocks read so
+    far copied over as they are, and it replaces the old one when the call ends well: a
+    concurrent or interrupted run never sees half a file. Without a path nothing is cached.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._old: zipfile.ZipFile | None = None
+        self._new: zipfile.ZipFile | None = None
+        self._tmp: Path | None = None
+        self._read: list[str] = []
+        """Blocks taken from the old file, to copy over if a new one is started."""
+        if path is not None and path.is_file():
+            try:
+                self._old = zipfile.ZipFile(path)
+            except (OSError, zipfile.BadZipFile):
+                self._old = None
+
+    def __enter__(self) -> _CoverageFile:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if self._old is not None:
+            self._old.close()
+        if self._new is None:
+            return
+        assert self.path is not None and self._tmp is not None
+        self._new.close()
+        if exc_type is None:
+            os.replace(self._tmp, self.path)
+        elif self._tmp.exists():
+            self._tmp.unlink()
+
+    def load(self, block: str) -> _Coverage | None:
+        """The block's weights, or None when the file lacks them or they are unreadable."""
+        if self._old is None:
+            return None
+        try:
+            ints, floats = (self._read_array(f"{block}/{name}.npy") for name in _ARRAY_NAMES)
+        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):
+            return None
+        coverage = _Coverage.from_arrays(ints, floats)
+        if coverage is not None:
+            self._read.append(block)
+            if self._new is not None:
+                self._copy(block)
+        return coverage
+
+    def store(self, block: str, coverage: _Coverage) -> None:
+        """Keep weights that had to be computed (written out when the call ends well)."""
+        if self.path is None:
+            return
+        if self._new is None:
+            self._start()
+        assert self._new is not None
+        for name, array in zip(_ARRAY_NAMES, coverage.to_arrays(), strict=True):
+            with self._new.open(f"{block}/{name}.npy", "w") as out:
+                np.lib.format.write_array(out, array, allow_pickle=False)
+
+    def _read_array(self, member: str) -> np.ndarray:
+        assert self._old is not None
+        with self._old.open(member) as stream:
+            return np.lib.format.read_array(stream, allow_pickle=False)
+
+    def _start(self) -> None:
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".npz.tmp")
+        os.close(handle)
+        self._tmp = Path(tmp)
+        self._new = zipfile.ZipFile(self._tmp, "w", zipfile.ZIP_STORED)
+        for block in self._read:
+            self._copy(block)
+
+    def _copy(self, block: str) -> None:
+        assert self._old is not None and self._new is not None
+        for name in _ARRAY_NAMES:
+            member = f"{block}/{name}.npy"
+            self._new.writestr(member, self._old.read(member))
+
+
+def _cache_file(cache_dir: Path, raster: RasterGrid, grid: TileGrid) -> Path:
+    """The file of one (source grid, tile grid) pair's coverage weights, every block in it."""
     identity = "|".join(
         [
             f"v{_CACHE_FORMAT}",
@@ -486,11 +558,11 @@ def _cache_folder(cache_dir: Path, raster: RasterGrid, grid: TileGrid) -> Path:
         ]
     )
     digest = hashlib.sha256(identity.encode()).hexdigest()[:24]
-    return Path(cache_dir) / f"coverage-{digest}"
+    return Path(cache_dir) / f"coverage-{digest}.npz"
 
 
 def _cache_name(block: _Block) -> str:
-    return f"rows{block.row0:04d}-{block.row1:04d}_cols{block.col0:04d}-{block.col1:04d}.npz"
+    return f"rows{block.row0:04d}-{block.row1:04d}_cols{block.col0:04d}-{block.col1:04d}"
 
 
 def _aggregate_reprojected(
@@ -502,22 +574,18 @@ def _aggregate_reprojected(
 ) -> None:
     """Other-CRS path: sparse coverage weights (cached per block) applied to its window."""
     bands: dict[tuple[int, int], _BandGrid | None] = {}
-    folder = None if cache_dir is None else _cache_folder(cache_dir, source.grid, grid)
-    for block in blocks:
-        coverage = None
-        path = None
-        if folder is not None:
-            path = folder / _cache_name(block)
-            coverage = _Coverage.load(path)
-        if coverage is None:
-            to_source = transformer(grid.crs, source.grid.crs)
-            if (block.row0, block.row1) not in bands:
-                bands[block.row0, block.row1] = _band_grid(source.grid, grid, block, to_source)
-            band = bands[block.row0, block.row1]
-            coverage = _block_coverage(source.grid, grid, block, to_source, band)
-            if path is not None:
-                coverage.save(path)
-        _apply_coverage(source, coverage, block.tiles(grid), sums)
+    path = None if cache_dir is None else _cache_file(cache_dir, source.grid, grid)
+    with _CoverageFile(path) as cached:
+        for block in blocks:
+            coverage = cached.load(_cache_name(block))
+            if coverage is None:
+                to_source = transformer(grid.crs, source.grid.crs)
+                if (block.row0, block.row1) not in bands:
+                    bands[block.row0, block.row1] = _band_grid(source.grid, grid, block, to_source)
+                band = bands[block.row0, block.row1]
+                coverage = _block_coverage(source.grid, grid, block, to_source, band)
+                cached.store(_cache_name(block), coverage)
+            _apply_coverage(source, coverage, block.tiles(grid), sums)
 
 
 def _apply_coverage(

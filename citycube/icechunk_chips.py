@@ -64,6 +64,22 @@ def _storage(path: Path) -> icechunk.Storage:
     return icechunk.local_filesystem_storage(str(Path(path).resolve()))
 
 
+INLINE_CHUNK_BYTES = 8192
+"""Chunks up to this size are kept inside the array's manifest instead of a file of their own.
+
+Half of a city-year's chunks are this small (validity masks, nearly empty blocks of a vector
+layer); as files each cost a create, which on some file systems is the dearest part of a small
+write, and on object storage a request. Manifests grow by at most this much per such chunk.
+"""
+
+
+def _write_config() -> icechunk.RepositoryConfig:
+    """What a writer's session uses; readers need none to read inlined chunks."""
+    config = icechunk.RepositoryConfig.default()
+    config.inline_chunk_threshold_bytes = INLINE_CHUNK_BYTES
+    return config
+
+
 def open_repository(path: Path) -> icechunk.Repository:
     """The icechunk repository of a chip store, with an error that says how to make it."""
     path = Path(path)
@@ -163,6 +179,7 @@ class IcechunkChipWriter(ChipStoreWriter):
             repo = icechunk.Repository.create(_storage(self._tmp_path))
         else:
             repo = icechunk.Repository.open(_storage(self.path))
+        repo = repo.reopen(_write_config())  # for this writer only: no config file is saved
         self._session = repo.writable_session(DRAFT_BRANCH)
         self._loop = asyncio.new_event_loop()
         store = self._raw_store

@@ -36,6 +36,12 @@ from citycube.grids import PixelGrid, TileGrid
 from citycube.rasters import transformer
 from citycube.staging import repair_hint
 
+# Reading a GeoPackage makes GDAL's PAM layer write a ``.aux.xml`` copy of the file's metadata
+# next to it on close, on every read, although the metadata lives in the GeoPackage itself.
+# Sources are read, never written: the sidecar rewrote the item's folder once per 10 km block
+# (a file create each time) and, for a data root of hard links, the original's folder too.
+pyogrio.set_gdal_config_options({"GDAL_PAM_ENABLED": "NO"})
+
 
 def _require_file(path: Path) -> None:
     if not Path(path).exists():
@@ -413,7 +419,19 @@ def _ring_shapes(
     coords: np.ndarray, counts: np.ndarray, values: np.ndarray, source: CRS, target: CRS
 ) -> list[tuple[object, object]]:
     """``_burn_shapes`` for polygons without holes: each one's coordinates are its exterior
-    ring, ``counts[i]`` points of ``coords`` in order, so there are no parts or rings to split."""
+    ring, ``counts[i]`` points of ``coords`` in order, so there are no parts or rings to split.
+
+    A closed ring's last point (its first again) is left out: the burn closes every ring with
+    its first point, so the same points are drawn, and a footprint of four corners has a fifth
+    fewer points to project, list and hand over.
+    """
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    closed = (counts > 3) & (coords[starts] == coords[ends - 1]).all(axis=1)
+    if closed.any():
+        keep = np.ones(len(coords), dtype=bool)
+        keep[ends[closed] - 1] = False
+        coords, counts = coords[keep], counts - closed
     x, y = transformer(source, target).transform(coords[:, 0], coords[:, 1])
     xy = np.column_stack([x, y]).tolist()
     ends = np.cumsum(counts).tolist()

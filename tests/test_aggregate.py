@@ -7,6 +7,7 @@ into the tile CRS, with the tile box), so the two paths are not checked against 
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -430,6 +431,42 @@ def test_corrupt_cache_is_rebuilt(tmp_path: Path) -> None:
     again = aggregate_tiles(source, small_grid(), cache_dir=tmp_path)
     assert_same_stats(again, first, rtol=0)
     assert all(path.stat().st_size > 100 for path in tmp_path.rglob("*.npz"))
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_damaged_block_is_recomputed_and_the_others_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One file holds every block: a block that cannot be read is computed again and written
+    with the ones that could, into a whole new file."""
+    (values, valid), crs, transform = mollweide_source_case(np.random.default_rng(7))
+    source = array_source(values, valid, crs, transform)
+    grid = small_grid()
+    shape = {"tile_rows_per_block": 2, "tile_cols_per_block": 3}
+    first = aggregate_tiles(source, grid, cache_dir=tmp_path, **shape)
+    (path,) = tmp_path.glob("*.npz")
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    damaged = sorted(name for name in members if name.endswith("floats.npy"))[1]
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data[:40] if name == damaged else data)
+    calls: list[int] = []
+    real = aggregate.exact_extract
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(aggregate, "exact_extract", spy)
+    again = aggregate_tiles(source, grid, cache_dir=tmp_path, **shape)
+    assert_same_stats(again, first, rtol=0)
+    assert len(calls) == 1
+    with zipfile.ZipFile(path) as archive:
+        assert sorted(archive.namelist()) == sorted(members)
+    aggregate_tiles(source, grid, cache_dir=tmp_path, **shape)
+    assert len(calls) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 def test_reprojected_block_size_does_not_change_results(tmp_path: Path) -> None:
@@ -439,7 +476,9 @@ def test_reprojected_block_size_does_not_change_results(tmp_path: Path) -> None:
     whole = aggregate_tiles(source, grid, tile_rows_per_block=grid.n_rows)
     streamed = aggregate_tiles(source, grid, tile_rows_per_block=1, cache_dir=tmp_path)
     assert_same_stats(streamed, whole, rtol=1e-10)
-    assert len(list(tmp_path.rglob("*.npz"))) == grid.n_rows
+    (cached,) = tmp_path.rglob("*.npz")  # one file, two arrays per block
+    with zipfile.ZipFile(cached) as archive:
+        assert len(archive.namelist()) == 2 * grid.n_rows
 
 
 def test_reprojected_column_blocks_do_not_change_results(tmp_path: Path) -> None:
@@ -453,7 +492,9 @@ def test_reprojected_column_blocks_do_not_change_results(tmp_path: Path) -> None
         source, grid, tile_rows_per_block=2, tile_cols_per_block=3, cache_dir=tmp_path
     )
     assert_same_stats(streamed, whole, rtol=1e-12)
-    assert len(list(tmp_path.rglob("*.npz"))) == 2 * 2  # one coverage file per block
+    (cached_file,) = tmp_path.rglob("*.npz")
+    with zipfile.ZipFile(cached_file) as archive:
+        assert len(archive.namelist()) == 2 * 2 * 2  # two arrays for each of the 2 × 2 blocks
     cached = aggregate_tiles(
         source, grid, tile_rows_per_block=2, tile_cols_per_block=3, cache_dir=tmp_path
     )

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from citycube import icechunk_chips
 from citycube.chips import ChipStoreWriter, chip_writer, open_chip_group, open_chips
 from citycube.diff import diff_releases, diff_text
 from citycube.errors import ChipsNotFoundError, CubeWriteError
@@ -81,6 +82,9 @@ def test_an_icechunk_store_holds_the_zarr_store_and_each_write_is_one_commit(
         np.testing.assert_array_equal(a["valid"].values, b["valid"].values)
         np.testing.assert_array_equal(a["band"].values, b["band"].values)
     assert commit_count(versioned) == 2  # the repository's first commit, then the write
+    # Chunks larger than INLINE_CHUNK_BYTES are files (the 6 data chunks of random bytes); the
+    # masks and coordinates, smaller, sit inside the manifests.
+    assert len(list((versioned / "chunks").iterdir())) == 6
 
     # A second write is one more commit; a block of nothing but fill reads as fill again
     # (its old chunk is not carried over), and the first write stays readable by snapshot.
@@ -254,8 +258,12 @@ def test_publication_moves_the_published_branch_and_freeze_tags_it(data_root: Pa
     with pytest.raises(ChipsNotFoundError, match="no branch or tag 'nope'"):
         open_chips(store, "nope")
 
-    # verify catches one flipped byte in any chunk file of the repository.
-    chunk = max((p for p in (store / "chunks").iterdir()), key=lambda p: p.stat().st_size)
+    # verify catches one flipped byte in the chunk data, a chunk file's or a manifest's (which
+    # holds the chunks smaller than INLINE_CHUNK_BYTES).
+    chunk = max(
+        (p for p in store.rglob("*") if p.is_file() and p.parent.name in {"chunks", "manifests"}),
+        key=lambda p: p.stat().st_size,
+    )
     data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0xFF
     chunk.write_bytes(bytes(data))
@@ -293,7 +301,7 @@ def test_diff_shows_the_chips_and_valid_fractions_a_change_touched(data_root: Pa
 
 
 def test_garbage_collection_deletes_unreferenced_chunks_and_keeps_what_readers_reach(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import json
     from datetime import UTC, datetime, timedelta
@@ -308,6 +316,8 @@ def test_garbage_collection_deletes_unreferenced_chunks_and_keeps_what_readers_r
     from pipelines.cli import main
     from tests.release_fixtures import CAT, LocalFilesBackend, _local, _sources
 
+    # The test city's chunks are small enough to be inlined; as files, as a real city's are.
+    monkeypatch.setattr(icechunk_chips, "INLINE_CHUNK_BYTES", 0)
     started = datetime.now(UTC) - timedelta(seconds=2)
     release = build_release(tmp_path, "gc", modalities=("DEM",), chip_format="icechunk")
     (store,) = chip_repositories(release)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
+import pyogrio
 import pytest
 import shapely
 import shapely.affinity
@@ -86,6 +87,27 @@ def test_block_reads_draw_what_a_whole_read_draws(tmp_path: Path) -> None:
     )
     np.testing.assert_array_equal(mosaic, expected)
     assert {3.0, 7.0, 9.0, 5.0} <= set(np.unique(mosaic).tolist())
+
+
+def test_reading_a_layer_leaves_its_folder_untouched(tmp_path: Path) -> None:
+    """Sources are read, never written: no GDAL sidecar appears next to a GeoPackage, block
+    after block (the source families write their provenance into the file's metadata)."""
+    folder = tmp_path / "item"
+    folder.mkdir()
+    path = folder / "features.gpkg"
+    frame = gpd.GeoDataFrame(
+        {"value": [3.0]}, geometry=[_wgs84(box(*city_grid(CITY, "2km").bounds))], crs=4326
+    )
+    tags = {"SYNTHETIC": "true"}
+    pyogrio.write_dataframe(
+        frame, path, layer="features", dataset_metadata=tags, layer_metadata=tags
+    )
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    grid = pixel_grid(CITY, 100)
+    layer = open_vector_layer(path, SPEC, EPSG, WGS84, None)
+    for r0, r1, c0, c1 in blocks(grid)[:3]:
+        rasterize_block(layer, grid, r0, r1, c0, c1, background=0.0, dtype=np.dtype("float32"))
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
 
 
 def test_footprint_layers_burn_as_rasterio_burns_them(tmp_path: Path) -> None:
