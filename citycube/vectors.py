@@ -264,6 +264,34 @@ def plain_polygons_from_wkb(column: pa.Array | pa.ChunkedArray) -> PlainPolygons
     return PlainPolygons(coords, counts)
 
 
+_WKB_POINT_BYTES = 21
+"""A little-endian 2-D point: byte order, type 1, x, y (an empty point is x = y = NaN)."""
+
+
+def plain_points_from_wkb(column: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+    """(n, 2) coordinates of a WKB column, if every value is a little-endian 2-D point; None
+    otherwise (a null, another type or byte order: the caller decodes it with shapely)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(array, pa.ExtensionArray):
+        array = array.storage
+    large = pa.types.is_large_binary(array.type)
+    if array.null_count or not (large or pa.types.is_binary(array.type)):
+        return None
+    if len(array) == 0:
+        return np.empty((0, 2))
+    _, offset_buffer, data_buffer = array.buffers()
+    offsets = np.frombuffer(offset_buffer, dtype=np.int64 if large else np.int32)[
+        array.offset : array.offset + len(array) + 1
+    ]
+    if (np.diff(offsets) != _WKB_POINT_BYTES).any():
+        return None
+    data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0] : offsets[-1]]
+    points = data.reshape(-1, _WKB_POINT_BYTES)
+    if (points[:, 0] != 1).any() or (_uint32_at(data, np.arange(1, len(data), 21)) != 1).any():
+        return None
+    return points[:, 5:].copy().view("<f8").astype(np.float64, copy=False)
+
+
 def _read_block(
     layer: VectorLayer, bbox: tuple[float, float, float, float], plain: bool = False
 ) -> tuple[np.ndarray | PlainPolygons, pd.DataFrame]:
@@ -528,6 +556,10 @@ def iter_points(
         column, crs = _geoparquet_geometry(parquet, path)
         _require_crs(crs, expected_crs, path)
         for batch in parquet.iter_batches(batch_size=POINT_BATCH_ROWS, columns=[column]):
+            plain = plain_points_from_wkb(batch.column(0))
+            if plain is not None:  # no geometry object per point
+                yield _projected(plain[:, 0], plain[:, 1], crs, city_epsg)
+                continue
             geometry = shapely.from_wkb(batch.column(0).to_numpy(zero_copy_only=False))
             yield _xy(geometry, crs, city_epsg, path)
     except SourceReadError:
@@ -578,11 +610,19 @@ def _xy(
         )
     x, y = np.full(len(points), np.nan), np.full(len(points), np.nan)
     present = ~shapely.is_empty(points)
+    x[present], y[present] = shapely.get_x(points[present]), shapely.get_y(points[present])
+    return _projected(x, y, crs, city_epsg)
+
+
+def _projected(
+    x: np.ndarray, y: np.ndarray, crs: object, city_epsg: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Points in the city CRS; an empty point (x = y = NaN) stays at NaN."""
+    out_x, out_y = np.full(len(x), np.nan), np.full(len(x), np.nan)
+    present = ~(np.isnan(x) & np.isnan(y))
     to_city = transformer(CRS.from_user_input(crs), f"EPSG:{city_epsg}")
-    x[present], y[present] = to_city.transform(
-        shapely.get_x(points[present]), shapely.get_y(points[present])
-    )
-    return x, y
+    out_x[present], out_y[present] = to_city.transform(x[present], y[present])
+    return out_x, out_y
 
 
 def tile_index(grid: TileGrid, x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
+import pyarrow as pa
 import pyogrio
 import pytest
 import shapely
@@ -33,6 +34,7 @@ from citycube.vectors import (
     iter_points,
     load_records,
     open_vector_layer,
+    plain_points_from_wkb,
     point_counts,
     rasterize_block,
 )
@@ -271,6 +273,38 @@ def test_points_are_projected_as_geopandas_projects_them(tmp_path: Path) -> None
     frame.to_parquet(path)
     with pytest.raises(SourceReadError, match="holds geometries other than points"):
         list(iter_points(path, EPSG, WGS84))
+
+
+def test_plain_points_are_decoded_without_geometry_objects_as_shapely_decodes_them(
+    tmp_path: Path,
+) -> None:
+    points = [Point(4.9, 52.3), Point(), Point(-0.12, 51.5), Point(1e-9, -1e9)]
+    wkb = pa.array(shapely.to_wkb(np.array(points, dtype=object)).tolist(), pa.binary())
+    decoded = plain_points_from_wkb(wkb)
+    assert decoded is not None
+    np.testing.assert_array_equal(
+        decoded, [[4.9, 52.3], [np.nan, np.nan], [-0.12, 51.5], [1e-9, -1e9]]
+    )
+    others = [
+        shapely.to_wkb(Point(1, 2), byte_order=0),  # big-endian
+        shapely.to_wkb(Point(1, 2, 3)),  # 3-D
+        shapely.to_wkb(MultiPoint([(1, 2)])),
+        None,  # missing
+    ]
+    for other in others:
+        assert plain_points_from_wkb(pa.array([wkb[0].as_py(), other], pa.binary())) is None
+
+    # A file of plain points (one empty) takes that path and projects as geopandas does.
+    path = tmp_path / "points.parquet"
+    _points(path, 500)
+    frame = gpd.read_parquet(path)
+    frame.loc[[5], "geometry"] = Point()
+    frame.to_parquet(path)
+    (x, y), *more = list(iter_points(path, EPSG, WGS84))
+    expected = frame.to_crs(epsg=EPSG)
+    np.testing.assert_array_equal(x, expected.geometry.x.to_numpy())
+    np.testing.assert_array_equal(y, expected.geometry.y.to_numpy())
+    assert not more and np.isnan(x[5]) and np.isfinite(np.delete(x, 5)).all()
 
 
 def test_point_files_with_the_wrong_crs_or_damage_fail_clearly(tmp_path: Path) -> None:
