@@ -229,9 +229,9 @@ def _uint32_at(data: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return values
 
 
-def plain_polygons_from_wkb(column: pa.Array | pa.ChunkedArray) -> PlainPolygons | None:
-    """The polygons of a WKB column, if every one is a little-endian 2-D polygon with exactly
-    one ring (no holes, not empty); None otherwise (the caller then decodes it with shapely)."""
+def _wkb_buffers(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(offsets, bytes) of a binary column with no nulls, as numpy views (offsets as int64:
+    value ``i`` is ``bytes[offsets[i]:offsets[i + 1]]``); None for a column that is not."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if isinstance(array, pa.ExtensionArray):
         array = array.storage
@@ -239,13 +239,23 @@ def plain_polygons_from_wkb(column: pa.Array | pa.ChunkedArray) -> PlainPolygons
     if array.null_count or not (large or pa.types.is_binary(array.type)):
         return None
     if len(array) == 0:
-        return PlainPolygons(np.empty((0, 2)), np.empty(0, dtype=np.int64))
+        return np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.uint8)
     _, offset_buffer, data_buffer = array.buffers()
-    offset_type = np.int64 if large else np.int32
-    offsets = np.frombuffer(offset_buffer, dtype=offset_type)[
+    offsets = np.frombuffer(offset_buffer, dtype=np.int64 if large else np.int32)[
         array.offset : array.offset + len(array) + 1
     ].astype(np.int64)
-    data = np.frombuffer(data_buffer, dtype=np.uint8)
+    return offsets, np.frombuffer(data_buffer, dtype=np.uint8)
+
+
+def plain_polygons_from_wkb(column: pa.Array | pa.ChunkedArray) -> PlainPolygons | None:
+    """The polygons of a WKB column, if every one is a little-endian 2-D polygon with exactly
+    one ring (no holes, not empty); None otherwise (the caller then decodes it with shapely)."""
+    buffers = _wkb_buffers(column)
+    if buffers is None:
+        return None
+    offsets, data = buffers
+    if len(offsets) == 1:
+        return PlainPolygons(np.empty((0, 2)), np.empty(0, dtype=np.int64))
     starts, sizes = offsets[:-1], np.diff(offsets)
     if (sizes < _WKB_HEADER).any() or (data[starts] != 1).any():
         return None
@@ -271,23 +281,16 @@ _WKB_POINT_BYTES = 21
 def plain_points_from_wkb(column: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
     """(n, 2) coordinates of a WKB column, if every value is a little-endian 2-D point; None
     otherwise (a null, another type or byte order: the caller decodes it with shapely)."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if isinstance(array, pa.ExtensionArray):
-        array = array.storage
-    large = pa.types.is_large_binary(array.type)
-    if array.null_count or not (large or pa.types.is_binary(array.type)):
+    buffers = _wkb_buffers(column)
+    if buffers is None:
         return None
-    if len(array) == 0:
-        return np.empty((0, 2))
-    _, offset_buffer, data_buffer = array.buffers()
-    offsets = np.frombuffer(offset_buffer, dtype=np.int64 if large else np.int32)[
-        array.offset : array.offset + len(array) + 1
-    ]
+    offsets, data = buffers
     if (np.diff(offsets) != _WKB_POINT_BYTES).any():
         return None
-    data = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0] : offsets[-1]]
+    data = data[offsets[0] : offsets[-1]]
     points = data.reshape(-1, _WKB_POINT_BYTES)
-    if (points[:, 0] != 1).any() or (_uint32_at(data, np.arange(1, len(data), 21)) != 1).any():
+    types = _uint32_at(data, np.arange(1, len(data), _WKB_POINT_BYTES))
+    if (points[:, 0] != 1).any() or (types != 1).any():
         return None
     return points[:, 5:].copy().view("<f8").astype(np.float64, copy=False)
 
