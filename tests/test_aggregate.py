@@ -395,7 +395,8 @@ def test_reprojected_matches_independent_intersections(
     assert partial.any() and (ref["covered_fraction"][~partial] > 1 - 1e-9).all()
 
 
-def test_coverage_is_cached_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _count_exactextract_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each exactextract call (one per block computed)."""
     calls: list[int] = []
     real = aggregate.exact_extract
 
@@ -404,6 +405,11 @@ def test_coverage_is_cached_and_reused(tmp_path: Path, monkeypatch: pytest.Monke
         return real(*args, **kwargs)
 
     monkeypatch.setattr(aggregate, "exact_extract", spy)
+    return calls
+
+
+def test_coverage_is_cached_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_exactextract_calls(monkeypatch)
     (values, valid), crs, transform = mollweide_source_case(np.random.default_rng(4))
     grid = small_grid()
     first = aggregate_tiles(array_source(values, valid, crs, transform), grid, cache_dir=tmp_path)
@@ -451,14 +457,7 @@ def test_a_damaged_block_is_recomputed_and_the_others_kept(
     with zipfile.ZipFile(path, "w") as archive:
         for name, data in members.items():
             archive.writestr(name, data[:40] if name == damaged else data)
-    calls: list[int] = []
-    real = aggregate.exact_extract
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(aggregate, "exact_extract", spy)
+    calls = _count_exactextract_calls(monkeypatch)
     again = aggregate_tiles(source, grid, cache_dir=tmp_path, **shape)
     assert_same_stats(again, first, rtol=0)
     assert len(calls) == 1
