@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from citycube.cells import CellLattice, median_of_cell_medians
 from citycube.errors import SourceReadError
 from citycube.grids import TileGrid
 from citycube.rasters import MaskedSource, RasterGrid, crs_text, is_epsg, transformer
+from citycube.scratch import owned_name, remove_dead_leftovers
 
 __all__ = [
     "BLOCK_HEIGHT_M",
@@ -531,9 +531,8 @@ class _CoverageFile:
     def _start(self) -> None:
         assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".npz.tmp")
-        os.close(handle)
-        self._tmp = Path(tmp)
+        remove_dead_leftovers(self.path)  # what a killed write of this file left
+        self._tmp = owned_name(self.path)
         self._new = zipfile.ZipFile(self._tmp, "w", zipfile.ZIP_STORED)
         for block in self._read:
             self._copy(block)
