@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from assets.common import modality_asset_key
-from citycube.catalogue import Catalogue
-from citycube.cube import build_duckdb, publish_database, release_metadata, write_tiles
+from citycube.catalogue.modalities import Catalogue
+from citycube.cube.release import build_duckdb, publish_database, release_metadata, write_tiles
+from citycube.tasks.views import task_views
 from pipelines.resources import CubeResource
 
 if TYPE_CHECKING:  # imported where the checks run
     import duckdb
 
-    from citycube import checks
+    from citycube.cube import checks
 
 TILES_KEY = dg.AssetKey(["cube", "tiles"])
 STAGED_DATABASE_KEY = dg.AssetKey(["cube", "staged_database"])
@@ -62,7 +63,7 @@ def tiles_table(cube: CubeResource) -> dg.MaterializeResult:
     draft: published with the database."""
     import duckdb
 
-    from citycube import checks
+    from citycube.cube import checks
 
     path = write_tiles(cube.release())
     with duckdb.connect() as con:
@@ -128,13 +129,17 @@ def build_cube_assets(
         """A new DuckDB catalogue over the release's Parquet, built aside and checked."""
         import duckdb
 
-        from citycube import checks
+        from citycube.cube import checks
 
         release = cube.release()
         if not release.tiles_file.exists() and not release.published_tiles_file.exists():
             write_tiles(release)  # else the draft's, or the published one (adopted)
         path = build_duckdb(
-            release, catalogue, _release_metadata(cube), path=release.staged_duckdb_file
+            release,
+            catalogue,
+            _release_metadata(cube),
+            path=release.staged_duckdb_file,
+            benchmark_views=task_views(catalogue),
         )
         with duckdb.connect(str(path), read_only=True) as con:
             counts = checks.modality_counts(con, catalogue)  # one scan for three figures

@@ -19,11 +19,11 @@ from assets.common import (
     source_asset_key,
 )
 from assets.sources import _partitioning_name, product_temporal
-from citycube.catalogue import Catalogue, ModalitySpec
-from citycube.versions import modality_code_version
+from citycube.catalogue.modalities import Catalogue, ModalitySpec
+from citycube.catalogue.versions import modality_code_version
+from pipelines.partition_work import derive_with_quicklook
 from pipelines.partitions import PartitionsDef, mapping_between, period_partitions
 from pipelines.resources import ComputeResource, CubeResource
-from pipelines.tasks import derive_with_quicklook
 
 THUMBNAIL_PX = 200
 """Longest side of a quick-look thumbnail embedded in the Dagster UI."""
@@ -36,7 +36,7 @@ def _preview(metadata: dict) -> dict:
         return {}
     from PIL import Image
 
-    from citycube.thumbnails import png_data_uri
+    from citycube.reports.thumbnails import png_data_uri
 
     with Image.open(metadata["quicklook"]) as image:
         uri = png_data_uri(image, THUMBNAIL_PX)

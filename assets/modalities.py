@@ -17,11 +17,11 @@ from assets.common import (
     modality_asset_key,
     run_partitions,
 )
-from citycube.catalogue import Catalogue, ModalitySpec
-from citycube.versions import modality_code_version
+from citycube.catalogue.modalities import Catalogue, ModalitySpec
+from citycube.catalogue.versions import modality_code_version
+from pipelines.partition_work import observe
 from pipelines.partitions import city_year_partitions, mapping_between, period_partitions
 from pipelines.resources import ComputeResource, CubeResource
-from pipelines.tasks import observe
 
 
 def _spec(modality: ModalitySpec, catalogue: Catalogue) -> dg.AssetSpec:

@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets.cube import DATABASE_KEY
-from citycube.catalogue import Catalogue
+from citycube.catalogue.modalities import Catalogue
 from pipelines.resources import CubeResource
 
 AVAILABILITY_REPORT_KEY = dg.AssetKey(["cube", "availability_report"])
@@ -48,8 +48,8 @@ def build_report_assets(
         import pandas as pd
         from PIL import Image
 
-        from citycube.report import write_report
-        from citycube.thumbnails import png_data_uri
+        from citycube.reports.availability import write_report
+        from citycube.reports.thumbnails import png_data_uri
 
         release = cube.release()
         paths = write_report(release, catalogue)
@@ -81,7 +81,7 @@ def build_report_assets(
     def paper_comparison(cube: CubeResource) -> dg.MaterializeResult:
         """Seed 000's Tables 10 and 11 beside the release's availability, and every documented
         departure from the paper with its reason (schemas/paper.yaml)."""
-        from citycube.paper import write_paper_comparison
+        from citycube.reports.paper import write_paper_comparison
 
         paths = write_paper_comparison(cube.release(), catalogue)
         return _files_written(paths, shown="paper_md", as_name="report")
@@ -97,7 +97,7 @@ def build_report_assets(
 
         Written before the manifest, so ``citycube verify`` covers them too.
         """
-        from citycube.card import write_card
+        from citycube.reports.card import write_card
 
         paths = write_card(cube.release(), catalogue)
         return _files_written(paths, shown="card", as_name="card")
@@ -114,7 +114,7 @@ def build_report_assets(
         Written last, so it covers the published database's Parquet, the chips, the quick-looks
         and the reports; ``citycube verify`` recomputes it.
         """
-        from citycube.manifest import read_manifest, write_manifest
+        from citycube.cube.manifest import read_manifest, write_manifest
 
         release = cube.release()
         meta_file = release.metadata_file

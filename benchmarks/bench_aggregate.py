@@ -1,9 +1,9 @@
 """Benchmark 1: exact tile aggregation against exactextract on the same rasters and tiles.
 
-The engine (``citycube.aggregate.aggregate_tiles``) promises exact, area-weighted tile means,
-totals and valid fractions. exactextract is the reference tool for exact zonal statistics, so
-it is the baseline for both speed and agreement. Three sources over London's 2 km grid cover
-the engine's two paths:
+The engine (``citycube.processing.aggregate.aggregate_tiles``) promises exact, area-weighted
+tile means, totals and valid fractions. exactextract is the reference tool for exact zonal
+statistics, so it is the baseline for both speed and agreement. Three sources over London's
+2 km grid cover the engine's two paths:
 
 * (a) 30 m in the tile CRS with an odd-15 m origin (separable interval overlaps);
 * (b) 1/120° in EPSG:4326, ODIAC-like cell totals (cached exactextract coverage);
@@ -33,15 +33,15 @@ from pyproj import CRS, Geod, Transformer
 from rasterio.windows import Window
 
 from benchmarks import BenchConfig, BenchResult, Timing, log, time_repeats
-from citycube.aggregate import (
+from citycube.grid.tiles import TileGrid, city_grid
+from citycube.items.rasters import MaskedSource, RasterGrid
+from citycube.processing.aggregate import (
     DENSIFY_STEP_M,
     GEOGRAPHIC_FRACTION_TOL,
     TileStats,
     aggregate_tiles,
     default_tile_rows_per_block,
 )
-from citycube.grids import TileGrid, city_grid
-from citycube.rasters import MaskedSource, RasterGrid
 
 CITY = "London"
 NODATA = -9999.0
@@ -576,7 +576,7 @@ def run(config: BenchConfig) -> BenchResult:
             f"{case_key}: the cached call takes {cached_s:.3f} s; an uncached pyproj "
             f"identification of the source CRS (CRS.to_epsg() plus CRS.to_string()), timed "
             f"alone, takes {identify_s:.3f} s. The engine memoises it per CRS "
-            "(citycube.rasters), so only a process's first call pays it."
+            "(citycube.items.rasters), so only a process's first call pays it."
         )
     return result
 

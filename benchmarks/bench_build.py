@@ -16,9 +16,9 @@ from typing import Any
 
 from benchmarks import BenchConfig, BenchResult, Timing, log
 from benchmarks.bench_modalities import BASELINE, decode_every_file, fetch_items, source_files
-from citycube.catalogue import load_catalogue
-from citycube.cube import BUILD_CHIP_FORMAT, Release
-from citycube.process import process_partition
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import BUILD_CHIP_FORMAT, Release
+from citycube.processing.compute import process_partition
 from sources.sample import SampleBackend
 
 CITY = "Boston"

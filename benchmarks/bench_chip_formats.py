@@ -19,9 +19,9 @@ from typing import Any
 from benchmarks import BenchConfig, BenchResult, log
 from benchmarks.bench_build import CITY, YEAR
 from benchmarks.bench_modalities import fetch_items
-from citycube.catalogue import load_catalogue
-from citycube.cube import CHIP_FORMATS, Release
-from citycube.process import process_partition
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import CHIP_FORMATS, Release
+from citycube.processing.compute import process_partition
 from sources.sample import SampleBackend
 
 

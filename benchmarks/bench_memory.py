@@ -34,12 +34,12 @@ import pyogrio
 import rasterio
 
 from benchmarks import BenchConfig, BenchResult, log
-from citycube.catalogue import load_catalogue
-from citycube.chips import blocks
-from citycube.cities import SCALES
-from citycube.cube import Release
-from citycube.grids import city_grid, pixel_grid
-from citycube.process import process_partition
+from citycube.catalogue.cities import SCALES
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import Release
+from citycube.grid.tiles import city_grid, pixel_grid
+from citycube.processing.chips import blocks
+from citycube.processing.compute import process_partition
 from sources.sample import SampleBackend
 
 MODALITY = "OPT"

@@ -27,14 +27,14 @@ import rasterio
 from rasterio.errors import NotGeoreferencedWarning, RasterioIOError
 
 from benchmarks import BenchConfig, BenchResult, log, time_repeats
-from citycube.catalogue import Catalogue, ModalitySpec, load_catalogue
-from citycube.cities import SCALES
-from citycube.cube import Release
+from citycube.catalogue.cities import SCALES
+from citycube.catalogue.modalities import Catalogue, ModalitySpec, load_catalogue
+from citycube.catalogue.temporal import resolve
+from citycube.cube.release import Release
 from citycube.errors import SourceUnavailableError
-from citycube.grids import city_grid
-from citycube.process import PartitionSummary, process_partition
-from citycube.sources import SourceItem
-from citycube.temporal import resolve
+from citycube.grid.tiles import city_grid
+from citycube.items.protocol import SourceItem
+from citycube.processing.compute import PartitionSummary, process_partition
 from sources.sample import SampleBackend
 
 CITY = "Boston"

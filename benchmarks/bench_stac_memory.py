@@ -76,7 +76,6 @@ def child(storage: Path, size: int | None, block_px: int) -> dict[str, Any]:
     import pystac
     import rasterio
 
-    from citycube.stac_spec import Signing, load_stac_catalogue
     from sources.stac import landsat
     from sources.stac.adapter import FetchContext
     from sources.stac.clearmasks import ClearMaskCache
@@ -85,6 +84,7 @@ def child(storage: Path, size: int | None, block_px: int) -> dict[str, Any]:
     from sources.stac.records import SearchRecords
     from sources.stac.retrying import RetryPolicy
     from sources.stac.signing import HrefSigner
+    from sources.stac.spec import Signing, load_stac_catalogue
     from sources.stac.windows import WindowCache
     from tests.stac_fixtures import BLOB, LANDSAT_ACCOUNT
 

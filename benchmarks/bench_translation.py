@@ -25,20 +25,20 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from benchmarks import BenchConfig, BenchResult, log, time_repeats
-from citycube.catalogue import Catalogue, Kind, load_catalogue
-from citycube.cities import load_cities
-from citycube.cube import CHIP_INDEX_SCHEMA, OBSERVATION_SCHEMA, Release
-from citycube.pairs import modality_order, pair_index, route_counts
-from citycube.sampling import sample_instances
-from citycube.splits import tile_parent_table, tile_splits
-from citycube.temporal import CALENDAR
-from citycube.translation import categorical_codes, single_class_flags
+from citycube.catalogue.cities import load_cities
+from citycube.catalogue.modalities import Catalogue, Kind, load_catalogue
+from citycube.catalogue.temporal import CALENDAR
+from citycube.cube.release import CHIP_INDEX_SCHEMA, OBSERVATION_SCHEMA, Release
+from citycube.tasks.pairs import modality_order, pair_index, route_counts
+from citycube.tasks.sampling import sample_instances
+from citycube.tasks.splits import tile_parent_table, tile_splits
+from citycube.tasks.translation import categorical_codes, single_class_flags
 
 TARGET_S = 60.0
 """Pair index + splits + instances for the whole calendar, on 2 cores."""
 
 RECORD_CITIES = {"ELEC": 4, "PROP": 8}
-"""Cities with official records, as in seed 000 (ELEC and PROP cover only a few)."""
+"""Cities with official records, as in AgenticCity-Bench (ELEC and PROP cover only a few)."""
 
 YEARS_SERVED = {"CO2": (2000, 2024), "NTL": (2012, 2025)}
 """Modalities whose source covers only part of the calendar."""

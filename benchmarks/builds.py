@@ -13,9 +13,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from citycube.catalogue import load_catalogue
-from citycube.cube import Release, build_duckdb, release_metadata, write_tiles
-from citycube.temporal import period_of
+from citycube.catalogue.modalities import load_catalogue
+from citycube.catalogue.temporal import period_of
+from citycube.cube.release import Release, build_duckdb, release_metadata, write_tiles
+from citycube.tasks.views import task_views
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,10 +75,10 @@ def direct_build(
     """
     import duckdb
 
-    from citycube import checks
-    from citycube.process import write_observations
-    from citycube.report import write_report
-    from pipelines.tasks import derive_with_quicklook
+    from citycube.cube import checks
+    from citycube.processing.compute import write_observations
+    from citycube.reports.availability import write_report
+    from pipelines.partition_work import derive_with_quicklook
     from sources import load_source_set
 
     catalogue = load_catalogue()
@@ -92,7 +93,7 @@ def direct_build(
         _map(client, write_observations, [(modality, c, y, release) for c in cities for y in years])
     write_tiles(release)
     meta = release_metadata(release, source_set=sources.name, synthetic=sources.synthetic)
-    path = build_duckdb(release, catalogue, meta)
+    path = build_duckdb(release, catalogue, meta, benchmark_views=task_views(catalogue))
     with duckdb.connect(str(path), read_only=True) as con:
         checks.check_schema(con)
         checks.check_unique_keys(con)

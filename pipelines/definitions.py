@@ -12,7 +12,7 @@ from assets.derived import build_derived_assets
 from assets.modalities import build_modality_assets
 from assets.reports import build_report_assets
 from assets.sources import build_source_assets
-from benchmark_assets import (
+from assets.tasks import (
     FORECAST_CASES_KEY,
     FORECAST_SCORES_KEY,
     INSTANCES_KEY,
@@ -21,7 +21,7 @@ from benchmark_assets import (
     build_benchmark_assets,
     build_forecast_assets,
 )
-from citycube.catalogue import Catalogue, load_catalogue
+from citycube.catalogue.modalities import Catalogue, load_catalogue
 from pipelines.lifetime import follow_build_process
 from pipelines.resources import ComputeResource, default_cube_resource
 from pipelines.schedules import yearly_backfill

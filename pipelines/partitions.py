@@ -13,9 +13,9 @@ from collections.abc import Iterable
 
 import dagster as dg
 
-from citycube.catalogue import Temporal
-from citycube.cities import load_cities
-from citycube.temporal import CALENDAR, EPOCHS, epoch_of
+from citycube.catalogue.cities import load_cities
+from citycube.catalogue.modalities import Temporal
+from citycube.catalogue.temporal import CALENDAR, EPOCHS, epoch_of
 
 CITY = "city"
 YEAR = "year"

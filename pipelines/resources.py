@@ -14,9 +14,9 @@ from typing import Any
 import dagster as dg
 from pydantic import PrivateAttr
 
-from citycube.catalogue import Catalogue, load_catalogue
-from citycube.cube import BUILD_CHIP_FORMAT, Release
-from citycube.sources import SourceSet
+from citycube.catalogue.modalities import Catalogue, load_catalogue
+from citycube.cube.release import BUILD_CHIP_FORMAT, Release
+from citycube.items.protocol import SourceSet
 from sources import SourceSetSpecFile, resolve_sources
 
 DEFAULT_RELEASE = "sample-0.1.0"
@@ -24,7 +24,7 @@ SOURCE_SET_ENV = "CITYCUBE_SOURCE_SET"
 """Source-set YAML a build reads when the resource names none."""
 CHIP_FORMAT_ENV = "CITYCUBE_CHIPS"
 """Chip store format a build writes when the resource names none ('icechunk' or 'zarr';
-unset: ``citycube.cube.BUILD_CHIP_FORMAT``, icechunk)."""
+unset: ``citycube.cube.release.BUILD_CHIP_FORMAT``, icechunk)."""
 SCHEDULER_ENV = "CITYCUBE_DASK_SCHEDULER"
 """Address of a running dask scheduler (e.g. tcp://host:8786) that partition work goes to."""
 WORKERS_ENV = "CITYCUBE_WORKERS"
@@ -44,7 +44,7 @@ dask sets it to 64 KiB for every worker it spawns. Setting it also freezes glibc
 threshold at 128 KiB, so every larger buffer is mapped, faulted in page by page and unmapped
 again: generating one city-year's sources then spent as long in the kernel as in Python (3.1
 million page faults for three city-years, against 71 thousand without it). Processing bounds
-its own memory (``citycube.memory``) and needs neither."""
+its own memory (``citycube.processing.memory``) and needs neither."""
 
 
 def start_local_cluster(workers: int) -> Any:
@@ -87,7 +87,7 @@ class CubeResource(dg.ConfigurableResource):
         Every asset that asks for it writes into it (or, for sources, for it), so a run
         launched from the UI cannot change a release someone cites either.
         """
-        from citycube.releases import ensure_writable
+        from citycube.cube.releases import ensure_writable
 
         return ensure_writable(
             Release(

@@ -11,8 +11,8 @@ from datetime import UTC, date, datetime
 
 import dagster as dg
 
-from citycube.cities import load_cities
-from citycube.temporal import CALENDAR
+from citycube.catalogue.cities import load_cities
+from citycube.catalogue.temporal import CALENDAR
 from pipelines.selection import build_selection
 
 RELEASE_DAY = (1, 15)

@@ -4,8 +4,8 @@ The processing and sample-generation stack takes a few seconds to import; a work
 imports it while the build is still submitting its backfill has it ready for its first task.
 """
 
-import citycube.process
-import citycube.render  # noqa: F401
+import citycube.processing.compute
+import citycube.reports.render  # noqa: F401
 import sources.sample  # noqa: F401
 from pipelines.lifetime import follow_build_process
 

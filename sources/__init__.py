@@ -1,8 +1,9 @@
-"""Source adapter families (one module per provider) behind ``citycube.sources.SourceProduct``.
+"""Source adapter families (one module per provider) behind
+``citycube.items.protocol.SourceProduct``.
 
 A source-set spec names a family per product; :func:`build_source_set` turns it into the
-:class:`~citycube.sources.SourceSet` a build reads. Add a family by registering a function that
-returns its adapters for the family's options.
+:class:`~citycube.items.protocol.SourceSet` a build reads. Add a family by registering a function
+that returns its adapters for the family's options.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from citycube.errors import SpecError
-from citycube.sources import SourceProduct, SourceSet, SourceSetSpec, load_source_set_spec
+from citycube.items.protocol import SourceProduct, SourceSet, SourceSetSpec, load_source_set_spec
 
 AdapterFamily = Callable[[Mapping[str, Any]], Iterable[SourceProduct]]
 

@@ -13,7 +13,7 @@ import rasterio
 from affine import Affine
 
 from citycube.errors import SourceUnavailableError
-from citycube.sources import SourceInfo, SourceItem, SourceProduct, SourceSet
+from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct, SourceSet
 from tests.processes import stop_process
 from tests.stac_fixtures import stac_world  # noqa: F401  (loopback STAC services, per session)
 

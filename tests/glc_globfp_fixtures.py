@@ -23,10 +23,10 @@ import rasterio
 import shapely
 from affine import Affine
 
-from citycube.http_spec import load_http_products, load_http_vector_products
 from sources.http.base import city_window
 from sources.http.ghsl import tiles_covering
 from sources.http.glc import tile_name, tile_west, zone_name
+from sources.http.spec import load_http_products, load_http_vector_products
 from tests.faulty_http_server import FaultyServer
 
 GLC = load_http_products()["glc_fcs30d"]

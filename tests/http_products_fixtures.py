@@ -22,8 +22,8 @@ from pyproj import CRS
 from rasterio.crs import CRS as RioCRS
 from rasterio.io import MemoryFile
 
-from citycube.http_spec import HttpProductSpec
 from sources.http.base import TargetGrid, city_window
+from sources.http.spec import HttpProductSpec
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import shapely
 from openpyxl import Workbook
 from pyproj import Transformer
 
-from citycube.grids import TileGrid, city_grid
+from citycube.grid.tiles import TileGrid, city_grid
 
 
 @dataclass(frozen=True)

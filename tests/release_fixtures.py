@@ -13,17 +13,17 @@ from pathlib import Path
 import numpy as np
 from affine import Affine
 
-from citycube.catalogue import Catalogue, ModalitySpec, load_catalogue
-from citycube.cube import (
+from citycube.catalogue.modalities import Catalogue, ModalitySpec, load_catalogue
+from citycube.cube.manifest import write_manifest
+from citycube.cube.release import (
     Release,
     build_duckdb,
     publish_database,
     release_metadata,
     tiles_frame,
 )
-from citycube.grids import city_grid, pixel_grid
-from citycube.manifest import write_manifest
-from citycube.process import process_partition
+from citycube.grid.tiles import city_grid, pixel_grid
+from citycube.processing.compute import process_partition
 from tests.conftest import LocalFilesBackend, write_tif
 
 CITY, YEAR = "Amsterdam", 2020

@@ -24,16 +24,16 @@ from hypothesis import strategies as st
 from pyproj import CRS, Transformer
 from rasterio.windows import Window
 
-import citycube.aggregate as aggregate
-from citycube.aggregate import (
+import citycube.processing.aggregate as aggregate
+from citycube.errors import SourceReadError
+from citycube.grid.tiles import TileGrid
+from citycube.items.rasters import MaskedSource, RasterGrid
+from citycube.processing.aggregate import (
     TileStats,
     aggregate_tiles,
     default_tile_cols_per_block,
     default_tile_rows_per_block,
 )
-from citycube.errors import SourceReadError
-from citycube.grids import TileGrid
-from citycube.rasters import MaskedSource, RasterGrid
 
 NODATA = -9999.0
 UTM = 32631

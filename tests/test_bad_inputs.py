@@ -25,8 +25,8 @@ import pytest
 import rasterio
 from affine import Affine
 
-from citycube.catalogue import ModalitySpec, load_catalogue
-from citycube.cube import Release
+from citycube.catalogue.modalities import ModalitySpec, load_catalogue
+from citycube.cube.release import Release
 from citycube.errors import (
     CityCubeError,
     CubeWriteError,
@@ -34,10 +34,10 @@ from citycube.errors import (
     UnknownCityError,
     UnknownYearError,
 )
-from citycube.grids import pixel_grid
-from citycube.process import process_partition
-from citycube.rasters import write_netcdf_variable
-from citycube.sources import SourceItem, SourceSet
+from citycube.grid.tiles import pixel_grid
+from citycube.items.protocol import SourceItem, SourceSet
+from citycube.items.rasters import write_netcdf_variable
+from citycube.processing.compute import process_partition
 from pipelines.cli import main
 from sources import load_source_set
 from tests.conftest import LocalFilesProduct
@@ -686,7 +686,7 @@ def test_a_dagster_home_that_is_a_file_is_refused(
 def test_a_failed_fetch_names_the_source_city_and_year(tmp_path: Path) -> None:
     """Adapters name the file or URL; the fetch task adds what the item was for."""
     from citycube.errors import SourceFetchError
-    from pipelines.tasks import fetch_source
+    from pipelines.partition_work import fetch_source
 
     class Refusing(ServedItems):
         def source_years(self, city: str) -> list[int] | None:

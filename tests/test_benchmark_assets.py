@@ -19,11 +19,11 @@ import pytest
 import zarr
 from zarr.dtype import VariableLengthUTF8
 
-from benchmark_assets import build_benchmark_assets
+from assets.tasks import build_benchmark_assets
 from benchmarks.bench_translation import write_synthetic_observations
-from citycube.catalogue import load_catalogue
-from citycube.cities import SCALES
-from citycube.cube import (
+from citycube.catalogue.cities import SCALES
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import (
     CHIP_INDEX_SCHEMA,
     Release,
     build_duckdb,
@@ -32,9 +32,10 @@ from citycube.cube import (
     write_parquet_atomic,
     write_tiles,
 )
-from citycube.grids import city_grid, pixel_grid
-from citycube.loader import InstanceLoader
-from citycube.translation import BenchmarkFiles
+from citycube.grid.tiles import city_grid, pixel_grid
+from citycube.tasks.loader import InstanceLoader
+from citycube.tasks.translation import BenchmarkFiles
+from citycube.tasks.views import task_views
 from pipelines.resources import CubeResource
 
 CITY, YEARS = "Amsterdam", (2020, 2021)
@@ -187,14 +188,14 @@ def test_loader_resolves_chips_and_fields(materialised: Release) -> None:
 
 def test_rebuilt_database_keeps_the_views(materialised: Release, tmp_path: Path) -> None:
     path = tmp_path / "again.duckdb"
-    build_duckdb(materialised, CAT, {"version": "t"}, path=path)
+    build_duckdb(materialised, CAT, {"version": "t"}, path=path, benchmark_views=task_views(CAT))
     with duckdb.connect(str(path), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM translation_instances").fetchone()[0] > 0
 
 
 def test_training_mean_reference_scores_end_to_end(materialised: Release, tmp_path: Path) -> None:
-    from citycube.evaluate import score, training_stats
-    from citycube.metrics import log1p_nmse, percentile_range
+    from citycube.tasks.evaluate import score, training_stats
+    from citycube.tasks.metrics import log1p_nmse, percentile_range
     from pipelines.cli import main
 
     stats = training_stats(materialised, CAT)
@@ -227,8 +228,8 @@ def test_training_mean_reference_scores_end_to_end(materialised: Release, tmp_pa
 
 
 def test_nearest_tile_reference_scores_end_to_end(materialised: Release, tmp_path: Path) -> None:
-    from citycube.evaluate import NearestTilePredictor, score, training_stats
-    from citycube.metrics import log1p_nmse, percentile_range
+    from citycube.tasks.evaluate import NearestTilePredictor, score, training_stats
+    from citycube.tasks.metrics import log1p_nmse, percentile_range
     from pipelines.cli import main
 
     stats = training_stats(materialised, CAT)
@@ -269,7 +270,7 @@ def test_nearest_tile_reference_scores_end_to_end(materialised: Release, tmp_pat
     assert rows[("NTL", "POP")]["score"] == pytest.approx(expected)
     assert rows[("NTL", "POP")]["instances"] == len(tests)
     # a borrowed chip's invalid pixels are filled from its valid ones, never left as NaN
-    from citycube.loader import ModalityValue
+    from citycube.tasks.loader import ModalityValue
 
     valid = np.array([[True, True], [True, False]])
     heights = ModalityValue("HF", ("height_m",), np.array([[[1.0, 2.0], [3.0, np.nan]]]), valid)

@@ -13,10 +13,10 @@ import pystac
 import pytest
 from pystac.extensions.datacube import DatacubeExtension
 
-from citycube.card import card_paths, datacube_problems, validate_card, write_card
-from citycube.cube import Release
+from citycube.cube.manifest import read_manifest, verify_release
+from citycube.cube.release import Release
 from citycube.errors import CardValidationError
-from citycube.manifest import read_manifest, verify_release
+from citycube.reports.card import card_paths, datacube_problems, validate_card, write_card
 from pipelines.cli import main
 from tests.release_fixtures import CAT, CITY, FLIPPED_TILE, build_release
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from citycube.catalogue import (
+from citycube.catalogue.cities import parse_cities
+from citycube.catalogue.modalities import (
     Aggregation,
     FieldRule,
     Kind,
@@ -14,7 +15,6 @@ from citycube.catalogue import (
     load_catalogue,
     parse_catalogue,
 )
-from citycube.cities import parse_cities
 from citycube.errors import SpecError, UnknownModalityError
 
 EXPECTED = {

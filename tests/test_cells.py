@@ -1,4 +1,6 @@
-"""The median-of-cell-medians core (``citycube.cells``): lattice placement and grouped medians."""
+"""The median-of-cell-medians core (``citycube.grid.cells``): lattice placement and grouped
+medians.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ from hypothesis import strategies as st
 from pyproj import CRS
 from rasterio.windows import Window
 
-from citycube.aggregate import cell_median_tiles
-from citycube.cells import CellLattice, grouped_medians, median_of_cell_medians
-from citycube.grids import TileGrid
-from citycube.rasters import MaskedSource, RasterGrid
+from citycube.grid.cells import CellLattice, grouped_medians, median_of_cell_medians
+from citycube.grid.tiles import TileGrid
+from citycube.items.rasters import MaskedSource, RasterGrid
+from citycube.processing.aggregate import cell_median_tiles
 
 GRID = TileGrid("Boston", "2km", 32619, 300_000.0, 4_700_000.0, 2000, 2, 3)
 """2 rows × 3 columns of 2 km tiles from (300 km, 4700 km)."""

@@ -22,25 +22,24 @@ from pyproj import CRS, Transformer
 from rasterio.warp import Resampling, reproject
 from rasterio.windows import Window
 
-import citycube.chips
-import citycube.process
-import citycube.rasters
-from citycube.catalogue import load_catalogue
-from citycube.chips import (
-    ChipStoreWriter,
+import citycube.items.rasters
+import citycube.processing.chips
+import citycube.processing.compute
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.chips import open_chips, read_tile_chip
+from citycube.cube.chips_zarr import ChipStoreWriter
+from citycube.cube.release import Release
+from citycube.errors import CubeWriteError
+from citycube.grid.tiles import PixelGrid, Tile, city_grid, city_grids, pixel_grid
+from citycube.items.rasters import MaskedSource, RasterGrid
+from citycube.processing.chips import (
     blocks,
-    open_chips,
-    read_tile_chip,
     row_bands,
     tile_pixel_summaries,
     warp_block,
     warp_rows,
 )
-from citycube.cube import Release
-from citycube.errors import CubeWriteError
-from citycube.grids import PixelGrid, Tile, city_grid, city_grids, pixel_grid
-from citycube.process import process_partition
-from citycube.rasters import MaskedSource, RasterGrid
+from citycube.processing.compute import process_partition
 from tests.conftest import LocalFilesBackend, write_tif
 
 EPSG = 32631
@@ -557,9 +556,11 @@ def test_partly_valid_blocks_warp_as_values_and_fraction_apart(
 
     # The reference: the same source window, then the fraction and the values warped apart.
     dst_crs = rasterio.crs.CRS.from_epsg(EPSG)
-    window = citycube.chips._source_window(source, grid.transform, 120, 100, grid.crs)
-    clipped = citycube.chips._clip_window(window, 160, 140)
-    raw, cell_valid = citycube.chips._pad_to_window(*source.read(clipped), clipped, window)
+    window = citycube.processing.chips._source_window(source, grid.transform, 120, 100, grid.crs)
+    clipped = citycube.processing.chips._clip_window(window, 160, 140)
+    raw, cell_valid = citycube.processing.chips._pad_to_window(
+        *source.read(clipped), clipped, window
+    )
     geometry = {
         "src_transform": transform @ Affine.translation(window.col_off, window.row_off),
         "src_crs": crs,
@@ -630,12 +631,17 @@ def test_same_crs_north_up_warps_are_gdals_area_weighted_average(
     }
     height = width = int(55 * 25 / dst_res)
 
-    out, supported = citycube.chips._average_with_support(values, valid, height, width, geometry)
+    out, supported = citycube.processing.chips._average_with_support(
+        values, valid, height, width, geometry
+    )
     expected, expected_supported = _gdal_average_with_support(
         values, valid, geometry, (height, width)
     )
 
-    assert citycube.chips._axis_aligned_weights(geometry, valid.shape, height, width) is not None
+    assert (
+        citycube.processing.chips._axis_aligned_weights(geometry, valid.shape, height, width)
+        is not None
+    )
     assert 0.1 < supported.mean() < 0.95
     np.testing.assert_array_equal(supported, expected_supported)
     np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
@@ -657,7 +663,9 @@ def test_same_crs_warps_of_wholly_valid_bands_are_gdals_too(dtype: type) -> None
         "dst_crs": crs,
     }
 
-    out, supported = citycube.chips._average_with_support(values, valid, 55, 55, geometry)
+    out, supported = citycube.processing.chips._average_with_support(
+        values, valid, 55, 55, geometry
+    )
     expected, expected_supported = _gdal_average_with_support(
         values.astype(np.float64), valid, geometry, (55, 55)
     )
@@ -670,7 +678,7 @@ def test_mollweide_warps_through_its_proj_string_with_identical_pixels() -> None
     """GDAL looks a WKT without an EPSG code up again on every warp; the PROJ string it is
     handed instead describes the same CRS and gives the same pixels."""
     mollweide = CRS.from_user_input("ESRI:54009")
-    gdal_form = citycube.rasters.rio_crs(mollweide)
+    gdal_form = citycube.items.rasters.rio_crs(mollweide)
     assert gdal_form.to_wkt() != rasterio.crs.CRS.from_wkt(mollweide.to_wkt()).to_wkt()
     x0, y0 = Transformer.from_crs(EPSG, mollweide, always_xy=True).transform(X_MIN, Y_MAX)
     rng = np.random.default_rng(5)
@@ -1071,7 +1079,7 @@ def test_a_city_in_blocks_equals_the_whole_grid_at_once(
     assert len(blocks(grid)) == 6
 
     blocked_chips, blocked = _process(tmp_path / "blocked", code, files)
-    monkeypatch.setattr(citycube.process, "blocks", _one_block)
+    monkeypatch.setattr(citycube.processing.compute, "blocks", _one_block)
     whole_chips, whole = _process(tmp_path / "whole", code, files)
 
     valid = whole_chips["valid"].values.astype(bool)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from citycube.classify import _BUILDING_RULES, _UNLABELLED, osm_building_function
+from citycube.processing.classify import _BUILDING_RULES, _UNLABELLED, osm_building_function
 
 
 def _one_by_one(row: dict[str, object]) -> int:

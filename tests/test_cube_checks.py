@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 from affine import Affine
 
 from assets.cube import DATABASE_KEY, STAGED_DATABASE_KEY, TILES_KEY, build_cube_assets
-from citycube.catalogue import load_catalogue
-from citycube.cube import Release
-from citycube.grids import city_grid
-from citycube.process import process_partition
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import Release
+from citycube.grid.tiles import city_grid
+from citycube.processing.compute import process_partition
 from pipelines.resources import CubeResource
 from tests.conftest import LocalFilesBackend
 
@@ -84,7 +84,7 @@ def test_a_failing_check_stops_the_database_from_being_published(
 
 
 def test_the_value_check_names_each_modality_out_of_range_and_counts_zero_fills() -> None:
-    from citycube import checks
+    from citycube.cube import checks
 
     low, high = CAT.get("NDVI").value_range
     rows = [  # modality, available, value, reason

@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from citycube.diff import diff_releases, diff_text
+from citycube.cube.diff import diff_releases, diff_text
 from citycube.errors import InvalidNameError, ReleaseNotFoundError
 from pipelines.cli import main
 from tests.release_fixtures import CAT, CITY, YEAR, build_release, pop_threshold

@@ -28,8 +28,8 @@ import shapely
 from affine import Affine
 from pyproj import Transformer
 
-from citycube.cities import get_city
-from citycube.grids import city_grid
+from citycube.catalogue.cities import get_city
+from citycube.grid.tiles import city_grid
 from tests.e2e_builds import run_build, write_source_set
 from tests.faulty_http_server import FaultyServer
 from tests.glc_globfp_fixtures import (

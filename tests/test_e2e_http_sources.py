@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from pyproj import Geod, Transformer
 
-from citycube.http_spec import load_http_products
 from sources.http import http_adapters
 from sources.http.base import HttpSource
+from sources.http.spec import load_http_products
 from tests.e2e_builds import run_build, write_source_set
 from tests.faulty_http_server import Fault, FaultyServer
 from tests.http_products_fixtures import (

@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from citycube.catalogue import load_catalogue
-from citycube.chips import open_chips
-from citycube.cube import Release
-from citycube.icechunk_chips import PUBLISHED_BRANCH, chip_repositories, open_repository
-from citycube.manifest import verify_release
-from citycube.process import process_partition
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.chips import open_chips
+from citycube.cube.chips_icechunk import PUBLISHED_BRANCH, chip_repositories, open_repository
+from citycube.cube.manifest import verify_release
+from citycube.cube.release import Release
+from citycube.processing.compute import process_partition
 from pipelines.cli import main
 from sources.sample import SampleBackend
 

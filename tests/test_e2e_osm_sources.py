@@ -19,8 +19,8 @@ from typing import Any
 import duckdb
 import pytest
 
-from citycube.chips import open_chips
-from citycube.grids import city_grid
+from citycube.cube.chips import open_chips
+from citycube.grid.tiles import city_grid
 from tests.e2e_builds import run_build, write_source_set
 from tests.faulty_http_server import FaultyServer
 from tests.osm_fixtures import H_Y, V_X, amsterdam_history

@@ -37,7 +37,7 @@ import pytest
 import shapely
 import yaml
 
-from citycube.record_spec import load_record_products
+from sources.records.spec import load_record_products
 from tests.e2e_builds import run_build, write_source_set
 from tests.glc_globfp_fixtures import zip_of
 from tests.record_files import CityTiles, b_record, dat_file, workbook_bytes

@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from benchmark_assets import build_forecast_assets
-from citycube.catalogue import load_catalogue
-from citycube.cube import (
+from assets.tasks import build_forecast_assets
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import (
     OBSERVATION_SCHEMA,
     Release,
     build_duckdb,
@@ -29,7 +29,8 @@ from citycube.cube import (
     release_metadata,
     write_tiles,
 )
-from citycube.forecast import (
+from citycube.grid.tiles import city_grid
+from citycube.tasks.forecast import (
     CASE_SCHEMA,
     ORIGINS,
     PANEL_YEARS,
@@ -41,7 +42,6 @@ from citycube.forecast import (
     select_series,
     write_forecast_cases,
 )
-from citycube.grids import city_grid
 from pipelines.resources import CubeResource
 
 CAT = load_catalogue()

@@ -1,15 +1,15 @@
-"""City grids: counts, lattice alignment, ids and windows (SPEC §1)."""
+"""City grids: counts, lattice alignment, ids and windows (AgenticCity-Bench Table 7)."""
 
 from __future__ import annotations
 
 import pytest
 from pyproj import Transformer
 
-from citycube.cities import PARENT_SIZE_M, SCALES, load_cities
+from citycube.catalogue.cities import PARENT_SIZE_M, SCALES, load_cities
 from citycube.errors import UnknownCityError
-from citycube.grids import city_grid, city_grids, pixel_grid
+from citycube.grid.tiles import city_grid, city_grids, pixel_grid
 
-SPEC_TABLE = {  # city: (2 km rows, cols), (5 km rows, cols) — seed 000 Table 7
+SPEC_TABLE = {  # city: (2 km rows, cols), (5 km rows, cols) — AgenticCity-Bench Table 7
     "Amsterdam": ((10, 14), (3, 4)),
     "Boston": ((13, 13), (4, 4)),
     "Busan": ((16, 13), (5, 5)),

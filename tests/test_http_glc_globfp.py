@@ -23,14 +23,14 @@ import shapely
 from affine import Affine
 from pyproj import CRS
 
-from citycube.catalogue import load_catalogue
-from citycube.cities import get_city
+from citycube.catalogue.cities import get_city
+from citycube.catalogue.modalities import load_catalogue
+from citycube.catalogue.products import load_products
 from citycube.errors import SourceReadError, SourceUnavailableError
-from citycube.grids import pixel_grid
-from citycube.products import load_products
-from citycube.rasters import transformer
-from citycube.staging import COMPLETE_MARKER
-from citycube.vectors import open_vector_layer, rasterize_block
+from citycube.grid.tiles import pixel_grid
+from citycube.items.rasters import transformer
+from citycube.items.staging import COMPLETE_MARKER
+from citycube.processing.vectors import open_vector_layer, rasterize_block
 from sources.http import http_adapters
 from sources.http.glc import tile_name, zone_name
 from tests.faulty_http_server import FaultyServer
@@ -142,7 +142,7 @@ def test_glc_fill_cells_are_invalid_for_the_land_cover_modality(
     tmp_path: Path, server: FaultyServer
 ) -> None:
     """0 and 250 never count as valid classes when the cube reads the item."""
-    from citycube.readers import open_masked_source
+    from citycube.items.readers import open_masked_source
 
     serve_london_glc(server)
     item = adapter("glc_fcs30d", server, tmp_path).fetch("London", 2020, tmp_path / "s")

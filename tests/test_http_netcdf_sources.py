@@ -20,12 +20,12 @@ import rasterio
 from rasterio.windows import Window
 from scipy.io import netcdf_file
 
-from citycube.catalogue import load_catalogue
+from citycube.catalogue.modalities import load_catalogue
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.http_spec import load_http_products
-from citycube.readers import open_masked_source
+from citycube.items.readers import open_masked_source
 from sources.http import http_adapters
 from sources.http.base import HttpSource, city_window
+from sources.http.spec import load_http_products
 from tests.faulty_http_server import FaultyServer
 from tests.http_products_fixtures import Patch, patch_around, patch_shape, tif_bytes
 

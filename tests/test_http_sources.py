@@ -19,13 +19,13 @@ import pytest
 import yaml
 from rasterio.windows import Window
 
-from citycube.catalogue import load_catalogue
+from citycube.catalogue.modalities import load_catalogue
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.http_spec import load_http_products
-from citycube.readers import open_masked_source
-from citycube.staging import COMPLETE_MARKER
+from citycube.items.readers import open_masked_source
+from citycube.items.staging import COMPLETE_MARKER
 from sources.http import http_adapters
 from sources.http.base import HttpSource, city_window
+from sources.http.spec import load_http_products
 from tests.faulty_http_server import Fault, FaultyServer
 from tests.http_products_fixtures import (
     Patch,

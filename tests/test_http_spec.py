@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from citycube.catalogue.products import load_products
 from citycube.errors import SpecError
-from citycube.http_spec import (
+from citycube.items.protocol import load_source_set_spec
+from sources import build_source_set
+from sources.http.spec import (
     load_http_products,
     load_http_vector_products,
     parse_http_products,
 )
-from citycube.products import load_products
-from citycube.sources import load_source_set_spec
-from sources import build_source_set
 
 CATALOGUE = Path(__file__).resolve().parents[1] / "schemas" / "http_products.yaml"
 

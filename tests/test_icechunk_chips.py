@@ -14,19 +14,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from citycube import icechunk_chips
-from citycube.chips import ChipStoreWriter, chip_writer, open_chip_group, open_chips
-from citycube.diff import diff_releases, diff_text
-from citycube.errors import ChipsNotFoundError, CubeWriteError
-from citycube.grids import pixel_grid
-from citycube.icechunk_chips import (
+from citycube.cube import chips_icechunk as icechunk_chips
+from citycube.cube.chips import chip_writer, open_chip_group, open_chips
+from citycube.cube.chips_icechunk import (
     PUBLISHED_BRANCH,
     chip_repositories,
     commit_count,
     open_repository,
 )
-from citycube.manifest import read_manifest, verify_release
-from citycube.releases import freeze_release, query_help
+from citycube.cube.chips_zarr import ChipStoreWriter
+from citycube.cube.diff import diff_releases, diff_text
+from citycube.cube.manifest import read_manifest, verify_release
+from citycube.cube.releases import freeze_release, query_help
+from citycube.errors import ChipsNotFoundError, CubeWriteError
+from citycube.grid.tiles import pixel_grid
 from tests.release_fixtures import (
     CITY,
     DEM_HOLE_PX,
@@ -125,7 +126,7 @@ def test_a_failed_or_killed_write_leaves_the_last_commit(tmp_path: Path) -> None
         f"""
         import os
         from pathlib import Path
-        from citycube.chips import ChipStoreWriter
+        from citycube.cube.chips_zarr import ChipStoreWriter
         from tests.test_icechunk_chips import _write
 
         original = ChipStoreWriter.write_block
@@ -161,7 +162,7 @@ def test_a_first_write_that_fails_or_is_killed_leaves_no_store(tmp_path: Path) -
         f"""
         import os
         from pathlib import Path
-        from citycube.chips import ChipStoreWriter
+        from citycube.cube.chips_zarr import ChipStoreWriter
         from tests.test_icechunk_chips import _write
 
         original = ChipStoreWriter.write_block
@@ -215,8 +216,8 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_publication_moves_the_published_branch_and_freeze_tags_it(data_root: Path) -> None:
-    from citycube.cube import Release, build_duckdb, publish_database
-    from citycube.process import process_partition
+    from citycube.cube.release import Release, build_duckdb, publish_database
+    from citycube.processing.compute import process_partition
     from tests.release_fixtures import CAT, LocalFilesBackend, _local, _sources
 
     release = Release(data_root, "frozen", "icechunk")
@@ -239,7 +240,7 @@ def test_publication_moves_the_published_branch_and_freeze_tags_it(data_root: Pa
     build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
     publish_database(release, meta)
     np.testing.assert_array_equal(_stored(store)[0], raised)
-    from citycube.manifest import write_manifest
+    from citycube.cube.manifest import write_manifest
 
     write_manifest(release, meta, CAT)
 
@@ -308,11 +309,11 @@ def test_garbage_collection_deletes_unreferenced_chunks_and_keeps_what_readers_r
 
     import icechunk
 
-    from citycube.cube import Release, build_duckdb, publish_database, published_snapshot
+    from citycube.cube.manifest import write_manifest
+    from citycube.cube.release import Release, build_duckdb, publish_database, published_snapshot
+    from citycube.cube.releases import collect_garbage
     from citycube.errors import ReleaseImmutableError
-    from citycube.manifest import write_manifest
-    from citycube.process import process_partition
-    from citycube.releases import collect_garbage
+    from citycube.processing.compute import process_partition
     from pipelines.cli import main
     from tests.release_fixtures import CAT, LocalFilesBackend, _local, _sources
 
@@ -379,7 +380,7 @@ def test_garbage_collection_deletes_unreferenced_chunks_and_keeps_what_readers_r
 def test_two_builds_of_the_same_chips_have_the_same_content_not_the_same_files(
     tmp_path: Path,
 ) -> None:
-    from citycube.manifest import content_digests
+    from citycube.cube.manifest import content_digests
 
     a, b = (  # the same release built twice, in two data roots
         build_release(tmp_path / root, "v1", modalities=("DEM",), chip_format="icechunk")

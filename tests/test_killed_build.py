@@ -39,12 +39,13 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from citycube.catalogue import load_catalogue
-from citycube.chips import ICECHUNK_SUFFIX, open_chips
-from citycube.cities import SCALES
-from citycube.cube import Release
-from citycube.grids import city_grid
-from citycube.manifest import TIMESTAMPED_FILES, content_digests, verify_release
+from citycube.catalogue.cities import SCALES
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.chips import open_chips
+from citycube.cube.chips_zarr import ICECHUNK_SUFFIX
+from citycube.cube.manifest import TIMESTAMPED_FILES, content_digests, verify_release
+from citycube.cube.release import Release
+from citycube.grid.tiles import city_grid
 
 pytestmark = pytest.mark.e2e
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from citycube.catalogue import load_catalogue
-from citycube.chips import open_chips
-from citycube.cube import Release
-from citycube.grids import pixel_grid
-from citycube.process import process_partition
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.chips import open_chips
+from citycube.cube.release import Release
+from citycube.grid.tiles import pixel_grid
+from citycube.processing.compute import process_partition
 from tests.conftest import LocalFilesBackend, write_tif
 
 CITY, YEAR = "Amsterdam", 2020
@@ -32,10 +32,10 @@ def _run_and_die_mid_write(data_root: Path, source: Path) -> int:
         f"""
         import os
         from pathlib import Path
-        from citycube.catalogue import load_catalogue
-        from citycube.chips import ChipStoreWriter
-        from citycube.cube import Release
-        from citycube.process import process_partition
+        from citycube.catalogue.modalities import load_catalogue
+        from citycube.cube.chips_zarr import ChipStoreWriter
+        from citycube.cube.release import Release
+        from citycube.processing.compute import process_partition
         from tests.conftest import LocalFilesBackend
 
         original = ChipStoreWriter.write_rows
@@ -87,7 +87,7 @@ def test_cleanup_spares_live_writers_and_removes_dead_ones(tmp_path: Path) -> No
     """Concurrent runs may share a store (static chips): only dead writers' leftovers go."""
     import os
 
-    from citycube.scratch import owned_name, remove_dead_leftovers
+    from citycube.io.scratch import owned_name, remove_dead_leftovers
 
     target = tmp_path / "static.zarr"
     live = owned_name(target)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from citycube.cube import Release
+from citycube.cube.manifest import manifest_path, read_manifest, verify_release, write_manifest
+from citycube.cube.release import Release
 from citycube.errors import ReleaseNotFoundError
-from citycube.manifest import manifest_path, read_manifest, verify_release, write_manifest
 from pipelines.cli import main
 
 FILES = {
@@ -125,7 +125,8 @@ def test_chunks_hashed_by_their_writer_are_not_read_back(
 
     import numpy as np
 
-    from citycube.chips import ChipStoreWriter, blocks
+    from citycube.cube.chips_zarr import ChipStoreWriter
+    from citycube.processing.chips import blocks
     from tests.test_chips import small_grid
 
     release = Release(tmp_path / "data", "chips")
@@ -158,7 +159,7 @@ def test_chunks_hashed_by_their_writer_are_not_read_back(
 
 def _count_hashes(monkeypatch: pytest.MonkeyPatch, release: Release) -> list[str]:
     """The release-relative names of the files the manifest hashes from now on, as it does."""
-    import citycube.manifest as manifest_module
+    import citycube.cube.manifest as manifest_module
 
     hashed: list[str] = []
     real = manifest_module.file_sha256

@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PROBE = """
 import ctypes, json, sys
 import pyarrow as pa
-from citycube.chips import block_memory
+from citycube.processing.chips import block_memory
 
 before = pa.default_memory_pool().backend_name
 with block_memory() as release_block:
@@ -66,7 +66,9 @@ def test_an_explicit_arrow_pool_choice_is_kept() -> None:
 
 TRIM_PROBE = """
 import json
-from citycube.memory import TRIM_GROWTH_BYTES, bound_process_memory, release_freed, resident_bytes
+from citycube.processing.memory import (
+    TRIM_GROWTH_BYTES, bound_process_memory, release_freed, resident_bytes,
+)
 
 bound_process_memory()
 release_freed(force=True)
@@ -92,7 +94,7 @@ def test_freed_heap_is_kept_between_blocks_and_handed_back_at_the_end() -> None:
 REUSE_PROBE = """
 import json, resource
 import numpy as np
-from citycube.memory import bound_process_memory
+from citycube.processing.memory import bound_process_memory
 
 bound_process_memory()
 block = 1000 * 1000  # a 10 km block of 10 m pixels

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from citycube.metrics import (
+from citycube.tasks.metrics import (
     TARGET_METRICS,
     Metric,
     cldice,
@@ -114,7 +114,7 @@ def test_every_target_has_its_paper_metric() -> None:
 
 
 def test_forecast_metrics_by_hand() -> None:
-    from citycube.metrics import mae, mape, r_squared, rmse
+    from citycube.tasks.metrics import mae, mape, r_squared, rmse
 
     assert mae([1.0, 2.0, 3.0], [2.0, 2.0, 5.0]) == pytest.approx(1.0)  # (1 + 0 + 2) / 3
     assert mape([100.0, 200.0], [110.0, 180.0]) == pytest.approx(10.0)  # (10 % + 10 %) / 2

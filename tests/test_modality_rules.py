@@ -1,4 +1,5 @@
-"""Every modality rule of SPEC §4, exercised through ``process_partition`` on hand-made files."""
+"""Every modality rule of AgenticCity-Bench App. B.4, exercised through ``process_partition``
+on hand-made files."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from affine import Affine
 from pyproj import Transformer
 from shapely.geometry import LineString, Point, Polygon, box
 
-from citycube.catalogue import ModalitySpec, load_catalogue
-from citycube.cube import Release
+from citycube.catalogue.modalities import ModalitySpec, load_catalogue
+from citycube.cube.release import Release
 from citycube.errors import SourceReadError
-from citycube.grids import city_grid, pixel_grid
-from citycube.process import process_partition
-from citycube.sources import SourceItem, SourceSet
+from citycube.grid.tiles import city_grid, pixel_grid
+from citycube.items.protocol import SourceItem, SourceSet
+from citycube.processing.compute import process_partition
 from tests.conftest import LocalFilesBackend, LocalFilesProduct, write_tif
 
 CITY = "Amsterdam"  # EPSG:32631; 2 km grid 10×14 from (610000, 5810000)
@@ -300,7 +301,7 @@ def test_property_in_2017_ppp_keeps_local_value(
 
 
 def test_zero_property_value_stays_available(tmp_path: Path, release: Release) -> None:
-    """Positivity is a pairing rule (citycube.pairs): the release keeps a genuine zero."""
+    """Positivity is a pairing rule (citycube.tasks.pairs): the release keeps a genuine zero."""
     values = np.zeros((200, 280), np.float32)
     backend = LocalFilesBackend(
         {("test_prop", CITY, 2020): {"data": _grid_tif(tmp_path / "p.tif", values, 100, -9999)}}
@@ -594,7 +595,7 @@ def test_ndvi_is_not_clipped_in_the_data(tmp_path: Path, release: Release) -> No
 
 def test_zero_electricity_stays_available(tmp_path: Path, release: Release) -> None:
     """Records that sum to zero inside the coverage are a genuine zero: released as available
-    (positivity applies when pairing, in citycube.pairs)."""
+    (positivity applies when pairing, in citycube.tasks.pairs)."""
     grid = city_grid(CITY, "2km")
     cover_utm = box(*grid.bounds)
     coverage = tmp_path / "coverage.geojson"

@@ -22,13 +22,13 @@ import pyarrow.parquet as pq
 import pyogrio
 import pytest
 
-from citycube.catalogue import load_catalogue
-from citycube.classify import CLASSIFIER_COLUMNS, osm_building_function
-from citycube.cube import Release
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import Release
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.grids import city_grid
-from citycube.process import process_partition
-from citycube.sources import SourceSet, SourceSetSpec, load_source_set_spec
+from citycube.grid.tiles import city_grid
+from citycube.items.protocol import SourceSet, SourceSetSpec, load_source_set_spec
+from citycube.processing.classify import CLASSIFIER_COLUMNS, osm_building_function
+from citycube.processing.compute import process_partition
 from sources import build_source_set
 from sources.osm import osm_adapters
 from sources.osm.base import OsmSource, window_wgs84

@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from citycube.catalogue import load_catalogue
-from citycube.cube import OBSERVATION_SCHEMA
-from citycube.pairs import (
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import OBSERVATION_SCHEMA
+from citycube.tasks.pairs import (
     TABLE_ORDER,
     mask_matrix,
     modality_order,
@@ -159,7 +159,7 @@ def test_air_quality_pairs_on_either_product() -> None:
 
 
 def test_editing_a_pairing_rule_does_not_recompute_the_cube() -> None:
-    from citycube.versions import modality_digest
+    from citycube.catalogue.versions import modality_digest
 
     aq = CAT.get("AQ")
     edited = aq.model_copy(update={"pairing": aq.pairing.model_copy(update={"needs": "all"})})

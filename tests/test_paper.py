@@ -1,4 +1,5 @@
-"""The paper-vs-release report: seed 000's Tables 10 and 11 beside a release's availability."""
+"""The paper-vs-release report: AgenticCity-Bench's Tables 10 and 11 beside a release's
+availability."""
 
 from __future__ import annotations
 
@@ -7,17 +8,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from citycube.catalogue import load_catalogue
-from citycube.cities import load_cities
+from citycube.catalogue.cities import load_cities
+from citycube.catalogue.modalities import load_catalogue
 from citycube.errors import SpecError
-from citycube.paper import (
+from citycube.reports.availability import Availability
+from citycube.reports.paper import (
     city_comparison,
     load_paper_tables,
     modality_comparison,
     parse_paper_tables,
     write_paper_comparison,
 )
-from citycube.report import Availability
 from tests.test_render import build_small_release
 
 CAT = load_catalogue()

@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 from affine import Affine
 
-from citycube.catalogue import load_catalogue
-from citycube.cube import Release
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import Release
 from citycube.errors import DerivedResultsMissingError, SourceReadError
-from citycube.grids import city_grid, pixel_grid
-from citycube.process import derive, process_partition, read_derived, write_observations
+from citycube.grid.tiles import city_grid, pixel_grid
+from citycube.processing.compute import derive, process_partition, read_derived, write_observations
 from tests.conftest import LocalFilesBackend
 
 CITY = "Amsterdam"  # 2 km grid 10×14, 5 km grid 3×4, EPSG:32631

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ["citycube", "sources", "assets", "benchmark_assets", "pipelines", "benchmarks"]
+PACKAGES = ["citycube", "sources", "assets", "pipelines", "benchmarks"]
 
 
 def _modules() -> list[str]:
@@ -34,7 +34,6 @@ FORBIDDEN_IN_CORE = (
     "dagster_webserver",
     "sources",
     "assets",
-    "benchmark_assets",
     "pipelines",
 )
 """The core imports neither Dagster nor any adapter implementation or wiring."""

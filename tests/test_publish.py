@@ -29,10 +29,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-import citycube.cube as cube_module
+import citycube.cube.release as cube_module
 from assets.cube import DATABASE_KEY, STAGED_DATABASE_KEY, TILES_KEY, build_cube_assets
-from benchmark_assets import SPLITS_KEY, build_benchmark_assets
-from citycube.cube import (
+from assets.tasks import SPLITS_KEY, build_benchmark_assets
+from citycube.cube.manifest import TIMESTAMPED_FILES, verify_release, write_manifest
+from citycube.cube.release import (
     CHIP_INDEX_SCHEMA,
     KEPT_SNAPSHOTS,
     Release,
@@ -44,10 +45,14 @@ from citycube.cube import (
     release_metadata,
     write_parquet_atomic,
 )
-from citycube.manifest import TIMESTAMPED_FILES, file_sha256, verify_release, write_manifest
-from citycube.translation import BenchmarkFiles, stage_views
+from citycube.io.digest import file_sha256
+from citycube.tasks.translation import BenchmarkFiles
+from citycube.tasks.views import stage_views, task_views
 from pipelines.resources import CubeResource
 from tests.release_fixtures import CAT, CITY, YEAR, build_release
+
+VIEWS = task_views(CAT)
+"""The benchmark tasks' views, added to every database these tests build."""
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 QUERY = "SELECT sum(value) FROM observations WHERE modality = ? AND available"
@@ -90,7 +95,7 @@ def _rebuild_draft(release: Release, modality: str = "NTL", add: float = 1.0) ->
 
 def _stage_and_publish(release: Release) -> None:
     meta = release_metadata(release, source_set="local-test", synthetic=True)
-    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
+    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file, benchmark_views=VIEWS)
     publish_database(release, meta)
 
 
@@ -213,10 +218,12 @@ KILLED_BUILD = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     import pyarrow as pa, pyarrow.compute as pc, pyarrow.parquet as pq
-    from citycube.cube import (Release, build_duckdb, file_metadata, release_metadata,
+    from citycube.cube.release import (Release, build_duckdb, file_metadata, release_metadata,
                                snapshot_tables, write_parquet_atomic)
+    from citycube.tasks.views import task_views
     from tests.release_fixtures import CAT, CITY, YEAR
 
+    VIEWS = task_views(CAT)
     release, stop = Release(Path(sys.argv[1]), "v1"), sys.argv[2]
     for n, code in enumerate(("NTL", "POP")):
         path = release.observations_file(CITY, YEAR, code)
@@ -230,7 +237,7 @@ KILLED_BUILD = textwrap.dedent(
         snapshot_tables(release)
         os.kill(os.getpid(), signal.SIGKILL)
     meta = release_metadata(release, source_set="local-test", synthetic=True)
-    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
+    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file, benchmark_views=VIEWS)
     os.kill(os.getpid(), signal.SIGKILL)  # staged, checked, not yet published
     """
 )
@@ -327,7 +334,7 @@ def test_a_release_published_before_the_published_folder_is_read_then_moved_into
 
     # `citycube views` rebuilds the database over the published snapshot, moving nothing
     meta = release_metadata(release, source_set="t", synthetic=True)
-    build_duckdb(release, CAT, meta, snapshot=published_snapshot(release))
+    build_duckdb(release, CAT, meta, snapshot=published_snapshot(release), benchmark_views=VIEWS)
     assert not release.published_dir.exists() and verify_release(release).ok
     assert float(_read_afresh(release, TILES_SQL)) > 0
     assert _read_afresh(release, ROUTES_SQL) == "7"
@@ -358,7 +365,7 @@ def test_a_rebuilt_tiles_table_and_benchmark_file_stay_unseen_until_publication(
 
     _rebuild_tiles(release, shift=1.0)
     meta = release_metadata(release, source_set="local-test", synthetic=True)
-    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
+    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file, benchmark_views=VIEWS)
     _rebuild_benchmark(release, pairs=11)  # a benchmark asset, after the staged database
     assert "translation_route_counts" in stage_views(release, CAT)
     # written and staged, not published: no reader sees them, the files are unchanged
@@ -416,7 +423,7 @@ def test_a_publication_switches_every_table_at_once(
     _rebuild_chip_index(release, fraction=0.75)
     _rebuild_tiles(release, shift=1.0)
     meta = release_metadata(release, source_set="local-test", synthetic=True)
-    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
+    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file, benchmark_views=VIEWS)
     _rebuild_benchmark(release, pairs=11)
     stage_views(release, CAT)
     assert seen() == old
@@ -462,8 +469,8 @@ def _materialize_cube(release: Release, *keys: dg.AssetKey) -> dg.ExecuteInProce
 def test_a_failing_blocking_check_leaves_the_published_tiles_and_benchmark_unchanged(
     release: Release, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import citycube.splits
-    import citycube.translation
+    import citycube.tasks.splits
+    import citycube.tasks.translation
 
     good = _materialize_cube(release, STAGED_DATABASE_KEY, SPLITS_KEY, DATABASE_KEY)
     assert good.success
@@ -486,11 +493,13 @@ def test_a_failing_blocking_check_leaves_the_published_tiles_and_benchmark_uncha
     monkeypatch.undo()
 
     # Other splits whose overlap check fails: written into the draft, never published.
-    split = citycube.translation.tile_splits
+    split = citycube.tasks.translation.tile_splits
     monkeypatch.setattr(
-        citycube.translation, "tile_splits", lambda tiles, seed: split(tiles, seed=seed + 1)
+        citycube.tasks.translation, "tile_splits", lambda tiles, seed: split(tiles, seed=seed + 1)
     )
-    monkeypatch.setattr(citycube.splits, "cross_split_overlaps", lambda tiles, splits: [("a", "b")])
+    monkeypatch.setattr(
+        citycube.tasks.splits, "cross_split_overlaps", lambda tiles, splits: [("a", "b")]
+    )
     overlapping = _materialize_cube(release, STAGED_DATABASE_KEY, SPLITS_KEY, DATABASE_KEY)
     assert not overlapping.success
     checks = {e.check_name: e.passed for e in overlapping.get_asset_check_evaluations()}

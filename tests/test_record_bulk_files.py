@@ -16,8 +16,8 @@ import shapely
 import yaml
 
 from citycube.errors import SourceReadError
-from citycube.records import place_records, tile_values
-from citycube.staging import COMPLETE_MARKER
+from citycube.items.staging import COMPLETE_MARKER
+from citycube.processing.records import place_records, tile_values
 from sources.records import records_adapters
 from tests.glc_globfp_fixtures import zip_of
 from tests.record_files import CityTiles, b_record, dat_file, workbook_bytes
@@ -315,7 +315,7 @@ def test_a_truncated_workbook_names_source_city_year_and_file_and_installs_nothi
 
 def test_bulk_file_specs_are_checked_on_load(portals: RecordPortals, tmp_path: Path) -> None:
     from citycube.errors import SpecError
-    from citycube.record_spec import load_record_products
+    from sources.records.spec import load_record_products
 
     xlsx = {k: v for k, v in xlsx_spec(portals).items() if k != "xlsx"}
     with pytest.raises(SpecError, match="bulk_xlsx needs an xlsx layout"):

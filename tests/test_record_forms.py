@@ -2,7 +2,7 @@
 
 Records items are written by hand in the normalised form every connector writes, then
 processed through ``process_partition`` (ELEC sums, PROP means with the 2017 PPP conversion)
-or straight through ``citycube.records`` on a 2 × 2 grid of Boston 2 km tiles.
+or straight through ``citycube.processing.records`` on a 2 × 2 grid of Boston 2 km tiles.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import pytest
 import shapely
 from pyproj import Transformer
 
-from citycube.catalogue import load_catalogue
-from citycube.cube import Release
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import Release
 from citycube.errors import SourceReadError
-from citycube.grids import TileGrid, city_grid
-from citycube.process import derive, process_partition
-from citycube.records import place_records, tile_cell_medians, tile_values
-from citycube.sources import SourceInfo, SourceItem, SourceProduct, SourceSet
+from citycube.grid.tiles import TileGrid, city_grid
+from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct, SourceSet
+from citycube.processing.compute import derive, process_partition
+from citycube.processing.records import place_records, tile_cell_medians, tile_values
 from sources.records.base import RECORDS_SCHEMA
 
 CITY, EPSG = "Boston", 32619

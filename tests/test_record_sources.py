@@ -22,9 +22,9 @@ import yaml
 from pyproj import Transformer
 
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.grids import city_grid
-from citycube.money import ppp_2017_factor
-from citycube.records import place_records, tile_values
+from citycube.grid.tiles import city_grid
+from citycube.processing.money import ppp_2017_factor
+from citycube.processing.records import place_records, tile_values
 from sources.records import records_adapters
 from tests.record_portals import Fault, Layer, RecordPortals, esri_polygon, wb_rows
 
@@ -452,7 +452,7 @@ def test_world_bank_series_are_paged_merged_and_convert_by_hand(
 def test_portals_declare_the_sample_twins_cities_and_years() -> None:
     """The twin's city-years equal the portals': the availability report compares with
     Tables 10 and 11 either way (PROP 232, ELEC 111 city-years)."""
-    from citycube.record_spec import load_record_products
+    from sources.records.spec import load_record_products
     from sources.sample.property import PROPERTY_RECORDS
     from sources.sample.records import ELECTRICITY_YEARS
 

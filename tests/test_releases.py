@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from citycube.cube import Release
+from citycube.cube.manifest import read_manifest
+from citycube.cube.release import Release
+from citycube.cube.releases import list_releases
 from citycube.errors import ReleaseNotFoundError
-from citycube.manifest import read_manifest
-from citycube.releases import list_releases
 from pipelines.cli import main
 from tests.release_fixtures import CAT, build_release
 
@@ -108,8 +108,8 @@ def test_a_frozen_release_is_final_and_every_write_path_refuses_it(
     import dagster as dg
 
     from assets.reports import DATASET_CARD_KEY, build_report_assets
+    from citycube.cube.releases import ensure_writable, freeze_release
     from citycube.errors import ReleaseImmutableError
-    from citycube.releases import ensure_writable, freeze_release
     from pipelines.resources import CubeResource
 
     release = build_release(tmp_path, "rel-1.0.0")
@@ -152,8 +152,8 @@ def test_a_frozen_release_is_final_and_every_write_path_refuses_it(
 
 
 def test_only_an_intact_published_release_can_be_frozen(tmp_path: Path) -> None:
+    from citycube.cube.releases import freeze_release, next_version
     from citycube.errors import ReleaseImmutableError
-    from citycube.releases import freeze_release, next_version
 
     release = build_release(tmp_path, "v1", modalities=("NTL",))
     path = release.observations_file("Amsterdam", 2020, "NTL")

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from citycube.catalogue import (
+from citycube.catalogue.modalities import (
     ModalitySpec,
     Temporal,
     catalogue_text,
     load_catalogue,
     parse_catalogue,
 )
-from citycube.cube import Release, build_duckdb, release_metadata, tiles_frame
+from citycube.cube.release import Release, build_duckdb, release_metadata, tiles_frame
 from citycube.errors import (
     ChipsNotFoundError,
     SpecError,
@@ -30,9 +30,9 @@ from citycube.errors import (
     UnknownTileError,
     UnknownYearError,
 )
-from citycube.grids import city_grid, pixel_grid
-from citycube.process import derive, process_partition
-from citycube.render import (
+from citycube.grid.tiles import city_grid, pixel_grid
+from citycube.processing.compute import derive, process_partition
+from citycube.reports.render import (
     GRID_LINE_RGBA,
     LEGEND_SIZE,
     UNKNOWN_CLASS_RGB,
@@ -90,7 +90,7 @@ def test_ndvi_is_grey_over_the_fixed_range_and_clipped_only_when_rendering() -> 
     values = np.array([-1.0, 0.0, 1.0, 1.5, -3.0, 0.5], np.float32)
     before = values.copy()
     out = _render("NDVI", values)
-    # seed 000 Table 12: a fixed grayscale over [-1, 1]; -1 black, 1 white, 0 mid-grey.
+    # AgenticCity-Bench Table 12: a fixed grayscale over [-1, 1]; -1 black, 1 white, 0 mid-grey.
     assert out[:, :3].tolist() == [[0] * 3, [128] * 3, [255] * 3, [255] * 3, [0] * 3, [191] * 3]
     np.testing.assert_array_equal(values, before)  # the data keep their values
 
@@ -168,7 +168,7 @@ def test_numeric_modalities_and_bad_shapes_are_refused() -> None:
 def test_binary_decimation_keeps_any_hit_in_each_block(stride: int) -> None:
     """A road one pixel wide survives decimation: each output pixel is its block's maximum,
     blocks at the ragged right and bottom edges included."""
-    from citycube.render import _block_max
+    from citycube.reports.render import _block_max
 
     rng = np.random.default_rng(stride)
     values = rng.integers(-3, 2, (2, 23, 31)).astype(np.int8)

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from citycube.catalogue import load_catalogue
-from citycube.cube import Release
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import Release
 from citycube.errors import ReleaseNotFoundError
-from citycube.report import (
+from citycube.reports.availability import (
     HEATMAP_COLOURS,
     HEATMAP_WIDTH_PX,
     city_table,
@@ -75,7 +75,8 @@ def test_modality_table_counts_any_tile_but_every_field(tiny) -> None:
     table = modality_table(tiny, CAT).set_index("code")
     assert len(table) == N_MODALITIES + 1
     assert table.loc["OPT", ["available", "possible", "percent"]].tolist() == [2, 3, 66.667]
-    # seed 000 Table 10's AQ count: a city-year with NO2 but no PM2.5 (or the reverse) is not
+    # AgenticCity-Bench Table 10's AQ count: a city-year with NO2 but no PM2.5 (or the reverse) is
+    # not
     # available.
     assert table.loc["AQ", ["available", "percent", "processed"]].tolist() == [0, 0.0, True]
     assert table.loc["POP", ["available", "processed"]].tolist() == [0, True]

@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 from affine import Affine
 
-from citycube.catalogue import Catalogue, ModalitySpec, load_catalogue
-from citycube.cube import Release
-from citycube.grids import city_grid
-from citycube.process import derive, write_observations
-from citycube.versions import modality_code_version
+from citycube.catalogue.modalities import Catalogue, ModalitySpec, load_catalogue
+from citycube.catalogue.versions import modality_code_version
+from citycube.cube.release import Release
+from citycube.grid.tiles import city_grid
+from citycube.processing.compute import derive, write_observations
 from tests.conftest import LocalFilesBackend, materialize_keys
 
 CITY = "Amsterdam"

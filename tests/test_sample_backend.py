@@ -14,8 +14,8 @@ from pyproj import CRS, Transformer
 from rasterio.warp import Resampling, reproject
 
 from citycube.errors import SourceUnavailableError, UnknownCityError, UnknownProductError
-from citycube.grids import city_extent, city_grid
-from citycube.sources import SourceItem
+from citycube.grid.tiles import city_extent, city_grid
+from citycube.items.protocol import SourceItem
 from sources.sample import SAMPLE_VERSION, SYNTHETIC_NOTICE, SampleBackend, synthetic_city
 from sources.sample import backend as backend_module
 from sources.sample.landsat import (

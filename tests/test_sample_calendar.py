@@ -1,4 +1,4 @@
-"""The sample's calendars against seed 000 Tables 10 and 11, and spot checks by processing.
+"""The sample's calendars against AgenticCity-Bench Tables 10 and 11, and spot checks by processing.
 
 The availability matrix (years served per city and modality) is derived from the products'
 own declarations (``sources.sample.availability``), never copied: any change to a sample
@@ -13,12 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from citycube.catalogue import load_catalogue
-from citycube.cities import load_cities
-from citycube.cube import Release
-from citycube.paper import PaperTables, load_paper_tables
-from citycube.process import process_partition
-from citycube.temporal import CALENDAR
+from citycube.catalogue.cities import load_cities
+from citycube.catalogue.modalities import load_catalogue
+from citycube.catalogue.temporal import CALENDAR
+from citycube.cube.release import Release
+from citycube.processing.compute import process_partition
+from citycube.reports.paper import PaperTables, load_paper_tables
 from sources.sample import SampleBackend
 from sources.sample import calendar as sample_calendar_plan
 from sources.sample.availability import availability_matrix, sample_calendar
@@ -107,7 +107,7 @@ def test_the_calendars_keep_the_sources_shapes() -> None:
         heat = set(calendar[(city, "HEAT")])
         if city in ST_CORE_INCOMPLETE:
             assert len(set(ST_CORE_YEARS) - heat) >= 4
-        else:  # seed 000's 15-city LST forecasting cohort
+        else:  # AgenticCity-Bench's 15-city LST forecasting cohort
             assert set(ST_CORE_YEARS) <= heat
         assert calendar[(city, "AQ")] == list(range(2005, 2020))  # NO2 and PM2.5 both
         assert calendar[(city, "CO2")] == list(range(2000, 2025))  # ODIAC ends in 2024

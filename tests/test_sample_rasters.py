@@ -16,9 +16,9 @@ import pytest
 import rasterio
 from pyproj import CRS, Transformer
 
-from citycube.cities import get_city, load_cities
+from citycube.catalogue.cities import get_city, load_cities
 from citycube.errors import SourceUnavailableError
-from citycube.grids import city_extent
+from citycube.grid.tiles import city_extent
 from sources.sample import SYNTHETIC_NOTICE, SampleBackend, synthetic_city
 from sources.sample.calendar import CITY_CALENDARS
 from sources.sample.hilda import CORRUPT_IDS, LEGEND
@@ -181,9 +181,10 @@ def test_surface_temperature_record_has_holes(backend: SampleBackend, tmp_path: 
         assert len(years) == CITY_CALENDARS[city].surface_temperature
         assert len(st_years(city, seed=1)) == len(years)  # the seed moves years, not counts
     complete = [c for c, ys in records.items() if set(ST_CORE_YEARS) <= set(ys)]
-    assert sorted(complete) == sorted(set(cities) - {"Shanghai"})  # seed 000's 15-city cohort
+    # AgenticCity-Bench's 15-city cohort
+    assert sorted(complete) == sorted(set(cities) - {"Shanghai"})
     assert len(set(ST_CORE_YEARS) - set(records["Shanghai"])) >= 4
-    assert sum(len(years) for years in records.values()) == 358  # seed 000 Table 10, HEAT
+    assert sum(len(years) for years in records.values()) == 358  # AgenticCity-Bench Table 10, HEAT
     assert any(records[c] != st_years(c, seed=1) for c in cities)
     missing = min(set(range(2000, 2026)) - set(records[BOS]))
     with pytest.raises(SourceUnavailableError) as err:

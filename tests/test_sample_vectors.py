@@ -16,13 +16,13 @@ import pytest
 import shapely
 from pyproj import Transformer
 
-from citycube.cities import load_cities
-from citycube.classify import osm_building_function
+from citycube.catalogue.cities import load_cities
 from citycube.errors import SourceUnavailableError
-from citycube.grids import city_extent, city_grid
-from citycube.money import ppp_2017_factor
-from citycube.sources import SourceItem
-from citycube.vectors import coverage_fractions, load_coverage, tile_index
+from citycube.grid.tiles import city_extent, city_grid
+from citycube.items.protocol import SourceItem
+from citycube.processing.classify import osm_building_function
+from citycube.processing.money import ppp_2017_factor
+from citycube.processing.vectors import coverage_fractions, load_coverage, tile_index
 from sources.sample import SYNTHETIC_NOTICE, SampleBackend, synthetic_city
 from sources.sample.osm import (
     HW,

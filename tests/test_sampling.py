@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from citycube.sampling import (
+from citycube.tasks.sampling import (
     DEFAULT_TOTAL,
     SINGLE_CLASS_WEIGHT,
     balanced_quotas,
     sample_instances,
     split_totals,
 )
-from citycube.splits import tile_parent_table, tile_splits
+from citycube.tasks.splits import tile_parent_table, tile_splits
 
 ORDER = ["A", "B", "C", "LC"]
 

@@ -13,14 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 from affine import Affine
 
-from citycube.catalogue import load_catalogue
-from citycube.cube import Release
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import Release
 from citycube.errors import SourceReadError, SpecError, UnknownProductError
-from citycube.grids import city_grid
-from citycube.process import process_partition
-from citycube.rasters import open_raster
-from citycube.sources import SourceItem, SourceSet, is_remote, parse_source_set_spec
-from citycube.staging import COMPLETE_MARKER, StagedFiles, install_item, installed_item
+from citycube.grid.tiles import city_grid
+from citycube.items.protocol import SourceItem, SourceSet, is_remote, parse_source_set_spec
+from citycube.items.rasters import open_raster
+from citycube.items.staging import COMPLETE_MARKER, StagedFiles, install_item, installed_item
+from citycube.processing.compute import process_partition
 from sources import build_source_set, load_source_set
 from sources.sample import SampleBackend
 from tests.conftest import LocalFilesProduct, write_tif
@@ -217,7 +217,7 @@ def test_other_processes_trust_a_verified_state_and_hash_a_changed_file(
     import os
     import time
 
-    import citycube.staging as staging
+    import citycube.items.staging as staging
 
     final = tmp_path / "odiac" / "Boston" / "2020"
     payload = bytes(range(256)) * 64
@@ -228,13 +228,13 @@ def test_other_processes_trust_a_verified_state_and_hash_a_changed_file(
 
     install_item(final, {"version": "1"}, writer)
     hashed: list[str] = []
-    real = staging._sha256
+    real = staging.file_sha256
 
     def counting(path: Path) -> str:
         hashed.append(path.name)
         return real(path)
 
-    monkeypatch.setattr(staging, "_sha256", counting)
+    monkeypatch.setattr(staging, "file_sha256", counting)
     monkeypatch.setattr(staging, "_verified", {})  # as in another worker process
     assert installed_item(final, {"version": "1"}) is not None
     assert hashed == []  # the state recorded at install vouches for the file

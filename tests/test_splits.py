@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from citycube.splits import (
+from citycube.tasks.splits import (
     SPLIT_SHARES,
     SPLITS,
     cross_split_overlaps,

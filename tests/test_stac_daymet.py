@@ -24,11 +24,11 @@ import rasterio
 import zarr
 from pyproj import CRS, Transformer
 
-from citycube.catalogue import load_catalogue
-from citycube.cube import Release
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import Release
 from citycube.errors import SourceReadError, SourceUnavailableError
-from citycube.process import process_partition
-from citycube.sources import SourceSet
+from citycube.items.protocol import SourceSet
+from citycube.processing.compute import process_partition
 from sources.sample.backend import sample_adapters
 from sources.stac import stac_adapters
 from sources.stac.adapter import StacSource

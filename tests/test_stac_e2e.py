@@ -33,8 +33,8 @@ import yaml
 import zarr
 from pyproj import CRS, Transformer
 
-from citycube.cities import SCALES
-from citycube.grids import city_grid, pixel_grid
+from citycube.catalogue.cities import SCALES
+from citycube.grid.tiles import city_grid, pixel_grid
 from pipelines.resources import ComputeResource, CubeResource
 from sources.stac.grids import landsat_grid
 from tests.stac_expected import area_means, expected_stacks, grid_shares, quiet

@@ -18,11 +18,11 @@ import pytest
 import rasterio
 from scipy import ndimage
 
-from citycube.catalogue import load_catalogue
-from citycube.cube import Release
+from citycube.catalogue.modalities import load_catalogue
+from citycube.cube.release import Release
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.process import process_partition
-from citycube.sources import SourceItem, SourceSet
+from citycube.items.protocol import SourceItem, SourceSet
+from citycube.processing.compute import process_partition
 from sources.stac import stac_adapters
 from sources.stac.adapter import StacSource
 from sources.stac.grids import landsat_grid

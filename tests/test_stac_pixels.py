@@ -12,17 +12,17 @@ import pytest
 from pyproj import CRS
 
 from citycube.errors import SpecError
-from citycube.stac_spec import (
-    Signing,
-    StacProductSpec,
-    load_stac_catalogue,
-    parse_stac_catalogue,
-)
 from sources.stac import pixels
 from sources.stac.grids import landsat_grid, y_shift_into
 from sources.stac.landsat import select_scenes
 from sources.stac.retrying import RetryPolicy, TransientError, is_transient_gdal_message
 from sources.stac.signing import HrefSigner
+from sources.stac.spec import (
+    Signing,
+    StacProductSpec,
+    load_stac_catalogue,
+    parse_stac_catalogue,
+)
 
 NAN = np.float32(np.nan)
 

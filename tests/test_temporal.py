@@ -1,12 +1,12 @@
-"""Temporal rules: annual, epoch reuse, static reuse, missing years (SPEC §2)."""
+"""Temporal rules: annual, epoch reuse, static reuse, missing years (AgenticCity-Bench App. B.4)."""
 
 from __future__ import annotations
 
 import pytest
 
-from citycube.catalogue import Temporal
+from citycube.catalogue.modalities import Temporal
+from citycube.catalogue.temporal import CALENDAR, epoch_of, parse_years, resolve
 from citycube.errors import UnknownYearError
-from citycube.temporal import CALENDAR, epoch_of, parse_years, resolve
 
 EPOCHS = [2000, 2005, 2010, 2015, 2020, 2025]
 

@@ -14,10 +14,10 @@ import yaml
 from pyproj import Transformer
 
 from citycube.errors import SourceUnavailableError, SpecError
-from citycube.grids import city_grid
-from citycube.records import place_records, tile_values
-from citycube.user_records import UserFileError
+from citycube.grid.tiles import city_grid
+from citycube.processing.records import place_records, tile_values
 from sources.records import records_adapters
+from sources.records.user_schema import UserFileError
 
 CITY, EPSG = "Shanghai", 32651
 GRID = city_grid(CITY, "2km")

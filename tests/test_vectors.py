@@ -24,12 +24,12 @@ from shapely.geometry import (
     box,
 )
 
-import citycube.vectors as vectors
-from citycube.catalogue import RasterizeSpec
-from citycube.chips import blocks
+import citycube.processing.vectors as vectors
+from citycube.catalogue.modalities import RasterizeSpec
 from citycube.errors import SourceReadError
-from citycube.grids import city_grid, pixel_grid
-from citycube.vectors import (
+from citycube.grid.tiles import city_grid, pixel_grid
+from citycube.processing.chips import blocks
+from citycube.processing.vectors import (
     check_declared_counts,
     iter_points,
     load_records,

@@ -1,7 +1,7 @@
 """The ``http`` adapter family: gridded products served as files over plain HTTP.
 
 Products are described as data in ``schemas/http_products.yaml`` (see
-``citycube.http_spec``); one module per provider turns a product's files into items of the
+``sources.http.spec``); one module per provider turns a product's files into items of the
 sample twin's form. Every download goes through the shared ``sources.downloads`` manager.
 """
 
@@ -12,7 +12,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from citycube.http_spec import HttpProductSpec, load_http_products, load_http_vector_products
 from sources.downloads import DownloadManager
 from sources.http.acag import AcagAnnual
 from sources.http.base import HttpSource
@@ -23,6 +22,7 @@ from sources.http.globfp import GlobfpFootprints
 from sources.http.hilda import HildaStates
 from sources.http.odiac import OdiacMonthly
 from sources.http.options import HttpFamilyOptions
+from sources.http.spec import HttpProductSpec, load_http_products, load_http_vector_products
 from sources.http.viirs import VnlAnnual
 
 ADAPTERS: dict[str, type[HttpSource]] = {

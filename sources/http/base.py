@@ -30,15 +30,15 @@ from rasterio.crs import CRS as RioCRS
 from rasterio.errors import RasterioError
 from rasterio.windows import Window
 
-from citycube.cities import get_city
+from citycube.catalogue.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.grids import LatticeGrid, city_extent, snapped_grid
-from citycube.http_spec import HttpProductSpec, HttpVectorProductSpec, Variable
-from citycube.rasters import transformer, write_netcdf_variable
-from citycube.sources import SourceInfo, SourceItem, SourceProduct
-from citycube.staging import StagedFiles, install_item
+from citycube.grid.tiles import LatticeGrid, city_extent, snapped_grid
+from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct
+from citycube.items.rasters import transformer, write_netcdf_variable
+from citycube.items.staging import StagedFiles, install_item
 from sources.downloads import Downloaded, DownloadManager, redact_url
 from sources.http.options import HttpFamilyOptions
+from sources.http.spec import HttpProductSpec, HttpVectorProductSpec, Variable
 
 WINDOW_MARGIN_M = 3_000.0
 """Every item covers the city extent plus this margin, as the sample twins' files do."""

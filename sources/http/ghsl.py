@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from citycube.errors import SourceFetchError
-from citycube.http_spec import TileGrid
 from sources.downloads import redact_url
 from sources.http.base import Assembled, HttpSource, TargetGrid
+from sources.http.spec import TileGrid
 
 
 def tiles_covering(

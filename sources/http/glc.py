@@ -29,11 +29,11 @@ from rasterio.warp import Resampling, reproject
 from rasterio.windows import Window, from_bounds
 
 from citycube.errors import SourceFetchError, SourceReadError
-from citycube.grids import snapped_grid
-from citycube.http_spec import TileGrid, Variable
+from citycube.grid.tiles import snapped_grid
 from sources.downloads import Downloaded, redact_url
 from sources.http.base import Assembled, HttpSource, TargetGrid
 from sources.http.ghsl import tiles_covering
+from sources.http.spec import TileGrid, Variable
 
 NO_SOURCE = -1
 """Marks item cells no tile covers while tiles are placed (raw values are 0-255)."""

@@ -27,15 +27,15 @@ import pyogrio
 import shapely
 from pyproj import CRS
 
-from citycube.cities import get_city
+from citycube.catalogue.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.http_spec import HttpVectorProductSpec
-from citycube.rasters import transformer
-from citycube.sources import SourceItem, SourceProduct
-from citycube.staging import StagedFiles, install_item
+from citycube.items.protocol import SourceItem, SourceProduct
+from citycube.items.rasters import transformer
+from citycube.items.staging import StagedFiles, install_item
 from sources.downloads import Downloaded, DownloadManager, redact_url
 from sources.http.base import PROVENANCE_FILE, http_source_info
 from sources.http.options import HttpFamilyOptions
+from sources.http.spec import HttpVectorProductSpec
 from sources.osm.base import window_wgs84
 
 COVERAGE_FILE = "coverage.geojson"

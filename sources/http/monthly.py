@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import rasterio
 
-from citycube.http_spec import MonthlyAggregation, Variable
 from sources.http.base import Assembled, HttpSource, TargetGrid
+from sources.http.spec import MonthlyAggregation, Variable
 
 MONTHS = range(1, 13)
 """Months of a year."""

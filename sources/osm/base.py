@@ -22,12 +22,12 @@ import pyarrow.parquet as pq
 import pyogrio
 from pyproj import CRS
 
-from citycube.cities import get_city
+from citycube.catalogue.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.grids import city_extent
-from citycube.rasters import transformer
-from citycube.sources import SourceInfo, SourceItem, SourceProduct
-from citycube.staging import StagedFiles, install_item
+from citycube.grid.tiles import city_extent
+from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct
+from citycube.items.rasters import transformer
+from citycube.items.staging import StagedFiles, install_item
 from sources.downloads import DownloadManager, redact_url
 from sources.osm.history import ExtractError, ExtractInfo, extract_info
 from sources.osm.options import OsmFamilyOptions

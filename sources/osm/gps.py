@@ -40,7 +40,7 @@ import pandas as pd
 import shapely
 
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.staging import StagedFiles
+from citycube.items.staging import StagedFiles
 from sources.downloads import redact_url
 from sources.osm.base import (
     WGS84,

@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import shapely
 
-from citycube.catalogue import load_catalogue
-from citycube.classify import OSM_FUNCTION_TAG_COLUMNS
-from citycube.staging import StagedFiles
+from citycube.catalogue.modalities import load_catalogue
+from citycube.items.staging import StagedFiles
+from citycube.processing.classify import OSM_FUNCTION_TAG_COLUMNS
 from sources.osm.base import (
     WGS84,
     Extract,

@@ -4,7 +4,7 @@ archives, paged JSON APIs, user-supplied files), and the World Bank CPI and PPP 
 convert money.
 
 Which portal serves which city is data (``schemas/record_products.yaml``, validated by
-``citycube.record_spec``); one module per protocol pages a city-year's rows out of its portal,
+``sources.records.spec``); one module per protocol pages a city-year's rows out of its portal,
 and every item is written in one normalised form that the core reads by spatial form.
 """
 
@@ -17,9 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from citycube.record_spec import RECORD_PRODUCTS, Protocol, RecordProductSpec, load_record_products
-from citycube.sources import SourceProduct
-from citycube.user_records import load_user_schema
+from citycube.items.protocol import SourceProduct
 from sources.downloads import SECRET_PARAMS, DownloadManager
 from sources.records.arcgis import ArcGisQuery
 from sources.records.base import Connector, RecordSource
@@ -28,7 +26,9 @@ from sources.records.json_api import JsonApi
 from sources.records.nsw_psi import NswPsiDat
 from sources.records.options import RecordsFamilyOptions
 from sources.records.socrata import SodaResource
+from sources.records.spec import RECORD_PRODUCTS, Protocol, RecordProductSpec, load_record_products
 from sources.records.user_file import UserFile
+from sources.records.user_schema import load_user_schema
 from sources.records.worldbank import WorldBankIndicators
 
 CONNECTORS: dict[str, Connector] = {

@@ -5,7 +5,7 @@ A connector (one module per protocol) only says how a city-year's rows come out 
 (``rows``): a table of the source's own columns plus, where the protocol carries geometry
 itself (ArcGIS features, GeoJSON), a geometry column. :func:`normalise` applies the spec's
 field mapping to it, and :class:`RecordSource` installs the item: ``records.parquet``
-(``citycube.record_spec.RECORD_COLUMNS``) and the tables the spatial form needs (postcode
+(``sources.records.spec.RECORD_COLUMNS``) and the tables the spatial form needs (postcode
 centroids, unit boundaries, a coverage polygon), with the declared counts ``records`` and
 ``blank_values`` the core checks at ingest.
 """
@@ -32,14 +32,14 @@ import pyarrow.parquet as pq
 import shapely
 from pyproj import CRS
 
-from citycube.cities import get_city
+from citycube.catalogue.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.rasters import transformer
-from citycube.record_spec import JoinTable, Protocol, RecordProductSpec, SpatialForm
-from citycube.records import SPATIAL_FORM_KEY, normalise_key
-from citycube.sources import SourceInfo, SourceItem, SourceProduct
-from citycube.staging import StagedFiles, install_item
+from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct
+from citycube.items.rasters import transformer
+from citycube.items.staging import StagedFiles, install_item
+from citycube.processing.records import SPATIAL_FORM_KEY, normalise_key
 from sources.downloads import Downloaded, DownloadManager, redact_url
+from sources.records.spec import JoinTable, Protocol, RecordProductSpec, SpatialForm
 
 GEOMETRY = "__geometry__"
 """Column a connector fills with shapely geometries (EPSG:4326) when its protocol carries them."""
@@ -374,7 +374,7 @@ class RecordSource(SourceProduct):
             "synthetic": False,
         }
         if spec.city in self.user_files:
-            from citycube.user_records import load_user_schema
+            from sources.records.user_schema import load_user_schema
 
             schema_path = self.user_files[spec.city]
             _, data, _ = load_user_schema(schema_path)

@@ -21,9 +21,9 @@ from typing import Any
 import pandas as pd
 
 from citycube.errors import SourceReadError
-from citycube.record_spec import RecordProductSpec, XlsxLayout
 from sources.downloads import redact_url
 from sources.records.base import Connector, Pager
+from sources.records.spec import RecordProductSpec, XlsxLayout
 
 _SPACE = re.compile(r"\s+")
 

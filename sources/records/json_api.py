@@ -10,9 +10,9 @@ from typing import Any
 import pandas as pd
 
 from citycube.errors import SourceReadError
-from citycube.record_spec import RecordProductSpec
 from sources.downloads import redact_url
 from sources.records.base import Connector, Pager
+from sources.records.spec import RecordProductSpec
 
 
 def at_path(page: Any, path: str) -> Any:

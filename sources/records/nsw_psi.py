@@ -33,9 +33,9 @@ from typing import IO
 import pandas as pd
 
 from citycube.errors import SourceFetchError, SourceReadError
-from citycube.record_spec import PsiArchives, RecordProductSpec
 from sources.downloads import redact_url
 from sources.records.base import Connector, Pager
+from sources.records.spec import PsiArchives, RecordProductSpec
 
 B_FIELDS = (
     "record_type",

@@ -14,9 +14,9 @@ from typing import Any
 import pandas as pd
 
 from citycube.errors import SourceFetchError
-from citycube.record_spec import RecordProductSpec
 from sources.downloads import redact_url
 from sources.records.base import Connector, Pager
+from sources.records.spec import RecordProductSpec
 
 
 class SodaResource(Connector):

@@ -1,13 +1,13 @@
 """User-supplied files: a CSV, GeoJSON or Parquet file with a schema file (see
-``citycube.user_records``), validated row by row before the item is written."""
+``sources.records.user_schema``), validated row by row before the item is written."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from citycube.record_spec import RecordProductSpec
-from citycube.user_records import load_user_schema, read_user_file, validate_user_records
 from sources.records.base import GEOMETRY, Connector, Pager
+from sources.records.spec import RecordProductSpec
+from sources.records.user_schema import load_user_schema, read_user_file, validate_user_records
 
 
 class UserFile(Connector):

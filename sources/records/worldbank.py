@@ -4,8 +4,8 @@
 ``[page metadata, rows]``; the metadata's ``pages`` says how many pages follow. Every page goes
 through the shared download manager (cached, so all cities and reruns share one download per
 page; 429 and 5xx retried). The pages are merged into one response per indicator in the API's
-own layout, so ``citycube.money`` reads real and sample items alike. The API reports a bad
-request as HTTP 200 with ``[{"message": [...]}]``: that fails the fetch by name.
+own layout, so ``citycube.processing.money`` reads real and sample items alike. The API reports a
+bad request as HTTP 200 with ``[{"message": [...]}]``: that fails the fetch by name.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from citycube.errors import SourceFetchError, SourceReadError
-from citycube.sources import SourceInfo, SourceItem, SourceProduct
-from citycube.staging import StagedFiles, install_item
+from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct
+from citycube.items.staging import StagedFiles, install_item
 from sources.downloads import DownloadManager, redact_url
 
 INDICATORS = {"cpi": "FP.CPI.TOTL", "ppp": "PA.NUS.PPP"}

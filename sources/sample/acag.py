@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
-from citycube.rasters import write_netcdf_variable
+from citycube.items.rasters import write_netcdf_variable
 from sources.sample.grids import (
     OnGrid,
     geographic_grid,

@@ -14,10 +14,10 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from citycube.catalogue import Catalogue, Conversion, ModalitySpec, load_catalogue
-from citycube.cities import get_city, load_cities
-from citycube.money import ppp_2017_factor_of
-from citycube.temporal import CALENDAR, period_of, resolve
+from citycube.catalogue.cities import get_city, load_cities
+from citycube.catalogue.modalities import Catalogue, Conversion, ModalitySpec, load_catalogue
+from citycube.catalogue.temporal import CALENDAR, period_of, resolve
+from citycube.processing.money import ppp_2017_factor_of
 from sources.sample.backend import SampleBackend, SampleSource
 from sources.sample.records import CPI_ID, PPP_ID, indicator_series
 

@@ -1,8 +1,8 @@
 """The sample source family: one adapter per product, writing synthetic files in native form.
 
 Each adapter generates its product's item for a city and source year and installs it with the
-core's shared staging helper (``citycube.staging``): files are staged next to their final place,
-a completion record is written last and the directory is moved into place with one rename. A
+core's shared staging helper (``citycube.items.staging``): files are staged next to their final
+place, a completion record is written last and the directory is moved into place with one rename. A
 killed fetch therefore never leaves a half item that looks complete, and a complete item of the
 same version and seed is reused.
 """
@@ -17,19 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import rasterio
 from pyproj import CRS, Transformer
 
-from citycube.cities import get_city
+from citycube.catalogue.cities import get_city
 from citycube.errors import SourceUnavailableError
-from citycube.sources import SourceInfo, SourceItem, SourceProduct, SourceSet
-from citycube.staging import StagedFiles, install_item
+from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct, SourceSet
+from citycube.items.staging import StagedFiles, install_item
 from sources.sample.acag import AcagNo2, AcagPm25
 from sources.sample.copernicus_dem import CopernicusDemGlo30
 from sources.sample.ghsl import GhsBuiltV, GhsPop
 from sources.sample.glc import GlcFcs30d
 from sources.sample.globfp import GlobfpHeight
-from sources.sample.grids import COG_MEDIA_TYPE, cog_profile
+from sources.sample.grids import COG_MEDIA_TYPE, write_cog
 from sources.sample.hilda import HildaPlus
 from sources.sample.landsat import LandsatC2L2
 from sources.sample.landsat_derived import LandsatNdvi, LandsatSurfaceTemperature
@@ -256,20 +255,6 @@ def write_generated(
 # --------------------------------------------------------------------------------------------
 # Files.
 # --------------------------------------------------------------------------------------------
-
-
-def write_cog(path: Path, layer: RasterLayer, tags: dict[str, str]) -> None:
-    """Write a layer as a DEFLATE-compressed Cloud Optimized GeoTIFF with synthetic tags."""
-    data = layer.data
-    resampling = "nearest" if layer.categorical else "average"
-    profile = cog_profile(layer.grid, data.shape[0], data.dtype.name, layer.nodata, resampling)
-    profile["num_threads"] = "ALL_CPUS"
-    with rasterio.open(path, "w", **profile) as dst:
-        dst.write(data)
-        dst.update_tags(**tags, CITYCUBE_UNITS=layer.units)
-        for band, description in enumerate(layer.band_descriptions, start=1):
-            dst.set_band_description(band, description)
-            dst.update_tags(band, units=layer.units)
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:

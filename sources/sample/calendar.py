@@ -19,7 +19,7 @@ to the sources' histories:
 - Night-time lights: Table 10's 404 is 416 less 12, the pre-VIIRS years 2000–2011 of one
   city. They are counted against Shanghai, so the other 15 cities carry all 26 years in the
   paper's table (the release serves 2012–2025 only: the ``ntl-before-2012`` departure).
-- Surface temperature (HEAT, 358): the 15 cities of seed 000's LST forecasting cohort keep
+- Surface temperature (HEAT, 358): the 15 cities of AgenticCity-Bench's LST forecasting cohort keep
   every year of 2010–2024 and miss 0–4 others; Shanghai misses 10, at least four of them in
   2010–2024.
 - OpenStreetMap roads (300), buildings (288) and GPS traces (284): the latest years of each
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from citycube.cities import get_city
+from citycube.catalogue.cities import get_city
 from sources.sample.world import FIRST_YEAR, LAST_YEAR, stable_hash
 
 
@@ -75,7 +75,8 @@ CITY_CALENDARS: dict[str, CityCalendar] = {
     "Tokyo": CityCalendar(21, 15, 14, 13),
     "XiongAn": CityCalendar(22, 17, 17, 16),
 }
-"""Per city: HEAT 358, RD 300, POI 288 and GPS 284 city-years in all (seed 000 Table 10)."""
+"""Per city: HEAT 358, RD 300, POI 288 and GPS 284 city-years in all (AgenticCity-Bench
+Table 10)."""
 
 FOOTPRINT_UNCOVERED_CITIES = frozenset({"Christchurch", "Shanghai"})
 """Cities outside the building-footprint product's coverage (14 of 16 covered: HF 364)."""

@@ -8,15 +8,18 @@ Doing that in one place keeps the products' windows, cell edges and masks consis
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import rasterio
 from numpy.typing import DTypeLike
 from pyproj import CRS
 from rasterio.crs import CRS as RioCRS
 
 from sources.sample.world import (
     NativeGrid,
+    RasterLayer,
     SyntheticCity,
     WorldPoints,
     block_mean,
@@ -163,3 +166,17 @@ def projection_fields(grid: NativeGrid) -> dict[str, object]:
         "proj:shape": [grid.height, grid.width],
         "proj:transform": [t.a, t.b, t.c, t.d, t.e, t.f],
     }
+
+
+def write_cog(path: Path, layer: RasterLayer, tags: dict[str, str]) -> None:
+    """Write a layer as a DEFLATE-compressed Cloud Optimized GeoTIFF with synthetic tags."""
+    data = layer.data
+    resampling = "nearest" if layer.categorical else "average"
+    profile = cog_profile(layer.grid, data.shape[0], data.dtype.name, layer.nodata, resampling)
+    profile["num_threads"] = "ALL_CPUS"
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(data)
+        dst.update_tags(**tags, CITYCUBE_UNITS=layer.units)
+        for band, description in enumerate(layer.band_descriptions, start=1):
+            dst.set_band_description(band, description)
+            dst.update_tags(band, units=layer.units)

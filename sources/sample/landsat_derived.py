@@ -11,7 +11,7 @@ they are valid and only clipped when rendered. Surface temperature follows the c
 (shared with the weather products), a surface urban heat island, cool water and vegetation,
 and elevation. Its record has holes: each city misses as many years as its sample calendar
 says (none to four; Shanghai ten), but every city except Shanghai keeps every year of
-2010–2024, as seed 000's 15-city LST forecasting cohort needs.
+2010–2024, as AgenticCity-Bench's 15-city LST forecasting cohort needs.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ KELVIN = 273.15
 ST_CORE_YEARS = range(2010, 2025)
 """Years the forecasting cases need without a hole."""
 ST_CORE_INCOMPLETE = frozenset({"Shanghai"})
-"""Cities whose record may miss core years: seed 000's LST forecasting cohort spans the other
+"""Cities whose record may miss core years: AgenticCity-Bench's LST forecasting cohort spans the
+other
 15 cities, each with tiles valid in every year of 2010-2024."""
 ST_INCOMPLETE_MISSING = 4
 """Years of 2010–2024 a city of ``ST_CORE_INCOMPLETE`` misses at least."""
@@ -156,7 +157,7 @@ def st_years(city: str, seed: int = 0) -> list[int]:
     """Years of a city's surface-temperature record (deterministic per city and seed).
 
     How many years a city holds is its sample calendar's (``sources.sample.calendar``: 358
-    city-years, seed 000 Table 10's HEAT count); which years are missing is drawn from the
+    city-years, AgenticCity-Bench Table 10's HEAT count); which years are missing is drawn from the
     seed. Cities of the forecasting cohort lose years only outside 2010–2024. A city outside
     it loses ``ST_INCOMPLETE_MISSING`` years inside 2010–2024 first, then any others.
     """

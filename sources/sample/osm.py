@@ -33,8 +33,8 @@ import shapely
 from pyproj import Transformer
 from scipy import ndimage
 
-from citycube.classify import OSM_FUNCTION_TAG_COLUMNS
 from citycube.errors import SourceUnavailableError
+from citycube.processing.classify import OSM_FUNCTION_TAG_COLUMNS
 from sources.sample.calendar import (
     FIRST_GPS_YEAR,
     FIRST_OSM_EXTRACT,

@@ -22,7 +22,7 @@ import numpy as np
 from pyproj import CRS
 
 from citycube.errors import SourceUnavailableError
-from sources.sample.grids import COG_MEDIA_TYPE, projection_fields, supersampled_blocks
+from sources.sample.grids import COG_MEDIA_TYPE, projection_fields, supersampled_blocks, write_cog
 from sources.sample.world import (
     GeneratedItem,
     NativeGrid,
@@ -86,7 +86,7 @@ PROPERTY_RECORDS: dict[str, PropertyRecords] = {
     "Tokyo": PropertyRecords(2006, 2024, "JPY", 40_000_000, 0.003, 0.005, 0.05),
     "Shanghai": PropertyRecords(2012, 2023, "CNY", 600_000, 0.022, 0.080, 0.02),
 }
-"""Cities with property records, as seed 000 Table 8 lists them plus Shanghai's collected
+"""Cities with property records, as AgenticCity-Bench Table 8 lists them plus Shanghai's collected
 listings (232 city-years, Table 10's PROP count); their years equal the record portals' in
 ``schemas/record_products.yaml``. The other cities publish none."""
 
@@ -129,7 +129,6 @@ class TaggedCogLayer:
 
     def write(self, path: Path, tags: dict[str, str]) -> None:
         """Write with the backend's own COG writer, so the file matches every other COG."""
-        from sources.sample.backend import write_cog  # the backend imports this module
 
         write_cog(path, self.raster, {**tags, **dict(self.extra_tags)})
 

@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 import shapely
 
-from citycube.cities import get_city, load_cities
+from citycube.catalogue.cities import get_city, load_cities
 from citycube.errors import SourceUnavailableError
-from citycube.grids import city_grid
+from citycube.grid.tiles import city_grid
 from sources.sample.layers import WGS84, CsvLayer, GeoJsonLayer, JsonLayer
 from sources.sample.osm import FUNCTIONS, city_fabric, window_bounds_wgs84
 from sources.sample.world import (

@@ -25,7 +25,7 @@ import rasterio
 from pyproj import CRS
 from scipy import ndimage
 
-from citycube.cities import get_city
+from citycube.catalogue.cities import get_city
 from citycube.errors import SourceUnavailableError
 from sources.sample.grids import (
     COG_MEDIA_TYPE,

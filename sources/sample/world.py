@@ -31,9 +31,9 @@ from affine import Affine
 from pyproj import CRS, Transformer
 from scipy import ndimage
 
-from citycube.cities import get_city
-from citycube.grids import LatticeGrid, city_extent
-from citycube.grids import snapped_grid as lattice_window
+from citycube.catalogue.cities import get_city
+from citycube.grid.tiles import LatticeGrid, city_extent
+from citycube.grid.tiles import snapped_grid as lattice_window
 
 try:  # ISA-L inflates the land mask about five times faster; zlib gives the same bytes.
     from isal import isal_zlib as _inflate

@@ -1,7 +1,7 @@
 """The STAC adapter family (``planetary-computer``): real products from STAC APIs.
 
 Which products, collections, bands, masks and composites it serves is data
-(``schemas/stac_products.yaml``, validated by ``citycube.stac_spec``); a source set picks this
+(``schemas/stac_products.yaml``, validated by ``sources.stac.spec``); a source set picks this
 family per product and may point it at another API, token endpoint or mirror::
 
     products: {landsat_c2l2: planetary-computer, cop_dem_glo30: planetary-computer}
@@ -16,13 +16,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from citycube.stac_spec import Recipe, load_stac_catalogue, read_stac_catalogue
 from sources.stac import daymet, dem, landsat
 from sources.stac.adapter import Recipe as RecipeFunction
 from sources.stac.adapter import StacSource
 from sources.stac.options import StacFamilyOptions
 from sources.stac.retrying import RetryPolicy
 from sources.stac.signing import HrefSigner
+from sources.stac.spec import Recipe, load_stac_catalogue, read_stac_catalogue
 
 FAMILY = "planetary-computer"
 """The family's name in source-set files."""

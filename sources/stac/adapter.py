@@ -24,16 +24,15 @@ from urllib.parse import urlsplit
 import pystac
 import rasterio
 
-from citycube.cities import get_city
+from citycube.catalogue.cities import get_city
 from citycube.errors import (
     OfflineRecordError,
     SourceFetchError,
     SourceReadError,
     SourceUnavailableError,
 )
-from citycube.sources import SourceInfo, SourceItem, SourceProduct
-from citycube.stac_spec import Signing, StacProductSpec
-from citycube.staging import StagedFiles, install_item
+from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct
+from citycube.items.staging import StagedFiles, install_item
 from sources.downloads import host_slot
 from sources.stac.clearmasks import ClearMaskCache
 from sources.stac.grids import TargetGrid
@@ -51,6 +50,7 @@ from sources.stac.records import SearchRecords, search_key
 from sources.stac.retrying import RetryPolicy, TransientError
 from sources.stac.search import SearchRequest, get_collection, search_items
 from sources.stac.signing import HrefSigner
+from sources.stac.spec import Signing, StacProductSpec
 from sources.stac.windows import WindowCache
 from sources.stac.zarrcache import ChunkCache
 

@@ -36,16 +36,16 @@ from fsspec.implementations.http import HTTPFileSystem
 from pyproj import CRS, Transformer
 from zarr.abc.store import Store
 
-from citycube.cities import get_city
+from citycube.catalogue.cities import get_city
+from citycube.catalogue.products import load_products
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.products import load_products
-from citycube.sources import MISSING_ROLES_KEY
-from citycube.stac_spec import ZarrSpec
-from citycube.staging import StagedFiles
+from citycube.items.protocol import MISSING_ROLES_KEY
+from citycube.items.staging import StagedFiles
 from sources.downloads import parse_retry_after
 from sources.stac.adapter import FetchContext
 from sources.stac.grids import TargetGrid, city_crs, city_window
 from sources.stac.retrying import TransientError, is_transient_status
+from sources.stac.spec import ZarrSpec
 from sources.stac.writing import PROVENANCE_FILE, Layer, write_cog, write_provenance
 from sources.stac.zarrcache import CachingStore, ChunkCache
 

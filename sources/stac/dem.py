@@ -18,7 +18,7 @@ import rasterio
 from affine import Affine
 
 from citycube.errors import SourceReadError, SourceUnavailableError
-from citycube.staging import StagedFiles
+from citycube.items.staging import StagedFiles
 from sources.stac.adapter import FetchContext
 from sources.stac.grids import TargetGrid, city_bbox_wgs84, geographic_grid
 from sources.stac.reading import AssetRead, CorruptAssetError, gdal_env, vsicurl

@@ -14,8 +14,8 @@ from __future__ import annotations
 from affine import Affine
 from pyproj import CRS, Transformer
 
-from citycube.cities import get_city
-from citycube.grids import LatticeGrid, city_extent, snapped_grid
+from citycube.catalogue.cities import get_city
+from citycube.grid.tiles import LatticeGrid, city_extent, snapped_grid
 
 PRODUCT_MARGIN_M = 3_000.0
 """Every item covers the city extent plus this margin (as the sample twin's files do)."""

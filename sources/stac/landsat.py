@@ -41,8 +41,7 @@ import numpy as np
 import pystac
 
 from citycube.errors import SourceUnavailableError
-from citycube.stac_spec import Recipe, StacProductSpec
-from citycube.staging import StagedFiles
+from citycube.items.staging import StagedFiles
 from sources.stac import pixels
 from sources.stac.adapter import FetchContext
 from sources.stac.clearmasks import ClearMaskCache
@@ -50,6 +49,7 @@ from sources.stac.grids import TargetGrid, city_bbox_wgs84, landsat_grid
 from sources.stac.reading import AssetRead, Block, grid_blocks
 from sources.stac.records import unsigned
 from sources.stac.search import SearchRequest, cloud_cover, year_interval
+from sources.stac.spec import Recipe, StacProductSpec
 from sources.stac.windows import WindowCache, grid_key, window_key
 from sources.stac.writing import PROVENANCE_FILE, CogBlocks, LayerFile, write_provenance
 

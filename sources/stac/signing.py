@@ -25,7 +25,6 @@ from planetary_computer.settings import Settings
 from planetary_computer.utils import parse_blob_url
 
 from citycube.errors import OfflineRecordError, SourceFetchError
-from citycube.stac_spec import Signing
 from sources.downloads import parse_retry_after
 from sources.stac.redaction import without_url_queries
 from sources.stac.retrying import (
@@ -33,6 +32,7 @@ from sources.stac.retrying import (
     TransientError,
     is_transient_requests_error,
 )
+from sources.stac.spec import Signing
 
 TOKEN_MIN_TTL_S = 300.0
 """A cached token with less life left than this is fetched again."""

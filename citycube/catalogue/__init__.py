@@ -1,0 +1,3 @@
+"""Declarative specs, validated on load: modalities, cities, source products, temporal rules and
+the versions results depend on.
+"""

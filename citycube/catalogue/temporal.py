@@ -1,0 +1,145 @@
+"""Temporal rules (AgenticCity-Bench App. B.4): which source year serves a calendar year, and how
+it is labelled.
+
+No interpolation and no carrying values into years a source does not cover: those years stay
+missing. Reuse (epoch, static) is labelled so it never passes as an independent observation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from citycube.catalogue.modalities import Temporal
+from citycube.errors import UnknownYearError
+
+FIRST_YEAR = 2000
+LAST_YEAR = 2025
+CALENDAR: tuple[int, ...] = tuple(range(FIRST_YEAR, LAST_YEAR + 1))
+EPOCH_LENGTH = 5
+
+
+def check_year(year: int) -> int:
+    """Reject years outside the calendar with an error that says what is allowed."""
+    if year not in CALENDAR:
+        raise UnknownYearError(
+            f"year {year} is outside the calendar {FIRST_YEAR}–{LAST_YEAR}; choose a year in "
+            "that range"
+        )
+    return year
+
+
+def parse_years(text: str) -> list[int]:
+    """Parse '2019', '2019-2021', '2000,2005,2010-2012' or 'all' into calendar years."""
+    text = text.strip()
+    if text in ("all", "*"):
+        return list(CALENDAR)
+    years: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                lo, hi = (int(p) for p in part.split("-", 1))
+                if lo > hi:
+                    raise UnknownYearError(
+                        f"year range {part!r} is reversed; write it as {hi}-{lo}"
+                    )
+                span = range(lo, hi + 1)
+            else:
+                span = range(int(part), int(part) + 1)
+        except ValueError as exc:
+            raise UnknownYearError(
+                f"cannot read years from {part!r}; use e.g. 2019, 2019-2021 or all"
+            ) from exc
+        years.update(check_year(y) for y in span)
+    if not years:
+        raise UnknownYearError("no years given; use e.g. 2019, 2019-2021 or all")
+    return sorted(years)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """How one calendar year is served by a source."""
+
+    year: int
+    """Calendar year asked for."""
+    source_year: int | None
+    """Source year used; None for static data or when missing."""
+    basis: str
+    """'annual', 'epoch', 'static', 'snapshot' or 'city_record'."""
+    missing_reason: str | None
+    """Stable reason code when the year cannot be served, else None."""
+
+    @property
+    def available(self) -> bool:
+        """True when a source year serves this calendar year."""
+        return self.missing_reason is None
+
+
+BASIS: dict[Temporal, str] = {
+    Temporal.ANNUAL: "annual",
+    Temporal.EPOCH: "epoch",
+    Temporal.STATIC: "static",
+    Temporal.SNAPSHOT: "snapshot",
+    Temporal.CITY_YEARS: "city_record",
+}
+
+
+def epoch_of(year: int) -> int:
+    """The first year of the 5-year epoch containing ``year`` (2000, 2005, …)."""
+    return year - (year - FIRST_YEAR) % EPOCH_LENGTH
+
+
+def resolve(temporal: Temporal, year: int, source_years: Iterable[int] | None) -> Resolution:
+    """Decide which source year serves ``year`` under a temporal kind.
+
+    ``source_years`` is what the source covers (None for static sources).
+    """
+    check_year(year)
+    basis = BASIS[temporal]
+    if temporal == Temporal.STATIC:
+        return Resolution(year, None, basis, None)
+    covered = set(source_years or ())
+    if not covered:  # the source publishes nothing for this city at all
+        return Resolution(year, None, basis, "outside_source_coverage")
+    wanted = epoch_of(year) if temporal == Temporal.EPOCH else year
+    if wanted in covered:
+        return Resolution(year, wanted, basis, None)
+    return Resolution(year, None, basis, "source_year_missing")
+
+
+EPOCHS: tuple[int, ...] = tuple(range(FIRST_YEAR, LAST_YEAR + 1, EPOCH_LENGTH))
+"""First years of the 5-year source epochs (2000, 2005, …, 2025)."""
+
+
+def period_of(temporal: Temporal, year: int) -> int | None:
+    """The source period that serves a calendar year: its epoch, itself, or None (static).
+
+    Results are computed once per source period and reused by every calendar year it serves.
+    """
+    check_year(year)
+    if temporal == Temporal.STATIC:
+        return None
+    if temporal == Temporal.EPOCH:
+        return epoch_of(year)
+    return year
+
+
+def period_label(period: int | None) -> str:
+    """File label of a source period: the year, or 'static'."""
+    return "static" if period is None else str(period)
+
+
+def years_of_period(temporal: Temporal, period: int | None) -> list[int]:
+    """The calendar years a source period serves."""
+    if temporal == Temporal.STATIC:
+        return list(CALENDAR)
+    if period is None:
+        raise ValueError(f"{temporal} periods are years, not 'static'")
+    if temporal == Temporal.EPOCH:
+        if period not in EPOCHS:
+            raise UnknownYearError(f"{period} is not an epoch start; epochs start in {EPOCHS}")
+        return [y for y in CALENDAR if epoch_of(y) == period]
+    return [check_year(period)]

@@ -1,0 +1,371 @@
+"""A release's manifest: every file's SHA-256 and size, its sources, rules and code version.
+
+Users cite a release and must be able to check that it is the one they cited. The manifest is
+written last, after the database and the reports, and ``verify_release`` recomputes every hash:
+a flipped byte in any chunk, Parquet file, report or quick-look is caught, as is a file that
+went missing or appeared. The DuckDB database is left out on purpose: it holds only views over
+the Parquet and small tables (rebuilt by ``citycube views``), and a DuckDB client may rewrite
+its file on open. The tables are covered as published (``published/``: observations, chip
+index, tiles, benchmark; in the release folder itself for a release published before that
+folder existed); the draft a later build writes and the snapshots are not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from citycube.catalogue.modalities import Catalogue
+from citycube.catalogue.versions import ENGINE_VERSION, modality_code_version
+from citycube.cube.release import Release, write_text_atomic
+from citycube.errors import ReleaseNotFoundError
+from citycube.io.digest import WRITTEN_DIGESTS, file_sha256, file_state
+
+MANIFEST_FILE = "manifest.json"
+"""The manifest's name in the release directory."""
+MANIFEST_FORMAT = 3
+"""Bump when the manifest's layout changes (2: ``package_version`` and ``code_versions``; 3: each
+file's ``state``, so an untouched file's hash is carried over)."""
+FINAL_FILE = "final.json"
+"""Written when a release is frozen; it pins the manifest's own SHA-256 (``citycube freeze``)."""
+EXCLUDED_NAMES = frozenset({MANIFEST_FILE, FINAL_FILE, "cube.duckdb", "cube.duckdb.wal"})
+"""Files of the release root that the manifest does not cover (see the module docstring)."""
+TIMESTAMPED_FILES = frozenset(
+    {
+        "release.json",
+        "croissant.json",
+        "README.md",
+        "published/benchmark/instances_manifest.json",
+        "benchmark/instances_manifest.json",  # where releases published it before published/
+    }
+)
+"""Files whose content records when the build ran (``built_at`` in release.json, quoted by the
+dataset card's Croissant file and data card, and in the instances manifest): a rebuild of the
+same inputs changes them and nothing else, so comparisons of two builds leave them out."""
+EXCLUDED_DIRS = frozenset({".staging", "renders"})
+"""Folders it does not cover: the staged database, and renders a user asks for later."""
+
+
+def manifest_path(release: Release) -> Path:
+    """Where a release's manifest lives."""
+    return release.root / MANIFEST_FILE
+
+
+def release_files(release: Release) -> Iterator[Path]:
+    """Every file the manifest covers, in a stable order (temporary and hidden files skipped)."""
+    for folder, names, _ in _walk(release):
+        yield from (folder / name for name in names)
+
+
+def _walk(release: Release) -> Iterator[tuple[Path, list[str], bool]]:
+    """Each folder of the release: the names of its files the manifest covers, and whether a
+    writer left the digests of its files there."""
+    root = release.root
+    for folder, dirs, files in os.walk(root):  # the draft and snapshots are hidden: skipped
+        dirs[:] = sorted(d for d in dirs if d not in EXCLUDED_DIRS and not d.startswith("."))
+        excluded = EXCLUDED_NAMES if folder == str(root) else ()
+        kept = [name for name in sorted(files) if not name.startswith(".") and name not in excluded]
+        yield Path(folder), kept, WRITTEN_DIGESTS in files
+
+
+def _written_digests(root: Path, folder: Path) -> dict[str, Mapping[str, Any]]:
+    """The digests a writer left in ``folder``, by release-relative name (none if damaged)."""
+    try:
+        entries = json.loads((folder / WRITTEN_DIGESTS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(entries, dict):
+        return {}
+    prefix = folder.relative_to(root).as_posix()
+    return {f"{prefix}/{name}": entry for name, entry in entries.items() if isinstance(entry, dict)}
+
+
+HASH_THREADS = max(2, min(8, os.cpu_count() or 2))
+"""Files hashed at once: one per core (SHA-256 releases the GIL), at least two, so one thread's
+open and read calls overlap another's hashing."""
+HASH_BATCH = 64
+"""Files each thread task hashes: a release is mostly small chunk files, and a task (a future,
+a lock hand-over) per file cost more than hashing it — 88,000 files of the calendar took 9 s
+on 2 threads one per task, 4.8 s in batches of 64."""
+
+
+def _in_threads(function: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+    """``function`` over ``items`` on ``HASH_THREADS`` threads, results in order."""
+    listed = list(items)
+    batches = [listed[i : i + HASH_BATCH] for i in range(0, len(listed), HASH_BATCH)]
+    with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="manifest-hash") as pool:
+        done = pool.map(lambda batch: [function(item) for item in batch], batches)
+        return [result for batch in done for result in batch]
+
+
+def _entry(path: Path, *known: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A file's manifest entry; a hash already known for it (from the earlier manifest, or
+    from its writer) is kept when the file is untouched since, else the file is hashed.
+
+    A rebuild rewrites a few partitions of a release of a hundred thousand files, and hashing
+    them all again took minutes on the whole calendar; a fresh build's chunks were hashed by
+    their writer from the bytes it wrote, which spares reading 5 GB back.
+    """
+    state = file_state(path)
+    return _known_entry(state, *known) or _hashed_entry(path, state)
+
+
+def _known_entry(state: list[int], *known: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The entry of a file in ``state`` from a hash known for that same state, if any."""
+    for entry in known:
+        if entry is not None and entry.get("state") == state and "sha256" in entry:
+            return {"sha256": entry["sha256"], "bytes": state[0], "state": state}
+    return None
+
+
+def _hashed_entry(path: str | Path, state: list[int]) -> dict[str, Any]:
+    return {"sha256": file_sha256(path), "bytes": state[0], "state": state}
+
+
+def _earlier_entries(release: Release) -> dict[str, Mapping[str, Any]]:
+    """The entries of the manifest already on disk (none if there is none, or it is damaged)."""
+    try:
+        files = read_manifest(release)["files"]
+    except ReleaseNotFoundError:
+        return {}
+    return {k: v for k, v in files.items() if isinstance(v, Mapping)}
+
+
+def package_version() -> str | None:
+    """The installed citycube package's version, if it is installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("citycube")
+    except PackageNotFoundError:
+        return None
+
+
+def build_manifest(
+    release: Release, metadata: Mapping[str, Any], catalogue: Catalogue | None = None
+) -> dict[str, Any]:
+    """The manifest of a release as it is on disk now.
+
+    With ``catalogue``, each modality's code version (engine version + spec digest) is recorded
+    too, so a cited release names the exact rules its values came from.
+    """
+    if not release.root.is_dir():
+        raise ReleaseNotFoundError(f"no release at {release.root}")
+    earlier = _earlier_entries(release)
+    files: dict[str, dict[str, Any]] = {}
+    unknown: list[tuple[str, str, list[int]]] = []
+    written: dict[str, Mapping[str, Any]] = {}
+    # Most files' hashes are known (their writer's, or the earlier manifest's): those cost a
+    # stat here, with plain strings (Path objects and a task per file were most of the time
+    # for the calendar's ~90,000 files); only the others are read, on a few threads. A
+    # writer's digests sit at the top of what it wrote, which the walk visits first.
+    for folder, kept, has_digests in _walk(release):
+        if has_digests:
+            written.update(_written_digests(release.root, folder))
+        prefix = folder.relative_to(release.root).as_posix()
+        prefix = "" if prefix == "." else f"{prefix}/"
+        for name in kept:
+            path, key = os.path.join(folder, name), prefix + name
+            state = file_state(path)
+            entry = _known_entry(state, earlier.get(key), written.get(key))
+            if entry is None:  # hashed below; its place in the listing kept
+                unknown.append((key, path, state))
+                entry = {}
+            files[key] = entry
+    for (key, _, _), entry in zip(
+        unknown, _in_threads(lambda item: _hashed_entry(*item[1:]), unknown), strict=True
+    ):
+        files[key] = entry
+    return {
+        "format": MANIFEST_FORMAT,
+        "release": release.version,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "engine_version": ENGINE_VERSION,
+        "package_version": package_version(),
+        "code_versions": (
+            {m.code: modality_code_version(m, catalogue) for m in catalogue.modalities}
+            if catalogue is not None
+            else {}
+        ),
+        "catalogue_digest": metadata.get("catalogue_digest"),
+        "source_set": metadata.get("source_set"),
+        "synthetic": metadata.get("synthetic"),
+        "sources": metadata.get("sources", {}),
+        "built_at": metadata.get("built_at"),
+        "totals": {"files": len(files), "bytes": sum(f["bytes"] for f in files.values())},
+        "files": files,
+    }
+
+
+def write_manifest(
+    release: Release, metadata: Mapping[str, Any], catalogue: Catalogue | None = None
+) -> Path:
+    """Hash every file of the release and write the manifest atomically."""
+    return _write(build_manifest(release, metadata, catalogue), release)
+
+
+def manifest_text(manifest: Mapping[str, Any]) -> str:
+    """The manifest as JSON: keys sorted, indented, one line per file entry.
+
+    What ``json.dumps(..., indent=2, sort_keys=True)`` gives, except that each file's entry
+    stays on one line (and diffs as one): indented output goes through json's pure-Python
+    encoder, which took 2.8 s for the calendar's 88,000 entries; one line each, the C encoder.
+    """
+    parts = []
+    for key, value in sorted(manifest.items()):
+        if key == "files" and value:
+            lines = ",\n".join(
+                f"    {json.dumps(name)}: {json.dumps(entry, sort_keys=True, default=str)}"
+                for name, entry in sorted(value.items())
+            )
+            text = f"{{\n{lines}\n  }}"
+        else:
+            text = json.dumps(value, indent=2, sort_keys=True, default=str).replace("\n", "\n  ")
+        parts.append(f"  {json.dumps(key)}: {text}")
+    return "{\n" + ",\n".join(parts) + "\n}"
+
+
+def _write(manifest: Mapping[str, Any], release: Release) -> Path:
+    return write_text_atomic(manifest_text(manifest), manifest_path(release))
+
+
+def add_to_manifest(release: Release, paths: list[Path]) -> None:
+    """List files added after the manifest was written (a frozen release's chip tags)."""
+    if not paths:
+        return
+    manifest = read_manifest(release)
+    for path in paths:
+        manifest["files"][path.relative_to(release.root).as_posix()] = _entry(path, None)
+    manifest["files"] = dict(sorted(manifest["files"].items()))
+    files = manifest["files"].values()
+    manifest["totals"] = {"files": len(files), "bytes": sum(f["bytes"] for f in files)}
+    _write(manifest, release)
+
+
+def refresh_manifest(release: Release, folders: Iterable[Path]) -> None:
+    """Bring the manifest's entries under ``folders`` to the files there now, the others left
+    as they are: after a garbage collection deleted files of chip stores and rewrote refs.
+    Files untouched since they were listed keep their hash without being read."""
+    manifest = read_manifest(release)
+    prefixes = tuple(f"{Path(f).relative_to(release.root).as_posix()}/" for f in folders)
+    if not prefixes:
+        return
+    listed: dict[str, Any] = manifest["files"]
+    files = {name: entry for name, entry in listed.items() if not name.startswith(prefixes)}
+    for path in release_files(release):
+        name = path.relative_to(release.root).as_posix()
+        if name.startswith(prefixes):
+            files[name] = _entry(path, listed.get(name))
+    manifest["files"] = dict(sorted(files.items()))
+    entries = manifest["files"].values()
+    manifest["totals"] = {"files": len(entries), "bytes": sum(f["bytes"] for f in entries)}
+    _write(manifest, release)
+
+
+def content_digests(release: Release) -> dict[str, str]:
+    """What the release holds, for comparing two builds: each manifest file's SHA-256, except
+    that an icechunk chip store counts as one entry, the digest of its Zarr content as readers
+    open it.
+
+    icechunk names its snapshots and chunk files at random, so a rebuild of the same chips
+    never has the same repository files; its content (every key and its bytes) is the same.
+    """
+    from citycube.cube.chips_zarr import ICECHUNK_SUFFIX
+
+    files: dict[str, Any] = read_manifest(release)["files"]
+    digests: dict[str, str] = {}
+    stores: set[str] = set()
+    for name, entry in files.items():
+        parts = name.split("/")
+        store = next((i for i, part in enumerate(parts) if part.endswith(ICECHUNK_SUFFIX)), None)
+        if store is None:
+            digests[name] = str(entry.get("sha256"))
+        else:
+            stores.add("/".join(parts[: store + 1]))
+    if stores:
+        from citycube.cube.chips_icechunk import store_content_digest
+
+        for store in sorted(stores):
+            digests[store] = store_content_digest(release.root / store)
+    return dict(sorted(digests.items()))
+
+
+@dataclass
+class Verification:
+    """What ``verify_release`` found."""
+
+    checked: int = 0
+    """Files whose hash was recomputed."""
+    changed: list[str] = field(default_factory=list)
+    """Files whose content differs from the manifest."""
+    missing: list[str] = field(default_factory=list)
+    """Files the manifest lists that are gone."""
+    unexpected: list[str] = field(default_factory=list)
+    """Files on disk that the manifest does not list."""
+
+    @property
+    def ok(self) -> bool:
+        """True when every file is as the manifest says, and nothing else is there."""
+        return not (self.changed or self.missing or self.unexpected)
+
+    def lines(self, most: int = 20) -> list[str]:
+        """A readable account, at most ``most`` paths per kind."""
+        out = [f"{self.checked} files checked"]
+        for label, paths in (
+            ("changed", self.changed),
+            ("missing", self.missing),
+            ("not in the manifest", self.unexpected),
+        ):
+            if paths:
+                out.append(f"{len(paths)} {label}:")
+                out += [f"  {p}" for p in paths[:most]]
+                if len(paths) > most:
+                    out.append(f"  … and {len(paths) - most} more")
+        return out
+
+
+def read_manifest(release: Release) -> dict[str, Any]:
+    """A release's manifest, with an error that says how to make one."""
+    path = manifest_path(release)
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReleaseNotFoundError(
+            f"release {release.version} has no manifest at {path}: build it with `make run` "
+            "(the manifest is written last, after the database and the reports)"
+        ) from None
+    except ValueError as exc:
+        raise ReleaseNotFoundError(f"the manifest {path} is not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ReleaseNotFoundError(f"the manifest {path} has no file list")
+    return manifest
+
+
+def verify_release(release: Release, *, hashes: bool = True) -> Verification:
+    """Recompute every file's hash and compare it, and the file list, with the manifest.
+
+    ``hashes=False`` compares only the file list and sizes: a check in milliseconds that
+    catches missing, extra, truncated or grown files (not a same-size change), for listings.
+    """
+    listed: dict[str, Any] = read_manifest(release)["files"]
+    result = Verification()
+    on_disk = {p.relative_to(release.root).as_posix(): p for p in release_files(release)}
+
+    def changed(name: str) -> bool:
+        path, entry = on_disk[name], listed[name]
+        return path.stat().st_size != entry.get("bytes") or (
+            hashes and file_sha256(path) != entry.get("sha256")
+        )
+
+    present = [name for name in listed if name in on_disk]
+    result.missing = [name for name in listed if name not in on_disk]
+    result.checked = len(present)
+    result.changed = [n for n, c in zip(present, _in_threads(changed, present), strict=True) if c]
+    result.unexpected = sorted(set(on_disk) - set(listed))
+    return result

@@ -1,0 +1,3 @@
+"""File-system helpers every room shares: temporary names owned by a process, atomic writes and
+digests.
+"""

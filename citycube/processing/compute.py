@@ -1,0 +1,1215 @@
+"""Turn one modality's source items into tile observations (and chips for image modalities).
+
+The work splits in two stages, keyed by what changes:
+- ``derive``: per-tile results for one *source period* of a city (a year, a 5-year epoch, or
+  the static item), computed once by one writer into ``derived/`` together with the chips.
+  A result is reused only when its signature matches: the engine version, the modality's
+  spec digest (rules, thresholds, legends, product specs) and the fingerprints of the items it
+  read. A changed rule or a re-made source therefore always recomputes.
+- ``write_observations``: the rows for one *calendar* year, read from the derived results of
+  the period that serves it and labelled with how that year is served (annual, epoch, static,
+  snapshot, city record); never zero-filled when it is not served.
+
+Provenance (``source_id``, ``source_version``, ``synthetic``) comes from the adapter that
+served each product, never from the name of a backend.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import shapely
+from pyproj import Transformer
+
+from citycube.catalogue.cities import SCALES, get_city
+from citycube.catalogue.modalities import (
+    Aggregation,
+    Catalogue,
+    Conversion,
+    FieldSpec,
+    Kind,
+    ModalitySpec,
+    Temporal,
+)
+from citycube.catalogue.products import load_products
+from citycube.catalogue.temporal import BASIS, period_label, period_of, resolve
+from citycube.catalogue.versions import ENGINE_VERSION, modality_digest
+from citycube.cube.chips import chip_writer
+from citycube.cube.release import (
+    CHIP_INDEX_SCHEMA,
+    OBSERVATION_SCHEMA,
+    Release,
+    file_metadata,
+    intact_with_digest,
+    write_parquet_atomic,
+    write_parquet_with_digest,
+)
+from citycube.errors import (
+    DerivedResultsMissingError,
+    SourceReadError,
+    SourceUnavailableError,
+    in_context,
+)
+from citycube.grid.cells import CellLattice, median_of_cell_medians
+from citycube.grid.tiles import PixelGrid, Tile, city_grid, pixel_grid
+from citycube.items.protocol import SourceInfo, SourceItem, SourceSet
+from citycube.items.readers import open_masked_source
+from citycube.items.staging import repair_hint
+from citycube.processing.aggregate import aggregate_tiles, cell_median_tiles
+from citycube.processing.chips import (
+    TilePixelSummary,
+    block_memory,
+    blocks,
+    row_bands,
+    tile_pixel_summaries,
+    warp_block,
+)
+from citycube.processing.memory import bound_process_memory
+from citycube.processing.money import check_currency, ppp_2017_factor
+from citycube.processing.records import (
+    is_records_item,
+    place_records,
+    tile_cell_medians,
+    tile_values,
+)
+from citycube.processing.vectors import (
+    check_declared_counts,
+    coverage_fractions,
+    iter_points,
+    load_coverage,
+    load_records,
+    open_vector_layer,
+    point_counts,
+    rasterize_block,
+    tile_index,
+)
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str], None]
+BlockObserver = Callable[[int, int, np.ndarray, np.ndarray], None]
+"""Told of every chip block written: (row_start, col_start, values as stored, valid)."""
+
+RESULT_COLUMNS = ["tile_id", "scale", "field", "value", "valid_fraction", "reason", "classes"]
+"""Per-tile results; ``classes`` counts the distinct valid ids of a categorical chip (stored for
+categorical modalities only)."""
+PROVENANCE_COLUMNS = ["product", "source_year", "source_id", "source_version", "synthetic"]
+
+
+def _meets(valid_fraction: float, threshold: float) -> bool:
+    """Threshold test that treats an exact limit as met despite float rounding."""
+    return valid_fraction >= threshold - 1e-9
+
+
+def _label(source_year: int | None) -> str:
+    return "static" if source_year is None else str(source_year)
+
+
+@cache
+def _all_tiles(city: str) -> tuple[Tile, ...]:
+    """Every tile of both grids, in the order of every per-city table (built once per city)."""
+    return tuple(t for scale in SCALES for t in city_grid(city, scale).tiles())
+
+
+@cache
+def _tile_windows(city: str, resolution_m: float) -> np.ndarray:
+    """(tiles, 4) pixel windows (row, col, height, width) of ``_all_tiles`` at a resolution."""
+    grid = pixel_grid(city, resolution_m)
+    windows = np.array([grid.window(t) for t in _all_tiles(city)], dtype=np.int32)
+    windows.setflags(write=False)
+    return windows.reshape(-1, 4)
+
+
+def _image_results(
+    modality: ModalitySpec,
+    catalogue: Catalogue,
+    city: str,
+    item: SourceItem,
+    release: Release,
+    progress: ProgressFn | None,
+    on_written: Sequence[BlockObserver] = (),
+) -> pd.DataFrame:
+    """Warp once onto the city's pixel grid, block by block; write chips; summarise tiles."""
+    assert modality.chip is not None
+    grid: PixelGrid = pixel_grid(city, modality.chip.resolution_m)
+    categorical = modality.kind == Kind.CATEGORICAL_IMAGE
+    valid_ids = catalogue.valid_ids(modality)
+    bands = [f.band for f in modality.fields]
+    dtype = np.dtype(modality.chip.dtype)
+    fill = 255 if categorical else (0 if np.issubdtype(dtype, np.integer) else np.nan)
+    store = release.chip_store(modality.code, city, _label(item.source_year))
+    attrs = _chip_attrs(modality, city, item, release)
+    summaries = _BlockSummaries(grid)
+    with (
+        block_memory() as release_block,
+        open_masked_source(item, modality, bands, valid_ids) as source,
+        chip_writer(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
+    ):
+        w.on_written.extend(on_written)
+        for row_start, row_stop, col_start, col_stop in summaries.blocks:
+            values, valid = warp_block(
+                source, grid, row_start, row_stop, col_start, col_stop, categorical=categorical
+            )
+            w.write_block(
+                row_start, col_start, _chip_values(values, valid, dtype, fill, categorical), valid
+            )
+            summaries.add(values, valid, row_start, col_start, categorical=categorical)
+            del values, valid
+            release_block()
+            if progress:
+                progress(summaries.progress(modality.code, city, row_stop, col_stop))
+        ordered = summaries.ordered()
+        # Inside the writer: a refused item leaves the chips of the last good run in place.
+        _require_valid_pixels(sum(s.valid_pixels for _, s in ordered), city, item.href("data"))
+    return pd.DataFrame(_summary_rows(modality, ordered, categorical), columns=RESULT_COLUMNS)
+
+
+def _require_valid_pixels(valid: float, city: str, href: str) -> None:
+    """Refuse a raster without a single valid pixel over the whole city.
+
+    All NaN, all nodata or a file of another place: such a file is broken or mislabelled, and
+    taken as it is it would only look like a gap in the source (every tile unavailable).
+    """
+    if valid > 0:
+        return
+    raise SourceReadError(
+        f"{href} has no valid pixel over {city}: every cell under the city is nodata, NaN or "
+        "outside the file, so the file is empty, wrongly masked or of another place; "
+        f"{repair_hint(href)}",
+        reason="no_valid_pixels_in_source",
+    )
+
+
+def _chip_values(
+    values: np.ndarray, valid: np.ndarray, dtype: np.dtype, fill: float, categorical: bool
+) -> np.ndarray:
+    """Warped values as the chip store takes them: rounded into [0, max] for integer images,
+    ids cast to the store type. Float images, and integer images of an unsigned type (whose
+    range starts at 0), go as they are: the writer rounds, clips, casts and fills them."""
+    if categorical:
+        return np.where(valid, values, fill).astype(dtype)
+    if np.issubdtype(dtype, np.integer) and np.iinfo(dtype).min < 0:
+        rounded = np.clip(np.rint(values), 0, np.iinfo(dtype).max)
+        return np.where(valid, rounded, fill).astype(dtype)
+    return values
+
+
+def _vector_image_results(
+    modality: ModalitySpec,
+    catalogue: Catalogue,
+    city: str,
+    item: SourceItem,
+    release: Release,
+    progress: ProgressFn | None,
+    on_written: Sequence[BlockObserver] = (),
+) -> pd.DataFrame:
+    """Draw vector features straight onto the chip grid (no buffering), write chips, summarise."""
+    assert modality.chip is not None and modality.rasterize is not None
+    spec = modality.rasterize
+    grid = pixel_grid(city, modality.chip.resolution_m)
+    categorical = modality.kind == Kind.CATEGORICAL_IMAGE
+    dtype = np.dtype(modality.chip.dtype)
+    layer = open_vector_layer(
+        item.files["data"],
+        spec,
+        get_city(city).epsg,
+        load_products()[item.product].expected_crs(city),
+        item.files.get("coverage"),
+    )
+    store = release.chip_store(modality.code, city, _label(item.source_year))
+    attrs = _chip_attrs(modality, city, item, release)
+    fill = 255 if categorical else 0
+    summaries = _BlockSummaries(grid)
+    with (
+        block_memory() as release_block,
+        chip_writer(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
+    ):
+        w.on_written.extend(on_written)
+        for row_start, row_stop, col_start, col_stop in summaries.blocks:
+            values, valid = rasterize_block(
+                layer,
+                grid,
+                row_start,
+                row_stop,
+                col_start,
+                col_stop,
+                background=spec.background,
+                dtype=dtype,
+            )
+            w.write_block(row_start, col_start, values, valid)  # already the store type
+            summaries.add(
+                values if categorical or np.issubdtype(dtype, np.integer) else values.astype(float),
+                valid,
+                row_start,
+                col_start,
+                categorical=categorical,
+            )
+            del values, valid
+            release_block()
+            if progress:
+                progress(summaries.progress(modality.code, city, row_stop, col_stop))
+    return pd.DataFrame(
+        _summary_rows(modality, summaries.ordered(), categorical), columns=RESULT_COLUMNS
+    )
+
+
+class _BlockSummaries:
+    """Tile summaries gathered block by block, handed back in the order rows have always had.
+
+    That order is by 10 km row band, then by tile (2 km row-major, then 5 km), so a partition
+    writes the same rows in the same order however the work is cut into blocks. Every tile
+    must lie inside exactly one block; a tile that straddled blocks would otherwise vanish.
+    """
+
+    def __init__(self, grid: PixelGrid) -> None:
+        self.grid = grid
+        self.blocks, self._tiles_in, self._order = _block_plan(grid)
+        self._tiles = {tile.tile_id: tile for tile in _all_tiles(grid.city)}
+        self._done: dict[str, TilePixelSummary] = {}
+
+    def add(
+        self,
+        values: np.ndarray,
+        valid: np.ndarray,
+        row_start: int,
+        col_start: int,
+        *,
+        categorical: bool,
+    ) -> None:
+        """Summarise the tiles of the block at (row_start, col_start)."""
+        tiles = self._tiles_in.get((row_start, col_start), [])
+        for summary in tile_pixel_summaries(
+            values, valid, row_start, col_start, self.grid, tiles, categorical=categorical
+        ):
+            self._done[summary.tile_id] = summary
+
+    def ordered(self) -> list[tuple[Tile, TilePixelSummary]]:
+        """Every tile with its summary, by row band and then tile order."""
+        missing = self._order.keys() - self._done.keys()
+        if missing:
+            raise RuntimeError(f"{len(missing)} tiles were never summarised, e.g. {min(missing)}")
+        ids = sorted(self._order, key=self._order.__getitem__)
+        return [(self._tiles[t], self._done[t]) for t in ids]
+
+    def progress(self, code: str, city: str, row_stop: int, col_stop: int) -> str:
+        """A progress line: the block just finished, by its far row and column."""
+        return f"{code} {city} rows {row_stop}/{self.grid.height} cols {col_stop}/{self.grid.width}"
+
+
+@cache
+def _block_plan(
+    grid: PixelGrid,
+) -> tuple[list[tuple[int, int, int, int]], dict[tuple[int, int], list[Tile]], dict[str, tuple]]:
+    """The grid's blocks, the tiles each block holds, and every tile's (row band, index) order.
+
+    Worked out once per pixel grid: every partition of the city's modalities at that
+    resolution cuts the same blocks.
+    """
+    tiles = _all_tiles(grid.city)
+    grid_blocks = blocks(grid)
+    bands = row_bands(grid)
+    tiles_in: dict[tuple[int, int], list[Tile]] = {}
+    order: dict[str, tuple[int, int]] = {}
+    for index, (tile, window) in enumerate(
+        zip(tiles, _tile_windows(grid.city, grid.resolution).tolist(), strict=True)
+    ):
+        row_off, col_off, height, width = window
+        holder = next(
+            (
+                (row_start, col_start)
+                for row_start, row_stop, col_start, col_stop in grid_blocks
+                if row_start <= row_off
+                and row_off + height <= row_stop
+                and col_start <= col_off
+                and col_off + width <= col_stop
+            ),
+            None,
+        )
+        if holder is None:
+            raise ValueError(f"{tile.tile_id} does not lie inside one block of its pixel grid")
+        tiles_in.setdefault(holder, []).append(tile)
+        band = next(i for i, (start, stop) in enumerate(bands) if start <= row_off < stop)
+        order[tile.tile_id] = (band, index)
+    return grid_blocks, tiles_in, order
+
+
+def _chip_attrs(
+    modality: ModalitySpec, city: str, item: SourceItem, release: Release
+) -> dict[str, object]:
+    assert modality.chip is not None
+    return {
+        "citycube_release": release.version,
+        "modality": modality.code,
+        "city": city,
+        "source_id": item.source_id,
+        "source_version": item.version,
+        "source_year": item.source_year if item.source_year is not None else "static",
+        "synthetic": str(item.synthetic).lower(),
+        "resolution_m": modality.chip.resolution_m,
+        "resampling": "rasterized" if modality.rasterize else modality.chip.resampling.value,
+    }
+
+
+def _result_row(
+    tile_id: str, scale: str, field: str, value: float, fraction: float, reason: str | None
+) -> dict[str, object]:
+    """One per-tile result; the value is kept only when the tile is available."""
+    return {
+        "tile_id": tile_id,
+        "scale": scale,
+        "field": field,
+        "value": value if reason is None else math.nan,
+        "valid_fraction": fraction,
+        "reason": reason,
+    }
+
+
+def _summary_rows(
+    modality: ModalitySpec,
+    summaries: Sequence[tuple[Tile, TilePixelSummary]],
+    categorical: bool,
+) -> list[dict]:
+    rows = []
+    for tile, summary in summaries:
+        fraction = summary.valid_pixels / summary.total_pixels
+        ok = _meets(fraction, modality.validity.min_valid_fraction)
+        reason = None
+        if not ok:
+            reason = "no_valid_pixels" if summary.valid_pixels == 0 else "insufficient_valid_pixels"
+        for i, f in enumerate(modality.fields):
+            if categorical:
+                value = float(summary.mode_class) if summary.mode_class is not None else math.nan
+            else:
+                value = summary.band_means[i] * f.scale + f.offset
+            row = _result_row(tile.tile_id, tile.scale, f.name, value, fraction, reason)
+            if categorical and summary.class_counts is not None:
+                row["classes"] = len(summary.class_counts)  # single-class chips: diversity
+            rows.append(row)
+    return rows
+
+
+def _reason(covered: float, fraction: float, threshold: float, value: float, non_negative: bool):
+    if covered <= 0:
+        return "outside_source_coverage"
+    if not _meets(fraction, threshold):
+        return "insufficient_valid_support"
+    if not np.isfinite(value):
+        return "no_valid_support"
+    if non_negative and value < 0:  # zero stays available; positivity is a pairing rule
+        return "negative_value"
+    return None
+
+
+def _cell_sizes(fields: Sequence[FieldSpec]) -> list[int]:
+    """The distinct cell sizes of the fields that take the median of cell medians."""
+    return sorted({f.aggregation.cell_m for f in fields if f.aggregation is not None})
+
+
+def _numeric_results(
+    modality: ModalitySpec,
+    city: str,
+    item: SourceItem,
+    fields: Sequence[FieldSpec],
+    release: Release,
+) -> pd.DataFrame:
+    """Exact area-weighted aggregation of each file (role) onto both tile grids.
+
+    Fields in different files are aggregated with their own validity masks, so one field's gaps
+    never remove another's values (e.g. weather variables, or AQ's two products). A field with
+    its own rule (the median of cell medians) takes its value from that rule and its valid
+    support, and so its availability and reason, from the same area-weighted pass.
+    """
+    rows: list[dict] = []
+    threshold = modality.validity.min_valid_fraction
+    by_role: dict[str, list[FieldSpec]] = {}
+    for f in fields:
+        by_role.setdefault(f.role_for(item.product), []).append(f)
+    for role, role_fields in by_role.items():
+        if role not in item.files and role in item.missing_roles:
+            rows += _unpublished_rows(role_fields, city, item.missing_roles[role])
+            continue
+        bands = [f.band for f in role_fields]
+        names = [f.name for f in role_fields]
+        with open_masked_source(item, modality, bands, role=role, names=names) as source:
+            valid_support = 0.0
+            for scale in SCALES:
+                grid = city_grid(city, scale)
+                stats = aggregate_tiles(source, grid, cache_dir=release.cache_dir / "coverage")
+                valid_support += float(np.nansum(stats.valid_fraction))
+                medians = {
+                    cell_m: cell_median_tiles(source, grid, cell_m)
+                    for cell_m in _cell_sizes(role_fields)
+                }
+                nominal_km2 = grid.tile_size**2 / 1e6
+                for t_index, tile_id in enumerate(grid.tile_ids()):
+                    fraction = float(stats.valid_fraction[t_index])
+                    covered = float(stats.covered_fraction[t_index])
+                    for b, f in enumerate(role_fields):
+                        if f.aggregation is not None:
+                            median = medians[f.aggregation.cell_m][b, t_index]
+                            value = float(median) * f.scale + f.offset
+                        elif modality.aggregation == Aggregation.SUM_PER_NOMINAL_AREA:
+                            value = float(stats.total[b, t_index]) * f.scale / nominal_km2
+                        elif modality.aggregation == Aggregation.AREA_MEAN:
+                            value = float(stats.mean[b, t_index]) * f.scale + f.offset
+                        else:
+                            raise NotImplementedError(
+                                f"{modality.code}: {modality.aggregation} does not apply to rasters"
+                            )
+                        reason = _reason(
+                            covered, fraction, threshold, value, modality.validity.non_negative
+                        )
+                        rows.append(_result_row(tile_id, scale, f.name, value, fraction, reason))
+            _require_valid_pixels(valid_support, city, item.href(role))
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def _unpublished_rows(fields: Sequence[FieldSpec], city: str, reason: str) -> list[dict]:
+    """Rows of fields whose role the item does not publish: NULL with the item's reason."""
+    return [
+        _result_row(t.tile_id, t.scale, f.name, math.nan, math.nan, reason)
+        for t in _all_tiles(city)
+        for f in fields
+    ]
+
+
+def _point_density_results(
+    modality: ModalitySpec, city: str, item: SourceItem, fields: Sequence[FieldSpec]
+) -> pd.DataFrame:
+    """log(1 + points/km²) per tile; a tile without points has no trace data (unavailable)."""
+    grids = {scale: city_grid(city, scale) for scale in SCALES}
+    counts = {scale: np.zeros(grid.n_tiles, dtype=np.int64) for scale, grid in grids.items()}
+    expected_crs = load_products()[item.product].expected_crs(city)
+    for x, y in iter_points(item.files["data"], get_city(city).epsg, expected_crs):
+        for scale, grid in grids.items():
+            counts[scale] += point_counts(grid, x, y)
+    rows: list[dict] = []
+    for scale, grid in grids.items():
+        density = counts[scale] / (grid.tile_size**2 / 1e6)
+        for t_index, tile_id in enumerate(grid.tile_ids()):
+            value = float(np.log1p(density[t_index]))
+            reason = None if counts[scale][t_index] > 0 else "no_trace_data"
+            for f in fields:
+                rows.append(_result_row(tile_id, scale, f.name, value, math.nan, reason))
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def _record_sum_results(
+    modality: ModalitySpec, city: str, item: SourceItem, fields: Sequence[FieldSpec]
+) -> pd.DataFrame:
+    """Sum of record values inside the reported coverage ÷ nominal tile area; never scaled up.
+
+    The valid support of a tile is the share of its area inside the coverage polygon (e.g. a
+    city limit): outside it the tile is unavailable, not zero. A field with the median of cell
+    medians takes it over the same records (each at its point), with the same support.
+    """
+    epsg = get_city(city).epsg
+    if "coverage" not in item.files:
+        raise SourceReadError(f"{item.product} item for {city} has no 'coverage' file")
+    coverage = load_coverage(item.files["coverage"], epsg)
+    threshold = modality.validity.min_valid_fraction
+    rows: list[dict] = []
+    for f in fields:
+        records = load_records(item.files["data"], f.column or "value", item.source_year)
+        check_declared_counts(records, item.extra, Path(item.files["data"]))
+        values = records.values
+        x, y = Transformer.from_crs(4326, epsg, always_xy=True).transform(records.lon, records.lat)
+        inside = shapely.contains_xy(coverage, x, y)
+        for scale in SCALES:
+            grid = city_grid(city, scale)
+            fractions = coverage_fractions(grid, coverage)
+            index = tile_index(grid, np.asarray(x)[inside], np.asarray(y)[inside])
+            keep = index >= 0
+            sums = np.bincount(index[keep], weights=values[inside][keep], minlength=grid.n_tiles)
+            if f.aggregation is not None:
+                lattice = CellLattice(grid, f.aggregation.cell_m)
+                cells = lattice.cell_index(np.asarray(x)[inside], np.asarray(y)[inside])
+                tiles, medians = median_of_cell_medians(lattice, cells, values[inside])
+                cell_values = np.full(grid.n_tiles, np.nan)
+                cell_values[tiles] = medians
+            nominal_km2 = grid.tile_size**2 / 1e6
+            for t_index, tile_id in enumerate(grid.tile_ids()):
+                fraction = float(fractions[t_index])
+                if f.aggregation is not None:
+                    value = float(cell_values[t_index]) * f.scale + f.offset
+                else:
+                    value = float(sums[t_index]) * f.scale / nominal_km2
+                reason = _reason(
+                    fraction, fraction, threshold, value, modality.validity.non_negative
+                )
+                rows.append(_result_row(tile_id, scale, f.name, value, fraction, reason))
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def _city_record_results(
+    modality: ModalitySpec, city: str, item: SourceItem, fields: Sequence[FieldSpec]
+) -> pd.DataFrame:
+    """Normalised city records onto both grids by the rule of their spatial form.
+
+    Sums (``sum_per_nominal_area``) are divided by the nominal tile area; means
+    (``area_mean``) are weighted by record or by intersected area; a field with the median of
+    cell medians takes it (``citycube.processing.records.tile_cell_medians``) with the form's
+    support. The ingest counts (unusable rows, unmatched postcodes or units) travel in the frame's
+    ``attrs``.
+    """
+    if modality.aggregation not in (Aggregation.SUM_PER_NOMINAL_AREA, Aggregation.AREA_MEAN):
+        raise NotImplementedError(f"{modality.code}: {modality.aggregation} is not a record rule")
+    total = modality.aggregation == Aggregation.SUM_PER_NOMINAL_AREA
+    placed = place_records(item, get_city(city).epsg, item.source_year)
+    threshold = modality.validity.min_valid_fraction
+    rows: list[dict] = []
+    for scale in SCALES:
+        grid = city_grid(city, scale)
+        tiles = tile_values(placed, grid, total=total)
+        medians = {
+            cell_m: tile_cell_medians(placed, grid, cell_m) for cell_m in _cell_sizes(fields)
+        }
+        for t_index, tile_id in enumerate(grid.tile_ids()):
+            support = float(tiles.support[t_index])
+            for f in fields:
+                if f.aggregation is not None:
+                    median = medians[f.aggregation.cell_m][t_index]
+                    value = float(median) * f.scale + f.offset
+                else:
+                    value = float(tiles.value[t_index]) * f.scale + (0.0 if total else f.offset)
+                reason = _reason(
+                    float(tiles.covered[t_index]),
+                    support,
+                    threshold,
+                    value,
+                    modality.validity.non_negative,
+                )
+                rows.append(_result_row(tile_id, scale, f.name, value, support, reason))
+    frame = pd.DataFrame(rows, columns=RESULT_COLUMNS)
+    if placed.ingest is not None:
+        frame.attrs["records"] = placed.ingest.as_dict()
+        if placed.ingest.unmatched:
+            log.warning(
+                "%s %s %s: %d records have a key the declared table lacks (e.g. %s); left out",
+                item.product,
+                city,
+                item.source_year,
+                placed.ingest.unmatched,
+                ", ".join(placed.ingest.unmatched_examples),
+            )
+    return frame
+
+
+def _apply_conversions(
+    frame: pd.DataFrame,
+    fields: Sequence[FieldSpec],
+    city: str,
+    source_year: int | None,
+    aux: dict[str, SourceItem],
+    currency: str | None = None,
+) -> pd.DataFrame:
+    """Convert money to 2017 PPP international dollars (keeping the local field as is).
+
+    A currency declared by the item must be the country's own: the PPP factor converts that
+    currency only.
+    """
+    for f in fields:
+        if f.conversion != Conversion.PPP_2017:
+            continue
+        factor = None
+        iso3 = get_city(city).iso3
+        if currency is not None:
+            check_currency(currency, iso3, city)
+        if source_year is not None and "worldbank_indicators" in aux:
+            series = aux["worldbank_indicators"]
+            with in_context(
+                f"auxiliary source {series.product} ({series.source_id} {series.version})"
+            ):
+                factor = ppp_2017_factor(series, iso3, source_year)
+        rows = frame["field"] == f.name
+        if factor is None:
+            frame.loc[rows & frame["reason"].isna(), "reason"] = "conversion_factor_missing"
+            frame.loc[rows, "value"] = math.nan
+        else:
+            frame.loc[rows, "value"] = frame.loc[rows, "value"] * factor
+    return frame
+
+
+def _compute(
+    modality: ModalitySpec,
+    catalogue: Catalogue,
+    city: str,
+    item: SourceItem,
+    fields: Sequence[FieldSpec],
+    aux: dict[str, SourceItem],
+    release: Release,
+    progress: ProgressFn | None,
+    on_written: Sequence[BlockObserver] = (),
+) -> pd.DataFrame:
+    fmt = load_products()[item.product].format if item.product in load_products() else "raster"
+    if modality.is_image:
+        if modality.rasterize is not None:
+            frame = _vector_image_results(
+                modality, catalogue, city, item, release, progress, on_written
+            )
+        else:
+            frame = _image_results(modality, catalogue, city, item, release, progress, on_written)
+    elif modality.aggregation == Aggregation.LOG1P_POINT_DENSITY:
+        frame = _point_density_results(modality, city, item, fields)
+    elif is_records_item(item):
+        frame = _city_record_results(modality, city, item, fields)
+    elif fmt == "records":
+        frame = _record_sum_results(modality, city, item, fields)
+    else:
+        frame = _numeric_results(modality, city, item, fields, release)
+    currency = item.extra.get("currency")
+    return _apply_conversions(frame, fields, city, item.source_year, aux, currency)
+
+
+@dataclass(frozen=True)
+class FieldGroup:
+    """One product's fields in a source period: the item read, or why there is none."""
+
+    product: str
+    fields: tuple[FieldSpec, ...]
+    info: SourceInfo
+    """Provenance of the adapter that serves the product."""
+    source_year: int | None
+    """Source year read (None for static products or when unavailable)."""
+    item: SourceItem | None
+    """The fetched item; None when the period is not served."""
+    missing_reason: str | None
+    """Stable reason code when the period is not served."""
+    fallback_from: tuple[tuple[str, str], ...] = ()
+    """(product, reason) of the products tried first that could not serve the period."""
+
+    def signature(self) -> str:
+        """What the derived results of this group depend on, besides the rules."""
+        if self.item is None:
+            return f"{self.product}:missing:{self.missing_reason}:{self.info.source_id}"
+        return f"{self.product}:{self.item.source_id}:{self.item.version}:{self.item.fingerprint}"
+
+
+def _field_groups(
+    modality: ModalitySpec, city: str, period: int | None, sources: SourceSet, release: Release
+) -> list[FieldGroup]:
+    """Resolve and fetch each product's item for a source period, independently.
+
+    A product that cannot serve the period (it does not cover the city, does not publish the
+    year, or its adapter says it is unavailable) hands the group to its declared fallbacks in
+    order; the first that serves is read for every field of the group. When none serves, the
+    group stays with the first choice and its reason. Server failures are not a reason to fall
+    back: they fail the step, so a rerun reads the same product.
+    """
+    groups: list[FieldGroup] = []
+    for product, fields in modality.field_groups(city):
+        group = _serve(modality, product, tuple(fields), city, period, sources, release)
+        tried: list[tuple[str, str]] = []
+        for fallback in modality.fallbacks(product) if group.item is None else ():
+            tried.append((group.product, group.missing_reason or "unavailable"))
+            candidate = _serve(modality, fallback, tuple(fields), city, period, sources, release)
+            if candidate.item is not None:
+                group = replace(candidate, fallback_from=tuple(tried))
+                break
+        groups.append(group)
+    return groups
+
+
+def _serve(
+    modality: ModalitySpec,
+    product: str,
+    fields: tuple[FieldSpec, ...],
+    city: str,
+    period: int | None,
+    sources: SourceSet,
+    release: Release,
+) -> FieldGroup:
+    """One product's item for a source period, or why it has none."""
+    adapter = sources.product(product)
+    source_year, item, reason = None, None, None
+    if period is not None:
+        resolution = resolve(modality.temporal, period, adapter.source_years(city))
+        source_year, reason = resolution.source_year, resolution.missing_reason
+    if reason is None:
+        try:
+            item = adapter.fetch(city, source_year, release.sources_dir)
+        except SourceUnavailableError as exc:
+            source_year, reason = None, exc.reason
+    return FieldGroup(product, fields, adapter.info, source_year, item, reason)
+
+
+def _fetch_aux(
+    modality: ModalitySpec, city: str, sources: SourceSet, release: Release
+) -> dict[str, SourceItem]:
+    """Auxiliary items (e.g. CPI and PPP series); conversions that lack one mark their fields."""
+    aux: dict[str, SourceItem] = {}
+    for product in modality.auxiliary_products:
+        if product not in sources:
+            continue
+        try:
+            aux[product] = sources.fetch(product, city, None, release.sources_dir)
+        except SourceUnavailableError:
+            continue
+    return aux
+
+
+def _missing_results(fields: Sequence[FieldSpec], city: str, reason: str) -> pd.DataFrame:
+    rows = [
+        {
+            "tile_id": t.tile_id,
+            "scale": t.scale,
+            "field": f.name,
+            "value": math.nan,
+            "valid_fraction": math.nan,
+            "reason": reason,
+        }
+        for t in _all_tiles(city)
+        for f in fields
+    ]
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+@dataclass(frozen=True)
+class DerivedSummary:
+    """What one (modality, city, source period) derivation produced."""
+
+    modality: str
+    city: str
+    period: int | None
+    """Source period: a year, an epoch's first year, or None for static."""
+    rows: int
+    tiles: int
+    available_tiles: int
+    reused: bool
+    """True when matching results of an earlier run were kept instead of recomputed."""
+    chips: bool
+    """True when chips were written for this period."""
+    reason_counts: dict[str, int]
+    sources: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Per product: source id, version, source year, synthetic flag (or the missing reason)."""
+    path: Path | None = None
+    records: dict[str, object] = field(default_factory=dict)
+    """Per records product: rows read, unusable, unmatched keys and records used."""
+
+    @property
+    def label(self) -> str:
+        """'static' or the period's year."""
+        return period_label(self.period)
+
+    def as_metadata(self) -> dict[str, object]:
+        """Plain values for Dagster materialisation metadata."""
+        return {
+            "period": self.label,
+            "rows": self.rows,
+            "tiles": self.tiles,
+            "available_tiles": self.available_tiles,
+            "reused": self.reused,
+            "chips": self.chips,
+            "reasons": json.dumps(self.reason_counts),
+            "sources": json.dumps(self.sources, default=str),
+            "path": str(self.path),
+            **({"records": json.dumps(self.records)} if self.records else {}),
+        }
+
+
+def _signature(
+    modality: ModalitySpec,
+    catalogue: Catalogue,
+    groups: Sequence[FieldGroup],
+    aux: dict[str, SourceItem],
+) -> str:
+    parts = [ENGINE_VERSION, modality_digest(modality, catalogue)]
+    parts += [g.signature() for g in groups]
+    parts += [f"aux:{p}:{i.fingerprint}" for p, i in sorted(aux.items())]
+    return "|".join(parts)
+
+
+def _tile_counts(results: pa.Table) -> tuple[int, int]:
+    """(tiles, tiles with at least one available field) of a results table."""
+    tile_ids = results["tile_id"]
+    available = pc.filter(tile_ids, pc.is_null(results["reason"]))
+    return pc.count_distinct(tile_ids).as_py(), pc.count_distinct(available).as_py()
+
+
+def _reason_counts(results: pa.Table) -> dict[str, int]:
+    """Tiles per reason (a tile counts once per reason, however many fields it has), the
+    commonest reason first."""
+    missing = results.select(["tile_id", "reason"]).filter(pc.is_valid(results["reason"]))
+    per_reason = (
+        missing.group_by(["reason", "tile_id"], use_threads=False)
+        .aggregate([])
+        .group_by("reason", use_threads=False)
+        .aggregate([("tile_id", "count")])
+    )
+    pairs = zip(
+        per_reason["reason"].to_pylist(), per_reason["tile_id_count"].to_pylist(), strict=True
+    )
+    return {str(k): int(v) for k, v in sorted(pairs, key=lambda kv: (-kv[1], kv[0]))}
+
+
+def _group_sources(groups: Sequence[FieldGroup]) -> dict[str, dict[str, object]]:
+    return {
+        g.product: {
+            "source_id": g.info.source_id,
+            "version": g.item.version if g.item else g.info.version,
+            "source_year": g.source_year,
+            "synthetic": g.item.synthetic if g.item else g.info.synthetic,
+            **({"missing": g.missing_reason} if g.item is None else {}),
+            **({"fallback_from": dict(g.fallback_from)} if g.fallback_from else {}),
+        }
+        for g in groups
+    }
+
+
+def derive(
+    modality: ModalitySpec,
+    catalogue: Catalogue,
+    city: str,
+    period: int | None,
+    sources: SourceSet,
+    release: Release,
+    progress: ProgressFn | None = None,
+    on_written: Sequence[BlockObserver] = (),
+) -> DerivedSummary:
+    """Compute (or keep, when nothing it depends on changed) one source period's results.
+
+    Field groups served by different products (AQ's NO2 and PM2.5, or each weather variable's
+    file) are resolved, fetched and aggregated independently: one product's missing year never
+    blanks or fills another. ``on_written`` is called with every chip block written (see
+    :attr:`~citycube.cube.chips_zarr.ChipStoreWriter.on_written`); results kept from an earlier run
+    write none.
+    """
+    get_city(city)
+    if (period is None) != (modality.temporal == Temporal.STATIC):
+        raise ValueError(f"{modality.code} is {modality.temporal.value}; period {period} is wrong")
+    bound_process_memory()
+    label = period_label(period)
+    with in_context(f"{modality.code} {city} {label}"):
+        groups = _field_groups(modality, city, period, sources, release)
+        aux = _fetch_aux(modality, city, sources, release)
+    signature = _signature(modality, catalogue, groups, aux)
+    path = release.derived_file(modality.code, city, label)
+    chips = modality.is_image and any(g.item is not None for g in groups)
+    store = release.chip_store(modality.code, city, label)
+    if path.exists() and (not chips or store.exists()):
+        kept = _kept_results(path, signature)
+        if kept is not None:
+            return _derived_summary(modality, city, period, kept, groups, path, True, chips)
+    frames = []
+    ingested: dict[str, object] = {}
+    for group in groups:
+        if group.item is None:
+            results = _missing_results(group.fields, city, group.missing_reason or "unavailable")
+        else:
+            with in_context(_source_context(modality, city, label, group.item)):
+                results = _compute(
+                    modality,
+                    catalogue,
+                    city,
+                    group.item,
+                    group.fields,
+                    aux,
+                    release,
+                    progress,
+                    on_written,
+                )
+            if "records" in results.attrs:
+                ingested[group.product] = results.attrs["records"]
+        frames.append(
+            results.assign(
+                product=group.product,
+                source_year=group.source_year,
+                source_id=group.item.source_id if group.item else group.info.source_id,
+                source_version=group.item.version if group.item else group.info.version,
+                synthetic=group.item.synthetic if group.item else group.info.synthetic,
+                currency=group.item.extra.get("currency") if group.item else None,
+            )
+        )
+    derived = pd.concat(frames, ignore_index=True)
+    derived["source_year"] = derived["source_year"].astype("Int16")
+    columns = [
+        c for c in RESULT_COLUMNS if c != "classes" or modality.kind == Kind.CATEGORICAL_IMAGE
+    ]
+    columns += PROVENANCE_COLUMNS
+    if derived["currency"].notna().any():  # money in its own currency: keep the code per row
+        derived["currency"] = derived["currency"].astype("string")
+        columns = [*columns, "currency"]
+    table = pa.Table.from_pandas(derived[columns], preserve_index=False)
+    extra = {"citycube:signature": signature, "citycube:chips": str(chips).lower()}
+    if ingested:
+        extra["citycube:records"] = json.dumps(ingested, sort_keys=True)
+    with in_context(f"{modality.code} {city} {label}"):
+        write_parquet_with_digest(table, path, file_metadata(release, **extra))
+    return _derived_summary(
+        modality, city, period, table, groups, path, False, chips, records=ingested
+    )
+
+
+def _source_context(modality: ModalitySpec, city: str, label: str, item: SourceItem) -> str:
+    """'CO2 Amsterdam 2020, source odiac (sample:odiac v1, source year 2020)'."""
+    year = "static" if item.source_year is None else f"source year {item.source_year}"
+    return (
+        f"{modality.code} {city} {label}, source {item.product} "
+        f"({item.source_id} {item.version}, {year})"
+    )
+
+
+def _kept_results(path: Path, signature: str) -> pa.Table | None:
+    """Earlier results computed under the same signature, if they read back intact.
+
+    A file whose bytes are not the ones recorded when it was written (or that has no record,
+    fails its page checksums or does not read at all) is computed again rather than copied
+    into fresh observations.
+    """
+    if not intact_with_digest(path):
+        log.warning(
+            "derived results %s differ from their recorded digest; computing them again", path
+        )
+        return None
+    try:
+        meta = pq.read_schema(path).metadata or {}
+        if meta.get(b"citycube:signature", b"").decode() != signature:
+            return None
+        return pq.read_table(path, page_checksum_verification=True)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        log.warning("derived results %s are damaged (%s); computing them again", path, exc)
+        return None
+
+
+def _derived_summary(
+    modality: ModalitySpec,
+    city: str,
+    period: int | None,
+    results: pa.Table,
+    groups: Sequence[FieldGroup],
+    path: Path,
+    reused: bool,
+    chips: bool,
+    records: dict[str, object] | None = None,
+) -> DerivedSummary:
+    tiles, available_tiles = _tile_counts(results)
+    return DerivedSummary(
+        modality=modality.code,
+        city=city,
+        period=period,
+        rows=results.num_rows,
+        tiles=tiles,
+        available_tiles=available_tiles,
+        reused=reused,
+        chips=chips,
+        reason_counts=_reason_counts(results),
+        sources=_group_sources(groups),
+        path=path,
+        records=records or {},
+    )
+
+
+@dataclass(frozen=True)
+class PartitionSummary:
+    """What one (modality, city, year) observations partition wrote."""
+
+    modality: str
+    city: str
+    year: int
+    rows: int
+    tiles: int
+    available_tiles: int
+    basis: str
+    source_year: int | None
+    reason_counts: dict[str, int]
+    path: Path
+
+    def as_metadata(self) -> dict:
+        """Plain values for Dagster materialisation metadata."""
+        return {
+            "rows": self.rows,
+            "tiles": self.tiles,
+            "available_tiles": self.available_tiles,
+            "availability": round(self.available_tiles / self.tiles, 4) if self.tiles else 0.0,
+            "temporal_basis": self.basis,
+            "source_year": self.source_year if self.source_year is not None else "static/none",
+            "reasons": json.dumps(self.reason_counts),
+            "path": str(self.path),
+        }
+
+
+def read_derived(
+    modality: ModalitySpec, city: str, period: int | None, release: Release
+) -> tuple[pa.Table, bool]:
+    """A source period's derived results and whether it has chips."""
+    label = period_label(period)
+    path = release.derived_file(modality.code, city, label)
+    if not path.exists():
+        raise DerivedResultsMissingError(
+            f"no derived {modality.code} results for {city} {label}: materialise "
+            f"derived/{modality.code.lower()} for that partition first"
+        )
+    try:
+        table = pq.read_table(path, page_checksum_verification=True)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise DerivedResultsMissingError(
+            f"derived {modality.code} results for {city} {label} at {path} are damaged ({exc}): "
+            f"materialise derived/{modality.code.lower()} for that partition again"
+        ) from None
+    chips = (table.schema.metadata or {}).get(b"citycube:chips", b"false") == b"true"
+    return table, chips
+
+
+def _row_units(modality: ModalitySpec, derived: pa.Table) -> pa.Array:
+    """Each row's unit: the field's, or for money kept in its own currency the item's ISO 4217
+    code and price year (derived results written before currencies were kept have none)."""
+    unit_of = {f.name: f.unit for f in modality.fields}
+    fields = derived["field"].to_pylist()
+    in_currency = {f.name for f in modality.fields if f.currency_unit}
+    if not in_currency or "currency" not in derived.column_names:
+        return pa.array([unit_of.get(f) for f in fields], pa.string())
+    currencies = derived["currency"].to_pylist()
+    years = derived["source_year"].to_pylist()
+    return pa.array(
+        [
+            f"{currency} (nominal, {'?' if year is None else year})"
+            if f in in_currency and currency is not None
+            else unit_of.get(f)
+            for f, currency, year in zip(fields, currencies, years, strict=True)
+        ],
+        pa.string(),
+    )
+
+
+def _constant(value: object, n: int, type_: pa.DataType) -> pa.Array:
+    return pa.repeat(pa.scalar(value, type_), n)
+
+
+def observation_table(modality: ModalitySpec, city: str, year: int, derived: pa.Table) -> pa.Table:
+    """Rows for one calendar year: values only where available, NULL plus a reason elsewhere.
+
+    Built column by column in Arrow from the derived table: a round trip through pandas cost
+    more than writing the file.
+    """
+    n = derived.num_rows
+    available = pc.is_null(derived["reason"])
+    value = derived["value"].cast(pa.float64())
+    fraction = derived["valid_fraction"].cast(pa.float64())
+    columns = {
+        "tile_id": derived["tile_id"].cast(pa.string()),
+        "city": _constant(city, n, pa.string()),
+        "scale": derived["scale"].cast(pa.string()),
+        "year": _constant(year, n, pa.int16()),
+        "modality": _constant(modality.code, n, pa.string()),
+        "field": derived["field"].cast(pa.string()),
+        # NULL unless available and finite; NaN never reaches a value
+        "value": pc.if_else(pc.and_(available, pc.is_finite(value)), value, None),
+        "unit": _row_units(modality, derived),
+        "valid_fraction": pc.if_else(pc.is_finite(fraction), fraction, None),
+        "available": available,
+        "reason": derived["reason"].cast(pa.string()),
+        "temporal_basis": _constant(BASIS[modality.temporal], n, pa.string()),
+        "source_year": derived["source_year"].cast(pa.int16()),
+        "source_id": derived["source_id"].cast(pa.string()),
+        "source_version": derived["source_version"].cast(pa.string()),
+        "synthetic": pc.fill_null(derived["synthetic"].cast(pa.bool_()), False),
+    }
+    return pa.Table.from_arrays(list(columns.values()), schema=OBSERVATION_SCHEMA)
+
+
+def chip_index_table(
+    modality: ModalitySpec,
+    city: str,
+    year: int,
+    period: int | None,
+    derived: pa.Table,
+    release: Release,
+) -> pa.Table:
+    """Where each tile's chip lives: store path (relative to the release) and pixel window."""
+    assert modality.chip is not None
+    store = str(
+        release.chip_store(modality.code, city, period_label(period)).relative_to(release.root)
+    )
+    tiles = _all_tiles(city)
+    first_row: dict[str, int] = {}
+    for row, tile_id in enumerate(derived["tile_id"].to_pylist()):
+        first_row.setdefault(tile_id, row)
+    # each tile's first derived row (its figures are per tile), NULL for a tile without one
+    per_tile = derived.take(pa.array([first_row.get(t.tile_id) for t in tiles], pa.int64()))
+    windows = _tile_windows(city, modality.chip.resolution_m)
+    n = len(tiles)
+    classes = (
+        per_tile["classes"].cast(pa.float64())
+        if "classes" in per_tile.column_names
+        else pa.nulls(n, pa.float64())
+    )
+    classes = pc.if_else(pc.is_finite(classes), classes, None)
+    columns = {
+        "tile_id": pa.array([t.tile_id for t in tiles], pa.string()),
+        "city": _constant(city, n, pa.string()),
+        "scale": pa.array([t.scale for t in tiles], pa.string()),
+        "year": _constant(year, n, pa.int16()),
+        "modality": _constant(modality.code, n, pa.string()),
+        "store": _constant(store, n, pa.string()),
+        "row_off": pa.array(windows[:, 0]),
+        "col_off": pa.array(windows[:, 1]),
+        "height": pa.array(windows[:, 2]),
+        "width": pa.array(windows[:, 3]),
+        "resolution_m": _constant(float(modality.chip.resolution_m), n, pa.float64()),
+        "valid_fraction": pc.fill_null(per_tile["valid_fraction"].cast(pa.float64()), math.nan),
+        "available": pc.is_null(per_tile["reason"]),
+        "temporal_basis": _constant(BASIS[modality.temporal], n, pa.string()),
+        "source_year": per_tile["source_year"].cast(pa.int16()),
+        "classes": classes.cast(pa.int16()),
+    }
+    return pa.Table.from_arrays(list(columns.values()), schema=CHIP_INDEX_SCHEMA)
+
+
+def write_observations(
+    modality: ModalitySpec, city: str, year: int, release: Release
+) -> PartitionSummary:
+    """Write one (modality, city, year) partition from the derived results serving that year."""
+    period = period_of(modality.temporal, year)
+    derived, chips = read_derived(modality, city, period, release)
+    table = observation_table(modality, city, year, derived)
+    synthetic = bool(pc.all(table["synthetic"]).as_py()) if table.num_rows else True
+    meta = file_metadata(release, **{"citycube:synthetic": str(synthetic).lower()})
+    index_file = release.chip_index_file(city, year, modality.code)
+    with in_context(f"{modality.code} {city} {year}"):
+        if modality.is_image and chips:
+            index = chip_index_table(modality, city, year, period, derived, release)
+            write_parquet_atomic(index, index_file, meta)
+        else:
+            index_file.unlink(missing_ok=True)
+        observations = release.observations_file(city, year, modality.code)
+        path = write_parquet_atomic(table, observations, meta)
+    tiles, available_tiles = _tile_counts(derived)
+    first_year = table["source_year"][0].as_py() if table.num_rows else None
+    return PartitionSummary(
+        modality=modality.code,
+        city=city,
+        year=year,
+        rows=table.num_rows,
+        tiles=tiles,
+        available_tiles=available_tiles,
+        basis=BASIS[modality.temporal],
+        source_year=first_year,
+        reason_counts=_reason_counts(derived),
+        path=path,
+    )
+
+
+def process_partition(
+    modality: ModalitySpec,
+    catalogue: Catalogue,
+    city: str,
+    year: int,
+    sources: SourceSet,
+    release: Release,
+    progress: ProgressFn | None = None,
+) -> PartitionSummary:
+    """Derive the source period serving ``year`` (or keep it) and write that year's partition."""
+    period = period_of(modality.temporal, year)
+    derive(modality, catalogue, city, period, sources, release, progress)
+    return write_observations(modality, city, year, release)

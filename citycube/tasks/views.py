@@ -1,0 +1,64 @@
+"""The benchmark tasks' views in a release's DuckDB database, over the files each task wrote.
+
+The cube's database is built by :mod:`citycube.cube.release`, which knows nothing of the tasks;
+it takes :func:`task_views` to add theirs, and :func:`stage_views` adds them to a staged
+database once the tasks' files are written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from citycube.catalogue.modalities import Catalogue
+from citycube.cube.release import Release, stage_benchmark
+from citycube.io.scratch import owned_name
+from citycube.tasks.forecast import create_forecast_views
+from citycube.tasks.pairs import modality_order
+from citycube.tasks.translation import create_views
+
+if TYPE_CHECKING:
+    import duckdb
+
+
+def create_task_views(
+    con: duckdb.DuckDBPyConnection, folder: Path, order: Iterable[str]
+) -> list[str]:
+    """Views over every task's files present now in ``folder`` (a snapshot's benchmark
+    folder); the names created."""
+    return create_views(con, folder, order) + create_forecast_views(con, folder)
+
+
+def task_views(catalogue: Catalogue) -> Callable[[duckdb.DuckDBPyConnection, Path], list[str]]:
+    """What :func:`citycube.cube.release.build_duckdb` calls to add the tasks' views."""
+    order = modality_order(catalogue)
+    return lambda con, folder: create_task_views(con, folder, order)
+
+
+def stage_views(release: Release, catalogue: Catalogue) -> list[str]:
+    """Add the draft's benchmark files to the staged database's snapshot and their views to
+    the staged database (replaced in one rename); both are published with the tables.
+
+    The database holds only views and small tables, so a copy is cheap. Without a staged
+    database (a benchmark step run on its own) nothing is staged: the files wait in the draft
+    for the next build, and no view is created.
+    """
+    import duckdb
+
+    folder = stage_benchmark(release)
+    if folder is None:
+        return []
+    path = release.staged_duckdb_file
+    tmp = owned_name(path)
+    try:
+        shutil.copyfile(path, tmp)
+        with duckdb.connect(str(tmp)) as con:
+            created = create_task_views(con, folder, modality_order(catalogue))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)
+    return created
