@@ -12,7 +12,7 @@ YEARS ?= default
 WORKERS ?= 2
 TEST_WORKERS ?= 2
 
-.PHONY: install run test dev lint bench fresh-runs clean
+.PHONY: install run test dev lint bench docs fresh-runs clean
 
 install: $(STAMP)
 
@@ -43,6 +43,10 @@ lint: install
 
 bench: install
 	$(BIN)/python -m benchmarks.run
+
+## Write docs/performance.md from the measured results in benchmarks/results/*.json.
+docs: install
+	$(BIN)/python -m benchmarks.render_docs
 
 ## Fresh clone, then `make run` TIMES times, each on a new empty DAGSTER_HOME and data root.
 TIMES ?= 10
