@@ -24,7 +24,7 @@ from rasterio.windows import Window
 
 import citycube.items.rasters
 import citycube.processing.chips
-import citycube.processing.compute
+import citycube.processing.rules.shared
 from citycube.catalogue.modalities import load_catalogue
 from citycube.cube.chips import open_chips, read_tile_chip
 from citycube.cube.chips_zarr import ChipStoreWriter
@@ -1079,7 +1079,7 @@ def test_a_city_in_blocks_equals_the_whole_grid_at_once(
     assert len(blocks(grid)) == 6
 
     blocked_chips, blocked = _process(tmp_path / "blocked", code, files)
-    monkeypatch.setattr(citycube.processing.compute, "blocks", _one_block)
+    monkeypatch.setattr(citycube.processing.rules.shared, "blocks", _one_block)
     whole_chips, whole = _process(tmp_path / "whole", code, files)
 
     valid = whole_chips["valid"].values.astype(bool)
