@@ -3,6 +3,7 @@ block-by-block processing of a whole city."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -1079,7 +1080,10 @@ def test_a_city_in_blocks_equals_the_whole_grid_at_once(
     assert len(blocks(grid)) == 6
 
     blocked_chips, blocked = _process(tmp_path / "blocked", code, files)
-    monkeypatch.setattr(citycube.processing.rules.shared, "blocks", _one_block)
+    shared = citycube.processing.rules.shared
+    monkeypatch.setattr(shared, "blocks", _one_block)
+    # a plan cache of its own: the module's holds the blocked run's plan for this pixel grid
+    monkeypatch.setattr(shared, "_block_plan", functools.cache(shared._block_plan.__wrapped__))
     whole_chips, whole = _process(tmp_path / "whole", code, files)
 
     valid = whole_chips["valid"].values.astype(bool)
