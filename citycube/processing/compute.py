@@ -10,6 +10,9 @@ The work splits in two stages, keyed by what changes:
   the period that serves it and labelled with how that year is served (annual, epoch, static,
   snapshot, city record); never zero-filled when it is not served.
 
+Each item becomes tile values by the aggregation rule that :mod:`citycube.processing.rules`
+picks for it; this module resolves the items, converts money and writes the results.
+
 Provenance (``source_id``, ``source_version``, ``synthetic``) comes from the adapter that
 served each product, never from the name of a backend.
 """
@@ -19,22 +22,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import shapely
-from pyproj import Transformer
 
-from citycube.catalogue.cities import SCALES, get_city
+from citycube.catalogue.cities import get_city
 from citycube.catalogue.modalities import (
-    Aggregation,
     Catalogue,
     Conversion,
     FieldSpec,
@@ -42,10 +40,8 @@ from citycube.catalogue.modalities import (
     ModalitySpec,
     Temporal,
 )
-from citycube.catalogue.products import load_products
 from citycube.catalogue.temporal import BASIS, period_label, period_of, resolve
 from citycube.catalogue.versions import ENGINE_VERSION, modality_digest
-from citycube.cube.chips import chip_writer
 from citycube.cube.release import (
     CHIP_INDEX_SCHEMA,
     OBSERVATION_SCHEMA,
@@ -55,555 +51,22 @@ from citycube.cube.release import (
     write_parquet_atomic,
     write_parquet_with_digest,
 )
-from citycube.errors import (
-    DerivedResultsMissingError,
-    SourceReadError,
-    SourceUnavailableError,
-    in_context,
-)
-from citycube.grid.cells import CellLattice, median_of_cell_medians
-from citycube.grid.tiles import PixelGrid, Tile, city_grid, pixel_grid
+from citycube.errors import DerivedResultsMissingError, SourceUnavailableError, in_context
 from citycube.items.protocol import SourceInfo, SourceItem, SourceSet
-from citycube.items.readers import open_masked_source
-from citycube.items.staging import repair_hint
-from citycube.processing.aggregate import aggregate_tiles, cell_median_tiles
-from citycube.processing.chips import (
-    TilePixelSummary,
-    block_memory,
-    blocks,
-    row_bands,
-    tile_pixel_summaries,
-    warp_block,
-)
 from citycube.processing.memory import bound_process_memory
 from citycube.processing.money import check_currency, ppp_2017_factor
-from citycube.processing.records import (
-    is_records_item,
-    place_records,
-    tile_cell_medians,
-    tile_values,
-)
-from citycube.processing.vectors import (
-    check_declared_counts,
-    coverage_fractions,
-    iter_points,
-    load_coverage,
-    load_records,
-    open_vector_layer,
-    point_counts,
-    rasterize_block,
-    tile_index,
+from citycube.processing.rules import rule_for, rule_kind
+from citycube.processing.rules.shared import (
+    RESULT_COLUMNS,
+    BlockObserver,
+    ProgressFn,
+    all_tiles,
+    tile_windows,
 )
 
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[str], None]
-BlockObserver = Callable[[int, int, np.ndarray, np.ndarray], None]
-"""Told of every chip block written: (row_start, col_start, values as stored, valid)."""
-
-RESULT_COLUMNS = ["tile_id", "scale", "field", "value", "valid_fraction", "reason", "classes"]
-"""Per-tile results; ``classes`` counts the distinct valid ids of a categorical chip (stored for
-categorical modalities only)."""
 PROVENANCE_COLUMNS = ["product", "source_year", "source_id", "source_version", "synthetic"]
-
-
-def _meets(valid_fraction: float, threshold: float) -> bool:
-    """Threshold test that treats an exact limit as met despite float rounding."""
-    return valid_fraction >= threshold - 1e-9
-
-
-def _label(source_year: int | None) -> str:
-    return "static" if source_year is None else str(source_year)
-
-
-@cache
-def _all_tiles(city: str) -> tuple[Tile, ...]:
-    """Every tile of both grids, in the order of every per-city table (built once per city)."""
-    return tuple(t for scale in SCALES for t in city_grid(city, scale).tiles())
-
-
-@cache
-def _tile_windows(city: str, resolution_m: float) -> np.ndarray:
-    """(tiles, 4) pixel windows (row, col, height, width) of ``_all_tiles`` at a resolution."""
-    grid = pixel_grid(city, resolution_m)
-    windows = np.array([grid.window(t) for t in _all_tiles(city)], dtype=np.int32)
-    windows.setflags(write=False)
-    return windows.reshape(-1, 4)
-
-
-def _image_results(
-    modality: ModalitySpec,
-    catalogue: Catalogue,
-    city: str,
-    item: SourceItem,
-    release: Release,
-    progress: ProgressFn | None,
-    on_written: Sequence[BlockObserver] = (),
-) -> pd.DataFrame:
-    """Warp once onto the city's pixel grid, block by block; write chips; summarise tiles."""
-    assert modality.chip is not None
-    grid: PixelGrid = pixel_grid(city, modality.chip.resolution_m)
-    categorical = modality.kind == Kind.CATEGORICAL_IMAGE
-    valid_ids = catalogue.valid_ids(modality)
-    bands = [f.band for f in modality.fields]
-    dtype = np.dtype(modality.chip.dtype)
-    fill = 255 if categorical else (0 if np.issubdtype(dtype, np.integer) else np.nan)
-    store = release.chip_store(modality.code, city, _label(item.source_year))
-    attrs = _chip_attrs(modality, city, item, release)
-    summaries = _BlockSummaries(grid)
-    with (
-        block_memory() as release_block,
-        open_masked_source(item, modality, bands, valid_ids) as source,
-        chip_writer(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
-    ):
-        w.on_written.extend(on_written)
-        for row_start, row_stop, col_start, col_stop in summaries.blocks:
-            values, valid = warp_block(
-                source, grid, row_start, row_stop, col_start, col_stop, categorical=categorical
-            )
-            w.write_block(
-                row_start, col_start, _chip_values(values, valid, dtype, fill, categorical), valid
-            )
-            summaries.add(values, valid, row_start, col_start, categorical=categorical)
-            del values, valid
-            release_block()
-            if progress:
-                progress(summaries.progress(modality.code, city, row_stop, col_stop))
-        ordered = summaries.ordered()
-        # Inside the writer: a refused item leaves the chips of the last good run in place.
-        _require_valid_pixels(sum(s.valid_pixels for _, s in ordered), city, item.href("data"))
-    return pd.DataFrame(_summary_rows(modality, ordered, categorical), columns=RESULT_COLUMNS)
-
-
-def _require_valid_pixels(valid: float, city: str, href: str) -> None:
-    """Refuse a raster without a single valid pixel over the whole city.
-
-    All NaN, all nodata or a file of another place: such a file is broken or mislabelled, and
-    taken as it is it would only look like a gap in the source (every tile unavailable).
-    """
-    if valid > 0:
-        return
-    raise SourceReadError(
-        f"{href} has no valid pixel over {city}: every cell under the city is nodata, NaN or "
-        "outside the file, so the file is empty, wrongly masked or of another place; "
-        f"{repair_hint(href)}",
-        reason="no_valid_pixels_in_source",
-    )
-
-
-def _chip_values(
-    values: np.ndarray, valid: np.ndarray, dtype: np.dtype, fill: float, categorical: bool
-) -> np.ndarray:
-    """Warped values as the chip store takes them: rounded into [0, max] for integer images,
-    ids cast to the store type. Float images, and integer images of an unsigned type (whose
-    range starts at 0), go as they are: the writer rounds, clips, casts and fills them."""
-    if categorical:
-        return np.where(valid, values, fill).astype(dtype)
-    if np.issubdtype(dtype, np.integer) and np.iinfo(dtype).min < 0:
-        rounded = np.clip(np.rint(values), 0, np.iinfo(dtype).max)
-        return np.where(valid, rounded, fill).astype(dtype)
-    return values
-
-
-def _vector_image_results(
-    modality: ModalitySpec,
-    catalogue: Catalogue,
-    city: str,
-    item: SourceItem,
-    release: Release,
-    progress: ProgressFn | None,
-    on_written: Sequence[BlockObserver] = (),
-) -> pd.DataFrame:
-    """Draw vector features straight onto the chip grid (no buffering), write chips, summarise."""
-    assert modality.chip is not None and modality.rasterize is not None
-    spec = modality.rasterize
-    grid = pixel_grid(city, modality.chip.resolution_m)
-    categorical = modality.kind == Kind.CATEGORICAL_IMAGE
-    dtype = np.dtype(modality.chip.dtype)
-    layer = open_vector_layer(
-        item.files["data"],
-        spec,
-        get_city(city).epsg,
-        load_products()[item.product].expected_crs(city),
-        item.files.get("coverage"),
-    )
-    store = release.chip_store(modality.code, city, _label(item.source_year))
-    attrs = _chip_attrs(modality, city, item, release)
-    fill = 255 if categorical else 0
-    summaries = _BlockSummaries(grid)
-    with (
-        block_memory() as release_block,
-        chip_writer(store, grid, [f.name for f in modality.fields], dtype, fill, attrs) as w,
-    ):
-        w.on_written.extend(on_written)
-        for row_start, row_stop, col_start, col_stop in summaries.blocks:
-            values, valid = rasterize_block(
-                layer,
-                grid,
-                row_start,
-                row_stop,
-                col_start,
-                col_stop,
-                background=spec.background,
-                dtype=dtype,
-            )
-            w.write_block(row_start, col_start, values, valid)  # already the store type
-            summaries.add(
-                values if categorical or np.issubdtype(dtype, np.integer) else values.astype(float),
-                valid,
-                row_start,
-                col_start,
-                categorical=categorical,
-            )
-            del values, valid
-            release_block()
-            if progress:
-                progress(summaries.progress(modality.code, city, row_stop, col_stop))
-    return pd.DataFrame(
-        _summary_rows(modality, summaries.ordered(), categorical), columns=RESULT_COLUMNS
-    )
-
-
-class _BlockSummaries:
-    """Tile summaries gathered block by block, handed back in the order rows have always had.
-
-    That order is by 10 km row band, then by tile (2 km row-major, then 5 km), so a partition
-    writes the same rows in the same order however the work is cut into blocks. Every tile
-    must lie inside exactly one block; a tile that straddled blocks would otherwise vanish.
-    """
-
-    def __init__(self, grid: PixelGrid) -> None:
-        self.grid = grid
-        self.blocks, self._tiles_in, self._order = _block_plan(grid)
-        self._tiles = {tile.tile_id: tile for tile in _all_tiles(grid.city)}
-        self._done: dict[str, TilePixelSummary] = {}
-
-    def add(
-        self,
-        values: np.ndarray,
-        valid: np.ndarray,
-        row_start: int,
-        col_start: int,
-        *,
-        categorical: bool,
-    ) -> None:
-        """Summarise the tiles of the block at (row_start, col_start)."""
-        tiles = self._tiles_in.get((row_start, col_start), [])
-        for summary in tile_pixel_summaries(
-            values, valid, row_start, col_start, self.grid, tiles, categorical=categorical
-        ):
-            self._done[summary.tile_id] = summary
-
-    def ordered(self) -> list[tuple[Tile, TilePixelSummary]]:
-        """Every tile with its summary, by row band and then tile order."""
-        missing = self._order.keys() - self._done.keys()
-        if missing:
-            raise RuntimeError(f"{len(missing)} tiles were never summarised, e.g. {min(missing)}")
-        ids = sorted(self._order, key=self._order.__getitem__)
-        return [(self._tiles[t], self._done[t]) for t in ids]
-
-    def progress(self, code: str, city: str, row_stop: int, col_stop: int) -> str:
-        """A progress line: the block just finished, by its far row and column."""
-        return f"{code} {city} rows {row_stop}/{self.grid.height} cols {col_stop}/{self.grid.width}"
-
-
-@cache
-def _block_plan(
-    grid: PixelGrid,
-) -> tuple[list[tuple[int, int, int, int]], dict[tuple[int, int], list[Tile]], dict[str, tuple]]:
-    """The grid's blocks, the tiles each block holds, and every tile's (row band, index) order.
-
-    Worked out once per pixel grid: every partition of the city's modalities at that
-    resolution cuts the same blocks.
-    """
-    tiles = _all_tiles(grid.city)
-    grid_blocks = blocks(grid)
-    bands = row_bands(grid)
-    tiles_in: dict[tuple[int, int], list[Tile]] = {}
-    order: dict[str, tuple[int, int]] = {}
-    for index, (tile, window) in enumerate(
-        zip(tiles, _tile_windows(grid.city, grid.resolution).tolist(), strict=True)
-    ):
-        row_off, col_off, height, width = window
-        holder = next(
-            (
-                (row_start, col_start)
-                for row_start, row_stop, col_start, col_stop in grid_blocks
-                if row_start <= row_off
-                and row_off + height <= row_stop
-                and col_start <= col_off
-                and col_off + width <= col_stop
-            ),
-            None,
-        )
-        if holder is None:
-            raise ValueError(f"{tile.tile_id} does not lie inside one block of its pixel grid")
-        tiles_in.setdefault(holder, []).append(tile)
-        band = next(i for i, (start, stop) in enumerate(bands) if start <= row_off < stop)
-        order[tile.tile_id] = (band, index)
-    return grid_blocks, tiles_in, order
-
-
-def _chip_attrs(
-    modality: ModalitySpec, city: str, item: SourceItem, release: Release
-) -> dict[str, object]:
-    assert modality.chip is not None
-    return {
-        "citycube_release": release.version,
-        "modality": modality.code,
-        "city": city,
-        "source_id": item.source_id,
-        "source_version": item.version,
-        "source_year": item.source_year if item.source_year is not None else "static",
-        "synthetic": str(item.synthetic).lower(),
-        "resolution_m": modality.chip.resolution_m,
-        "resampling": "rasterized" if modality.rasterize else modality.chip.resampling.value,
-    }
-
-
-def _result_row(
-    tile_id: str, scale: str, field: str, value: float, fraction: float, reason: str | None
-) -> dict[str, object]:
-    """One per-tile result; the value is kept only when the tile is available."""
-    return {
-        "tile_id": tile_id,
-        "scale": scale,
-        "field": field,
-        "value": value if reason is None else math.nan,
-        "valid_fraction": fraction,
-        "reason": reason,
-    }
-
-
-def _summary_rows(
-    modality: ModalitySpec,
-    summaries: Sequence[tuple[Tile, TilePixelSummary]],
-    categorical: bool,
-) -> list[dict]:
-    rows = []
-    for tile, summary in summaries:
-        fraction = summary.valid_pixels / summary.total_pixels
-        ok = _meets(fraction, modality.validity.min_valid_fraction)
-        reason = None
-        if not ok:
-            reason = "no_valid_pixels" if summary.valid_pixels == 0 else "insufficient_valid_pixels"
-        for i, f in enumerate(modality.fields):
-            if categorical:
-                value = float(summary.mode_class) if summary.mode_class is not None else math.nan
-            else:
-                value = summary.band_means[i] * f.scale + f.offset
-            row = _result_row(tile.tile_id, tile.scale, f.name, value, fraction, reason)
-            if categorical and summary.class_counts is not None:
-                row["classes"] = len(summary.class_counts)  # single-class chips: diversity
-            rows.append(row)
-    return rows
-
-
-def _reason(covered: float, fraction: float, threshold: float, value: float, non_negative: bool):
-    if covered <= 0:
-        return "outside_source_coverage"
-    if not _meets(fraction, threshold):
-        return "insufficient_valid_support"
-    if not np.isfinite(value):
-        return "no_valid_support"
-    if non_negative and value < 0:  # zero stays available; positivity is a pairing rule
-        return "negative_value"
-    return None
-
-
-def _cell_sizes(fields: Sequence[FieldSpec]) -> list[int]:
-    """The distinct cell sizes of the fields that take the median of cell medians."""
-    return sorted({f.aggregation.cell_m for f in fields if f.aggregation is not None})
-
-
-def _numeric_results(
-    modality: ModalitySpec,
-    city: str,
-    item: SourceItem,
-    fields: Sequence[FieldSpec],
-    release: Release,
-) -> pd.DataFrame:
-    """Exact area-weighted aggregation of each file (role) onto both tile grids.
-
-    Fields in different files are aggregated with their own validity masks, so one field's gaps
-    never remove another's values (e.g. weather variables, or AQ's two products). A field with
-    its own rule (the median of cell medians) takes its value from that rule and its valid
-    support, and so its availability and reason, from the same area-weighted pass.
-    """
-    rows: list[dict] = []
-    threshold = modality.validity.min_valid_fraction
-    by_role: dict[str, list[FieldSpec]] = {}
-    for f in fields:
-        by_role.setdefault(f.role_for(item.product), []).append(f)
-    for role, role_fields in by_role.items():
-        if role not in item.files and role in item.missing_roles:
-            rows += _unpublished_rows(role_fields, city, item.missing_roles[role])
-            continue
-        bands = [f.band for f in role_fields]
-        names = [f.name for f in role_fields]
-        with open_masked_source(item, modality, bands, role=role, names=names) as source:
-            valid_support = 0.0
-            for scale in SCALES:
-                grid = city_grid(city, scale)
-                stats = aggregate_tiles(source, grid, cache_dir=release.cache_dir / "coverage")
-                valid_support += float(np.nansum(stats.valid_fraction))
-                medians = {
-                    cell_m: cell_median_tiles(source, grid, cell_m)
-                    for cell_m in _cell_sizes(role_fields)
-                }
-                nominal_km2 = grid.tile_size**2 / 1e6
-                for t_index, tile_id in enumerate(grid.tile_ids()):
-                    fraction = float(stats.valid_fraction[t_index])
-                    covered = float(stats.covered_fraction[t_index])
-                    for b, f in enumerate(role_fields):
-                        if f.aggregation is not None:
-                            median = medians[f.aggregation.cell_m][b, t_index]
-                            value = float(median) * f.scale + f.offset
-                        elif modality.aggregation == Aggregation.SUM_PER_NOMINAL_AREA:
-                            value = float(stats.total[b, t_index]) * f.scale / nominal_km2
-                        elif modality.aggregation == Aggregation.AREA_MEAN:
-                            value = float(stats.mean[b, t_index]) * f.scale + f.offset
-                        else:
-                            raise NotImplementedError(
-                                f"{modality.code}: {modality.aggregation} does not apply to rasters"
-                            )
-                        reason = _reason(
-                            covered, fraction, threshold, value, modality.validity.non_negative
-                        )
-                        rows.append(_result_row(tile_id, scale, f.name, value, fraction, reason))
-            _require_valid_pixels(valid_support, city, item.href(role))
-    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
-
-
-def _unpublished_rows(fields: Sequence[FieldSpec], city: str, reason: str) -> list[dict]:
-    """Rows of fields whose role the item does not publish: NULL with the item's reason."""
-    return [
-        _result_row(t.tile_id, t.scale, f.name, math.nan, math.nan, reason)
-        for t in _all_tiles(city)
-        for f in fields
-    ]
-
-
-def _point_density_results(
-    modality: ModalitySpec, city: str, item: SourceItem, fields: Sequence[FieldSpec]
-) -> pd.DataFrame:
-    """log(1 + points/km²) per tile; a tile without points has no trace data (unavailable)."""
-    grids = {scale: city_grid(city, scale) for scale in SCALES}
-    counts = {scale: np.zeros(grid.n_tiles, dtype=np.int64) for scale, grid in grids.items()}
-    expected_crs = load_products()[item.product].expected_crs(city)
-    for x, y in iter_points(item.files["data"], get_city(city).epsg, expected_crs):
-        for scale, grid in grids.items():
-            counts[scale] += point_counts(grid, x, y)
-    rows: list[dict] = []
-    for scale, grid in grids.items():
-        density = counts[scale] / (grid.tile_size**2 / 1e6)
-        for t_index, tile_id in enumerate(grid.tile_ids()):
-            value = float(np.log1p(density[t_index]))
-            reason = None if counts[scale][t_index] > 0 else "no_trace_data"
-            for f in fields:
-                rows.append(_result_row(tile_id, scale, f.name, value, math.nan, reason))
-    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
-
-
-def _record_sum_results(
-    modality: ModalitySpec, city: str, item: SourceItem, fields: Sequence[FieldSpec]
-) -> pd.DataFrame:
-    """Sum of record values inside the reported coverage ÷ nominal tile area; never scaled up.
-
-    The valid support of a tile is the share of its area inside the coverage polygon (e.g. a
-    city limit): outside it the tile is unavailable, not zero. A field with the median of cell
-    medians takes it over the same records (each at its point), with the same support.
-    """
-    epsg = get_city(city).epsg
-    if "coverage" not in item.files:
-        raise SourceReadError(f"{item.product} item for {city} has no 'coverage' file")
-    coverage = load_coverage(item.files["coverage"], epsg)
-    threshold = modality.validity.min_valid_fraction
-    rows: list[dict] = []
-    for f in fields:
-        records = load_records(item.files["data"], f.column or "value", item.source_year)
-        check_declared_counts(records, item.extra, Path(item.files["data"]))
-        values = records.values
-        x, y = Transformer.from_crs(4326, epsg, always_xy=True).transform(records.lon, records.lat)
-        inside = shapely.contains_xy(coverage, x, y)
-        for scale in SCALES:
-            grid = city_grid(city, scale)
-            fractions = coverage_fractions(grid, coverage)
-            index = tile_index(grid, np.asarray(x)[inside], np.asarray(y)[inside])
-            keep = index >= 0
-            sums = np.bincount(index[keep], weights=values[inside][keep], minlength=grid.n_tiles)
-            if f.aggregation is not None:
-                lattice = CellLattice(grid, f.aggregation.cell_m)
-                cells = lattice.cell_index(np.asarray(x)[inside], np.asarray(y)[inside])
-                tiles, medians = median_of_cell_medians(lattice, cells, values[inside])
-                cell_values = np.full(grid.n_tiles, np.nan)
-                cell_values[tiles] = medians
-            nominal_km2 = grid.tile_size**2 / 1e6
-            for t_index, tile_id in enumerate(grid.tile_ids()):
-                fraction = float(fractions[t_index])
-                if f.aggregation is not None:
-                    value = float(cell_values[t_index]) * f.scale + f.offset
-                else:
-                    value = float(sums[t_index]) * f.scale / nominal_km2
-                reason = _reason(
-                    fraction, fraction, threshold, value, modality.validity.non_negative
-                )
-                rows.append(_result_row(tile_id, scale, f.name, value, fraction, reason))
-    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
-
-
-def _city_record_results(
-    modality: ModalitySpec, city: str, item: SourceItem, fields: Sequence[FieldSpec]
-) -> pd.DataFrame:
-    """Normalised city records onto both grids by the rule of their spatial form.
-
-    Sums (``sum_per_nominal_area``) are divided by the nominal tile area; means
-    (``area_mean``) are weighted by record or by intersected area; a field with the median of
-    cell medians takes it (``citycube.processing.records.tile_cell_medians``) with the form's
-    support. The ingest counts (unusable rows, unmatched postcodes or units) travel in the frame's
-    ``attrs``.
-    """
-    if modality.aggregation not in (Aggregation.SUM_PER_NOMINAL_AREA, Aggregation.AREA_MEAN):
-        raise NotImplementedError(f"{modality.code}: {modality.aggregation} is not a record rule")
-    total = modality.aggregation == Aggregation.SUM_PER_NOMINAL_AREA
-    placed = place_records(item, get_city(city).epsg, item.source_year)
-    threshold = modality.validity.min_valid_fraction
-    rows: list[dict] = []
-    for scale in SCALES:
-        grid = city_grid(city, scale)
-        tiles = tile_values(placed, grid, total=total)
-        medians = {
-            cell_m: tile_cell_medians(placed, grid, cell_m) for cell_m in _cell_sizes(fields)
-        }
-        for t_index, tile_id in enumerate(grid.tile_ids()):
-            support = float(tiles.support[t_index])
-            for f in fields:
-                if f.aggregation is not None:
-                    median = medians[f.aggregation.cell_m][t_index]
-                    value = float(median) * f.scale + f.offset
-                else:
-                    value = float(tiles.value[t_index]) * f.scale + (0.0 if total else f.offset)
-                reason = _reason(
-                    float(tiles.covered[t_index]),
-                    support,
-                    threshold,
-                    value,
-                    modality.validity.non_negative,
-                )
-                rows.append(_result_row(tile_id, scale, f.name, value, support, reason))
-    frame = pd.DataFrame(rows, columns=RESULT_COLUMNS)
-    if placed.ingest is not None:
-        frame.attrs["records"] = placed.ingest.as_dict()
-        if placed.ingest.unmatched:
-            log.warning(
-                "%s %s %s: %d records have a key the declared table lacks (e.g. %s); left out",
-                item.product,
-                city,
-                item.source_year,
-                placed.ingest.unmatched,
-                ", ".join(placed.ingest.unmatched_examples),
-            )
-    return frame
 
 
 def _apply_conversions(
@@ -652,22 +115,9 @@ def _compute(
     progress: ProgressFn | None,
     on_written: Sequence[BlockObserver] = (),
 ) -> pd.DataFrame:
-    fmt = load_products()[item.product].format if item.product in load_products() else "raster"
-    if modality.is_image:
-        if modality.rasterize is not None:
-            frame = _vector_image_results(
-                modality, catalogue, city, item, release, progress, on_written
-            )
-        else:
-            frame = _image_results(modality, catalogue, city, item, release, progress, on_written)
-    elif modality.aggregation == Aggregation.LOG1P_POINT_DENSITY:
-        frame = _point_density_results(modality, city, item, fields)
-    elif is_records_item(item):
-        frame = _city_record_results(modality, city, item, fields)
-    elif fmt == "records":
-        frame = _record_sum_results(modality, city, item, fields)
-    else:
-        frame = _numeric_results(modality, city, item, fields, release)
+    """One item's tile results by the rule its modality (or its form) calls for, money converted."""
+    rule = rule_for(rule_kind(modality, item))
+    frame = rule(modality, catalogue, city, item, fields, release, progress, on_written)
     currency = item.extra.get("currency")
     return _apply_conversions(frame, fields, city, item.source_year, aux, currency)
 
@@ -769,7 +219,7 @@ def _missing_results(fields: Sequence[FieldSpec], city: str, reason: str) -> pd.
             "valid_fraction": math.nan,
             "reason": reason,
         }
-        for t in _all_tiles(city)
+        for t in all_tiles(city)
         for f in fields
     ]
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
@@ -1131,13 +581,13 @@ def chip_index_table(
     store = str(
         release.chip_store(modality.code, city, period_label(period)).relative_to(release.root)
     )
-    tiles = _all_tiles(city)
+    tiles = all_tiles(city)
     first_row: dict[str, int] = {}
     for row, tile_id in enumerate(derived["tile_id"].to_pylist()):
         first_row.setdefault(tile_id, row)
     # each tile's first derived row (its figures are per tile), NULL for a tile without one
     per_tile = derived.take(pa.array([first_row.get(t.tile_id) for t in tiles], pa.int64()))
-    windows = _tile_windows(city, modality.chip.resolution_m)
+    windows = tile_windows(city, modality.chip.resolution_m)
     n = len(tiles)
     classes = (
         per_tile["classes"].cast(pa.float64())
