@@ -55,7 +55,7 @@ from citycube.errors import DerivedResultsMissingError, SourceUnavailableError, 
 from citycube.items.protocol import SourceInfo, SourceItem, SourceSet
 from citycube.processing.memory import bound_process_memory
 from citycube.processing.money import check_currency, ppp_2017_factor
-from citycube.processing.rules import rule_for, rule_kind
+from citycube.processing.rules import RuleInput, rule_for, rule_kind
 from citycube.processing.rules.shared import (
     RESULT_COLUMNS,
     BlockObserver,
@@ -117,7 +117,9 @@ def _compute(
 ) -> pd.DataFrame:
     """One item's tile results by the rule its modality (or its form) calls for, money converted."""
     rule = rule_for(rule_kind(modality, item))
-    frame = rule(modality, catalogue, city, item, fields, release, progress, on_written)
+    frame = rule(
+        RuleInput(modality, catalogue, city, item, tuple(fields), release, progress, on_written)
+    )
     currency = item.extra.get("currency")
     return _apply_conversions(frame, fields, city, item.source_year, aux, currency)
 

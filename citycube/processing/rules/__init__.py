@@ -1,6 +1,6 @@
 """The aggregation rules, one module each, and the registry that picks a modality's rule.
 
-Every rule has the same signature (see :class:`Rule`) and returns the per-tile results
+Every rule takes one :class:`RuleInput` (see :class:`Rule`) and returns the per-tile results
 (:data:`~citycube.processing.rules.shared.RESULT_COLUMNS`). The catalogue's declarations
 choose the rule (``is_image`` and ``rasterize``, the modality's ``aggregation``); where they
 cannot tell, the item's form does (city records, a ``records`` product, else a raster).
@@ -9,16 +9,15 @@ Adding a rule is adding a module here and its entry in :data:`RULES`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Protocol
 
 import pandas as pd
 
-from citycube.catalogue.modalities import Aggregation, Catalogue, FieldSpec, ModalitySpec
+from citycube.catalogue.modalities import Aggregation, ModalitySpec
 from citycube.catalogue.products import load_products
-from citycube.cube.release import Release
 from citycube.errors import SpecError
 from citycube.items.protocol import SourceItem
 from citycube.processing.records import is_records_item
@@ -30,9 +29,18 @@ from citycube.processing.rules import (
     point_density,
     record_sums,
 )
-from citycube.processing.rules.shared import BlockObserver, ProgressFn
+from citycube.processing.rules.shared import RuleInput
 
-__all__ = ["RULES", "Rule", "RuleKind", "declared_kind", "item_kind", "rule_for", "rule_kind"]
+__all__ = [
+    "RULES",
+    "Rule",
+    "RuleInput",
+    "RuleKind",
+    "declared_kind",
+    "item_kind",
+    "rule_for",
+    "rule_kind",
+]
 
 
 class RuleKind(StrEnum):
@@ -53,17 +61,7 @@ class Rule(Protocol):
     and report ``progress``; ``fields`` are the item's fields (a product's field group).
     """
 
-    def __call__(
-        self,
-        modality: ModalitySpec,
-        catalogue: Catalogue,
-        city: str,
-        item: SourceItem,
-        fields: Sequence[FieldSpec],
-        release: Release,
-        progress: ProgressFn | None = None,
-        on_written: Sequence[BlockObserver] = (),
-    ) -> pd.DataFrame: ...
+    def __call__(self, job: RuleInput) -> pd.DataFrame: ...
 
 
 RULES: Mapping[RuleKind, Rule] = MappingProxyType(

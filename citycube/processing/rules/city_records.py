@@ -4,20 +4,16 @@ their spatial form."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
 import pandas as pd
 
 from citycube.catalogue.cities import SCALES, get_city
-from citycube.catalogue.modalities import Aggregation, Catalogue, FieldSpec, ModalitySpec
-from citycube.cube.release import Release
+from citycube.catalogue.modalities import Aggregation
 from citycube.grid.tiles import city_grid
-from citycube.items.protocol import SourceItem
 from citycube.processing.records import place_records, tile_cell_medians, tile_values
 from citycube.processing.rules.shared import (
     RESULT_COLUMNS,
-    BlockObserver,
-    ProgressFn,
+    RuleInput,
     cell_sizes,
     result_row,
     unavailable_reason,
@@ -26,16 +22,7 @@ from citycube.processing.rules.shared import (
 log = logging.getLogger(__name__)
 
 
-def tile_results(
-    modality: ModalitySpec,
-    catalogue: Catalogue,
-    city: str,
-    item: SourceItem,
-    fields: Sequence[FieldSpec],
-    release: Release,
-    progress: ProgressFn | None = None,
-    on_written: Sequence[BlockObserver] = (),
-) -> pd.DataFrame:
+def tile_results(job: RuleInput) -> pd.DataFrame:
     """Normalised city records onto both grids by the rule of their spatial form.
 
     Sums (``sum_per_nominal_area``) are divided by the nominal tile area; means
@@ -44,6 +31,7 @@ def tile_results(
     support. The ingest counts (unusable rows, unmatched postcodes or units) travel in the frame's
     ``attrs``.
     """
+    modality, city, item, fields = job.modality, job.city, job.item, job.fields
     if modality.aggregation not in (Aggregation.SUM_PER_NOMINAL_AREA, Aggregation.AREA_MEAN):
         raise NotImplementedError(f"{modality.code}: {modality.aggregation} is not a record rule")
     total = modality.aggregation == Aggregation.SUM_PER_NOMINAL_AREA

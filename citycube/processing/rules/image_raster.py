@@ -4,23 +4,18 @@ class of a categorical image)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pandas as pd
 
-from citycube.catalogue.modalities import Catalogue, FieldSpec, Kind, ModalitySpec
+from citycube.catalogue.modalities import Kind
 from citycube.cube.chips import chip_writer
-from citycube.cube.release import Release
 from citycube.grid.tiles import PixelGrid, pixel_grid
-from citycube.items.protocol import SourceItem
 from citycube.items.readers import open_masked_source
 from citycube.processing.chips import block_memory, warp_block
 from citycube.processing.rules.shared import (
     RESULT_COLUMNS,
-    BlockObserver,
     BlockSummaries,
-    ProgressFn,
+    RuleInput,
     chip_attrs,
     require_valid_pixels,
     source_label,
@@ -28,17 +23,17 @@ from citycube.processing.rules.shared import (
 )
 
 
-def tile_results(
-    modality: ModalitySpec,
-    catalogue: Catalogue,
-    city: str,
-    item: SourceItem,
-    fields: Sequence[FieldSpec],
-    release: Release,
-    progress: ProgressFn | None = None,
-    on_written: Sequence[BlockObserver] = (),
-) -> pd.DataFrame:
+def tile_results(job: RuleInput) -> pd.DataFrame:
     """Warp once onto the city's pixel grid, block by block; write chips; summarise tiles."""
+    modality, catalogue, city, item, release, progress, on_written = (
+        job.modality,
+        job.catalogue,
+        job.city,
+        job.item,
+        job.release,
+        job.progress,
+        job.on_written,
+    )
     assert modality.chip is not None
     grid: PixelGrid = pixel_grid(city, modality.chip.resolution_m)
     categorical = modality.kind == Kind.CATEGORICAL_IMAGE

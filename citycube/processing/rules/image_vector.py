@@ -3,24 +3,19 @@ chip grid, block by block, written as chips, and summarised per tile like raster
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pandas as pd
 
 from citycube.catalogue.cities import get_city
-from citycube.catalogue.modalities import Catalogue, FieldSpec, Kind, ModalitySpec
+from citycube.catalogue.modalities import Kind
 from citycube.catalogue.products import load_products
 from citycube.cube.chips import chip_writer
-from citycube.cube.release import Release
 from citycube.grid.tiles import pixel_grid
-from citycube.items.protocol import SourceItem
 from citycube.processing.chips import block_memory
 from citycube.processing.rules.shared import (
     RESULT_COLUMNS,
-    BlockObserver,
     BlockSummaries,
-    ProgressFn,
+    RuleInput,
     chip_attrs,
     source_label,
     summary_rows,
@@ -28,17 +23,16 @@ from citycube.processing.rules.shared import (
 from citycube.processing.vectors import open_vector_layer, rasterize_block
 
 
-def tile_results(
-    modality: ModalitySpec,
-    catalogue: Catalogue,
-    city: str,
-    item: SourceItem,
-    fields: Sequence[FieldSpec],
-    release: Release,
-    progress: ProgressFn | None = None,
-    on_written: Sequence[BlockObserver] = (),
-) -> pd.DataFrame:
+def tile_results(job: RuleInput) -> pd.DataFrame:
     """Draw vector features straight onto the chip grid (no buffering), write chips, summarise."""
+    modality, city, item, release, progress, on_written = (
+        job.modality,
+        job.city,
+        job.item,
+        job.release,
+        job.progress,
+        job.on_written,
+    )
     assert modality.chip is not None and modality.rasterize is not None
     spec = modality.rasterize
     grid = pixel_grid(city, modality.chip.resolution_m)

@@ -10,16 +10,13 @@ import numpy as np
 import pandas as pd
 
 from citycube.catalogue.cities import SCALES
-from citycube.catalogue.modalities import Aggregation, Catalogue, FieldSpec, ModalitySpec
-from citycube.cube.release import Release
+from citycube.catalogue.modalities import Aggregation, FieldSpec
 from citycube.grid.tiles import city_grid
-from citycube.items.protocol import SourceItem
 from citycube.items.readers import open_masked_source
 from citycube.processing.aggregate import aggregate_tiles, cell_median_tiles
 from citycube.processing.rules.shared import (
     RESULT_COLUMNS,
-    BlockObserver,
-    ProgressFn,
+    RuleInput,
     all_tiles,
     cell_sizes,
     require_valid_pixels,
@@ -28,16 +25,7 @@ from citycube.processing.rules.shared import (
 )
 
 
-def tile_results(
-    modality: ModalitySpec,
-    catalogue: Catalogue,
-    city: str,
-    item: SourceItem,
-    fields: Sequence[FieldSpec],
-    release: Release,
-    progress: ProgressFn | None = None,
-    on_written: Sequence[BlockObserver] = (),
-) -> pd.DataFrame:
+def tile_results(job: RuleInput) -> pd.DataFrame:
     """Exact area-weighted aggregation of each file (role) onto both tile grids.
 
     Fields in different files are aggregated with their own validity masks, so one field's gaps
@@ -45,6 +33,13 @@ def tile_results(
     its own rule (the median of cell medians) takes its value from that rule and its valid
     support, and so its availability and reason, from the same area-weighted pass.
     """
+    modality, city, item, fields, release = (
+        job.modality,
+        job.city,
+        job.item,
+        job.fields,
+        job.release,
+    )
     rows: list[dict] = []
     threshold = modality.validity.min_valid_fraction
     by_role: dict[str, list[FieldSpec]] = {}

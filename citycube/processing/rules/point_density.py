@@ -3,32 +3,24 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
 from citycube.catalogue.cities import SCALES, get_city
-from citycube.catalogue.modalities import Catalogue, FieldSpec, ModalitySpec
 from citycube.catalogue.products import load_products
-from citycube.cube.release import Release
 from citycube.grid.tiles import city_grid
-from citycube.items.protocol import SourceItem
-from citycube.processing.rules.shared import RESULT_COLUMNS, BlockObserver, ProgressFn, result_row
+from citycube.processing.rules.shared import (
+    RESULT_COLUMNS,
+    RuleInput,
+    result_row,
+)
 from citycube.processing.vectors import iter_points, point_counts
 
 
-def tile_results(
-    modality: ModalitySpec,
-    catalogue: Catalogue,
-    city: str,
-    item: SourceItem,
-    fields: Sequence[FieldSpec],
-    release: Release,
-    progress: ProgressFn | None = None,
-    on_written: Sequence[BlockObserver] = (),
-) -> pd.DataFrame:
+def tile_results(job: RuleInput) -> pd.DataFrame:
     """log(1 + points/km²) per tile; a tile without points has no trace data (unavailable)."""
+    city, item, fields = job.city, job.item, job.fields
     grids = {scale: city_grid(city, scale) for scale in SCALES}
     counts = {scale: np.zeros(grid.n_tiles, dtype=np.int64) for scale, grid in grids.items()}
     expected_crs = load_products()[item.product].expected_crs(city)

@@ -3,7 +3,6 @@ reported coverage per nominal tile area, or a field's median of cell medians."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -12,16 +11,12 @@ import shapely
 from pyproj import Transformer
 
 from citycube.catalogue.cities import SCALES, get_city
-from citycube.catalogue.modalities import Catalogue, FieldSpec, ModalitySpec
-from citycube.cube.release import Release
 from citycube.errors import SourceReadError
 from citycube.grid.cells import CellLattice, median_of_cell_medians
 from citycube.grid.tiles import city_grid
-from citycube.items.protocol import SourceItem
 from citycube.processing.rules.shared import (
     RESULT_COLUMNS,
-    BlockObserver,
-    ProgressFn,
+    RuleInput,
     result_row,
     unavailable_reason,
 )
@@ -34,22 +29,14 @@ from citycube.processing.vectors import (
 )
 
 
-def tile_results(
-    modality: ModalitySpec,
-    catalogue: Catalogue,
-    city: str,
-    item: SourceItem,
-    fields: Sequence[FieldSpec],
-    release: Release,
-    progress: ProgressFn | None = None,
-    on_written: Sequence[BlockObserver] = (),
-) -> pd.DataFrame:
+def tile_results(job: RuleInput) -> pd.DataFrame:
     """Sum of record values inside the reported coverage ÷ nominal tile area; never scaled up.
 
     The valid support of a tile is the share of its area inside the coverage polygon (e.g. a
     city limit): outside it the tile is unavailable, not zero. A field with the median of cell
     medians takes it over the same records (each at its point), with the same support.
     """
+    modality, city, item, fields = job.modality, job.city, job.item, job.fields
     epsg = get_city(city).epsg
     if "coverage" not in item.files:
         raise SourceReadError(f"{item.product} item for {city} has no 'coverage' file")

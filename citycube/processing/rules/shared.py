@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 
 from citycube.catalogue.cities import SCALES
-from citycube.catalogue.modalities import FieldSpec, ModalitySpec
+from citycube.catalogue.modalities import Catalogue, FieldSpec, ModalitySpec
 from citycube.cube.release import Release
 from citycube.errors import SourceReadError
 from citycube.grid.tiles import PixelGrid, Tile, city_grid, pixel_grid
@@ -23,6 +24,7 @@ __all__ = [
     "BlockObserver",
     "BlockSummaries",
     "ProgressFn",
+    "RuleInput",
     "all_tiles",
     "cell_sizes",
     "chip_attrs",
@@ -38,6 +40,29 @@ __all__ = [
 ProgressFn = Callable[[str], None]
 BlockObserver = Callable[[int, int, np.ndarray, np.ndarray], None]
 """Told of every chip block written: (row_start, col_start, values as stored, valid)."""
+
+
+@dataclass(frozen=True)
+class RuleInput:
+    """What a rule turns into tile values: one source item of a modality for one city."""
+
+    modality: ModalitySpec
+    """The modality whose fields are computed."""
+    catalogue: Catalogue
+    """The catalogue the modality belongs to (legends, other modalities)."""
+    city: str
+    """The city whose tile grids receive the values."""
+    item: SourceItem
+    """The installed source item read."""
+    fields: Sequence[FieldSpec]
+    """The item's fields (a product's field group)."""
+    release: Release
+    """Where image rules write their chips."""
+    progress: ProgressFn | None = None
+    """Told of progress on long work (image rules)."""
+    on_written: Sequence[BlockObserver] = ()
+    """Told of every chip block written (image rules)."""
+
 
 RESULT_COLUMNS = ["tile_id", "scale", "field", "value", "valid_fraction", "reason", "classes"]
 """Per-tile results; ``classes`` counts the distinct valid ids of a categorical chip (stored for
