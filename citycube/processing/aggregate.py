@@ -34,7 +34,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+from typing import Any
 
 import numpy as np
 import shapely
@@ -488,16 +488,11 @@ class _CoverageFile:
     def __enter__(self) -> _CoverageFile:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: Any) -> None:
         if self._old is not None:
             self._old.close()
         # The new file, if one was started: closed, then in place if all went well, else deleted.
-        self._writing.__exit__(exc_type, exc, tb)
+        self._writing.__exit__(*exc_info)
 
     def load(self, block: str) -> _Coverage | None:
         """The block's weights, or None when the file lacks them or they are unreadable."""
