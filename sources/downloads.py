@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
 from citycube.errors import SourceFetchError, SourceUnavailableError
+from citycube.io.atomic import fsync_path, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -334,17 +335,11 @@ class DownloadManager:
         """Move a verified partial file into the cache, then record its URL (both atomic)."""
         blob = self._blob(digest)
         blob.parent.mkdir(parents=True, exist_ok=True)
-        with open(partial, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(partial, blob)
+        fsync_path(partial)
+        os.replace(partial, blob)  # the verified download, complete: published by one rename
         _meta_path(partial).unlink(missing_ok=True)
-        index = self._index(key)
-        index.parent.mkdir(parents=True, exist_ok=True)
-        tmp = index.with_name(f".{index.name}.{os.getpid()}.tmp")
-        tmp.write_text(
-            json.dumps({"url": shown, "sha256": digest, "size": size}, indent=2), encoding="utf-8"
-        )
-        os.replace(tmp, index)
+        record = {"url": shown, "sha256": digest, "size": size}
+        write_text_atomic(json.dumps(record, indent=2), self._index(key))
         log.info("downloaded %s (%d bytes, sha256 %s)", shown, size, digest[:12])
         return Downloaded(blob, digest, size, shown, False)
 

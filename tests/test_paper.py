@@ -152,4 +152,4 @@ def test_the_report_files_of_a_release(tmp_path: Path) -> None:
     for departure in PAPER.departures:
         assert f"(`{departure.id}`)" in text
     assert "- Removes: PROP 5 (Busan 1, Washington, D.C. 1, London 1, Singapore 2)" in text
-    assert not list((release.root / "reports").glob(".*.tmp"))
+    assert not list((release.root / "reports").glob(".*.tmp*"))

@@ -223,7 +223,7 @@ def test_corrupt_file_fails_clearly_and_keeps_previous_partition(
         with pytest.raises(SourceReadError, match="corrupt or truncated"):
             process_partition(co2, CAT, CITY, 2020, backend, release)
     assert release.observations_file(CITY, 2020, "CO2").read_bytes() == before
-    assert not list(release.root.rglob("*.tmp"))
+    assert not list(release.root.rglob(".*.tmp*"))
 
 
 def test_wrong_crs_is_rejected(tmp_path: Path, tif_writer: Callable[..., Path]) -> None:

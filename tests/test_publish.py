@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import citycube.cube.release as cube_module
+import citycube.io.atomic as atomic_module
 from assets.cube import DATABASE_KEY, STAGED_DATABASE_KEY, TILES_KEY, build_cube_assets
 from assets.tasks import SPLITS_KEY, build_benchmark_assets
 from citycube.cube.manifest import TIMESTAMPED_FILES, verify_release, write_manifest
@@ -391,7 +392,7 @@ def _exchange_works(folder: Path) -> bool:
     first.mkdir()
     second.mkdir()
     try:
-        return cube_module.exchange_paths(first, second)
+        return atomic_module.exchange_paths(first, second)
     finally:
         shutil.rmtree(first)
         shutil.rmtree(second)
@@ -441,7 +442,7 @@ def test_a_publication_switches_every_table_at_once(
 
         return call
 
-    monkeypatch.setattr(cube_module, "exchange_paths", watching(cube_module.exchange_paths))
+    monkeypatch.setattr(atomic_module, "exchange_paths", watching(atomic_module.exchange_paths))
     monkeypatch.setattr(os, "replace", watching(os.replace))
     monkeypatch.setattr(shutil, "rmtree", watching(shutil.rmtree))
     publish_database(release, meta)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import shutil
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +34,7 @@ from zarr.storage import MemoryStore
 from citycube.catalogue.cities import PARENT_SIZE_M
 from citycube.errors import CubeWriteError
 from citycube.grid.tiles import PixelGrid
+from citycube.io.atomic import replace_dir_atomic
 from citycube.io.digest import write_digests
 from citycube.io.scratch import owned_name, remove_dead_leftovers
 
@@ -295,9 +295,11 @@ class ChipStoreWriter:
     def commit(self) -> None:
         """Swap the finished temp store into ``path``; the old store is removed afterwards.
 
-        A directory cannot be renamed over a non-empty one, so the old store is first moved
-        aside and restored if the swap fails; for that instant ``path`` is absent, never
-        partial. A crash in between can leave a ``.<name>.old-*`` sibling behind.
+        One exchange where the system has one (readers see the old store or the new, whole);
+        elsewhere the old store is first moved aside and restored if the swap fails, so for
+        that instant ``path`` is absent, never partial
+        (:func:`citycube.io.atomic.replace_dir_atomic`). A crash in between can leave a
+        ``.<name>.old-*`` or ``.<name>.tmp-*`` sibling behind.
         """
         if self._committed:
             return
@@ -308,19 +310,11 @@ class ChipStoreWriter:
             write_digests(self._tmp_path, self._digests)
         except OSError as exc:
             raise CubeWriteError.writing(self.path, exc) from exc
-        old = None
-        if self.path.exists():
-            old = owned_name(self.path, "old")
-            os.replace(self.path, old)
         try:
-            os.replace(self._tmp_path, self.path)
+            replace_dir_atomic(self._tmp_path, self.path)
         except OSError as exc:
-            if old is not None:
-                os.replace(old, self.path)
             raise CubeWriteError.writing(self.path, exc) from exc
         self._committed = True
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
         remove_other_formats(self.path)
 
     def _check_covered(self) -> None:

@@ -23,8 +23,9 @@ from typing import Any
 
 from citycube.catalogue.modalities import Catalogue
 from citycube.catalogue.versions import ENGINE_VERSION, modality_code_version
-from citycube.cube.release import Release, write_text_atomic
+from citycube.cube.release import Release
 from citycube.errors import ReleaseNotFoundError
+from citycube.io.atomic import write_text_atomic
 from citycube.io.digest import WRITTEN_DIGESTS, file_sha256, file_state
 
 MANIFEST_FILE = "manifest.json"

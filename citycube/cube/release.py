@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,7 +42,9 @@ import pyarrow.parquet as pq
 from citycube.catalogue.cities import SCALES, load_cities
 from citycube.catalogue.modalities import Catalogue, catalogue_digest
 from citycube.errors import CubeWriteError, InvalidNameError
-from citycube.io.scratch import owned_name, remove_dead_leftovers, remove_dead_leftovers_in
+from citycube.io.atomic import atomic_path, write_text_atomic
+from citycube.io.atomic import write_json_atomic as _write_json
+from citycube.io.scratch import remove_dead_leftovers, remove_dead_leftovers_in
 
 if TYPE_CHECKING:  # imported where used: the release layout alone should load light
     import duckdb
@@ -259,19 +261,18 @@ def file_metadata(release: Release, **extra: str) -> dict[bytes, bytes]:
 def write_parquet_atomic(
     table: pa.Table, path: Path, metadata: Mapping[bytes, bytes] | None = None
 ) -> Path:
-    """Write a Parquet file to a temporary name, then move it over ``path``."""
+    """Write a Parquet file (zstd, page checksums, ``metadata`` added to its key-value
+    metadata) through :func:`citycube.io.atomic.atomic_path`; a failure is a
+    :class:`CubeWriteError`."""
     if metadata:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-    tmp = owned_name(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_dead_leftovers(path)  # left by a killed earlier write
-        # Page checksums: a flipped bit in a data page is an error on read, not a new value.
-        pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            # Page checksums: a flipped bit in a data page is an error on read, not a new value.
+            pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
     except Exception as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         raise CubeWriteError.writing(path, exc) from exc
     return path
 
@@ -314,29 +315,12 @@ def intact_with_digest(path: Path) -> bool:
 
 
 def write_json_atomic(data: Mapping[str, Any], path: Path) -> Path:
-    """Write JSON to a temporary name, then move it over ``path``."""
-    tmp = owned_name(path)
+    """A release's JSON file (:func:`citycube.io.atomic.write_json_atomic`); a failure is a
+    :class:`CubeWriteError`."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str), encoding="utf-8")
-        os.replace(tmp, path)
+        return _write_json(data, path)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         raise CubeWriteError.writing(path, exc) from exc
-    return path
-
-
-def write_text_atomic(text: str, path: Path) -> Path:
-    """Write text (UTF-8) to a temporary name, then move it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = owned_name(path)
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 def tiles_frame(cities: Iterable[str] | None = None) -> gpd.GeoDataFrame:
@@ -392,12 +376,8 @@ def write_tiles(release: Release) -> Path:
     """Write the GeoParquet tiles table for all cities into the draft, atomically."""
     path = release.tiles_file
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = owned_name(path)
-    try:
+    with atomic_path(path) as tmp:
         tiles_frame().to_parquet(tmp, index=False, compression="zstd")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -500,12 +480,8 @@ def _adopt_unversioned_tables(release: Release) -> None:
         _link_or_copy(published / TILES_FILE, release.tiles_file)
     draft_benchmark = release.draft_dir / BENCHMARK_DIR
     if not draft_benchmark.exists() and (published / BENCHMARK_DIR).is_dir():
-        tmp = owned_name(draft_benchmark)
-        try:
+        with atomic_path(draft_benchmark) as tmp:
             _link_folder(published / BENCHMARK_DIR, tmp)
-            os.replace(tmp, draft_benchmark)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _link_table(source: Path, target: Path) -> None:
@@ -559,13 +535,11 @@ def snapshot_tables(release: Release) -> str:
     taken = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_us // 1_000_000))
     snapshot = f"{taken}-{now_us % 1_000_000:05x}{uuid.uuid4().hex[:7]}"
     final = release.snapshots_dir / snapshot
-    tmp = owned_name(final)
     try:
         release.snapshots_dir.mkdir(parents=True, exist_ok=True)
-        _link_tables(release.draft_dir, tmp)
-        os.replace(tmp, final)
+        with atomic_path(final) as tmp:
+            _link_tables(release.draft_dir, tmp)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise CubeWriteError.writing(final, exc) from exc
     return snapshot
 
@@ -582,44 +556,12 @@ def published_snapshot(release: Release) -> str | None:
         return None
 
 
-_RENAME_EXCHANGE = 2
-"""``renameat2`` flag: swap two paths in one step (Linux 3.15+, most local file systems)."""
-
-
-def exchange_paths(first: Path, second: Path) -> bool:
-    """Swap two existing paths atomically; False where the system cannot (nothing changed)."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_cwd = -100
-    done = renameat2(at_cwd, os.fsencode(first), at_cwd, os.fsencode(second), _RENAME_EXCHANGE)
-    return done == 0
-
-
-def _replace_dir_at_once(src: Path, dest: Path) -> None:
-    """Put the folder ``src`` at ``dest``: one atomic swap where the system has one (readers
-    of ``dest`` see the old folder or the new, whole), else two renames; the old is removed."""
-    if not dest.exists():
-        os.replace(src, dest)
-        return
-    if exchange_paths(src, dest):
-        shutil.rmtree(src, ignore_errors=True)  # the old folder, now at src
-        return
-    replace_dir_atomic(src, dest)
-
-
 def _replace_symlink(link: Path, target: Path) -> None:
     """Point ``link`` at ``target`` (relative) in one rename: readers see the old or the new."""
-    tmp = owned_name(link)
     try:
-        os.symlink(target, tmp)
-        os.replace(tmp, link)
+        with atomic_path(link) as tmp:
+            os.symlink(target, tmp)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise CubeWriteError.writing(link, exc) from exc
 
 
@@ -637,13 +579,11 @@ def publish_tables(release: Release, snapshot: str) -> None:
     if not folder.is_dir():
         raise CubeWriteError(f"no snapshot {snapshot} in {release.snapshots_dir}: rebuild")
     dest = release.published_dir
-    tmp = owned_name(dest)
     try:
         remove_dead_leftovers(dest)
-        _link_tables(folder, tmp, fallback=release.published_root)
-        _replace_dir_at_once(tmp, dest)
+        with atomic_path(dest) as tmp:  # swapped whole for the folder there (replace_dir_atomic)
+            _link_tables(folder, tmp, fallback=release.published_root)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise CubeWriteError.writing(dest, exc) from exc
     _replace_symlink(release.published_pointer, Path(release.snapshots_dir.name) / snapshot)
     _remove_tables_of_the_old_layout(release)
@@ -697,13 +637,11 @@ def stage_benchmark(release: Release) -> Path | None:
             "materialise cube/staged_database again"
         )
     dest = release.snapshots_dir / snapshot / BENCHMARK_DIR
-    tmp = owned_name(dest)
     try:
         remove_dead_leftovers(dest)
-        _link_folder(release.draft_dir / BENCHMARK_DIR, tmp)
-        _replace_dir_at_once(tmp, dest)
+        with atomic_path(dest) as tmp:  # swapped whole for the folder there (replace_dir_atomic)
+            _link_folder(release.draft_dir / BENCHMARK_DIR, tmp)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise CubeWriteError.writing(dest, exc) from exc
     return dest
 
@@ -776,6 +714,24 @@ SNAPSHOT_KEY = "snapshot"
 """Key of the snapshot id in a database's ``release`` table and in ``release.json``."""
 
 
+@contextlib.contextmanager
+def atomic_database(path: Path, *, copy: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection to a new database (a copy of the one at ``path`` with ``copy``) that
+    replaces ``path`` in one rename when the block ends well (:func:`atomic_path`); its
+    temporary file and write-ahead log are removed either way."""
+    import duckdb
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        try:
+            if copy:
+                shutil.copyfile(path, tmp)
+            with duckdb.connect(str(tmp)) as con:
+                yield con
+        finally:
+            Path(f"{tmp}.wal").unlink(missing_ok=True)
+
+
 def build_duckdb(
     release: Release,
     catalogue: Catalogue,
@@ -794,63 +750,49 @@ def build_duckdb(
     use absolute paths, so ``duckdb <release>/cube.duckdb`` works from any directory; after
     moving a release, rebuild it with ``citycube views``.
     """
-    import duckdb
-
     path = path or release.duckdb_file
     snapshot = validate_snapshot_id(snapshot) if snapshot else snapshot_tables(release)
     publishing = path == release.duckdb_file and snapshot != published_snapshot(release)
     tables = (release.snapshots_dir / snapshot).resolve()
     metadata = {**metadata, SNAPSHOT_KEY: snapshot}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = owned_name(path)
-    try:
-        con = duckdb.connect(str(tmp))
-        try:
-            tiles_file = snapshot_table_path(release, snapshot, TILES_FILE)
-            tiles = _sql_str(str(tiles_file.resolve()))
-            con.execute(f"CREATE VIEW tiles AS SELECT * FROM read_parquet({tiles})")
-            _glob_view(con, "observations", tables / "observations", OBSERVATION_SCHEMA)
-            _glob_view(con, "chip_index", tables / "chip_index", CHIP_INDEX_SCHEMA)
-            con.register("_modalities", catalogue_table(catalogue))
-            con.execute("CREATE TABLE modalities AS SELECT * FROM _modalities")
-            con.unregister("_modalities")
-            meta_rows = [
-                {"key": k, "value": json.dumps(v, default=str)} for k, v in metadata.items()
-            ]
-            con.register("_release", pa.Table.from_pylist(meta_rows))
-            con.execute("CREATE TABLE release AS SELECT * FROM _release")
-            con.unregister("_release")
-            con.execute(
-                """
-                CREATE VIEW availability AS
-                WITH per_field AS (
-                    SELECT city, year, modality, field, bool_or(available) AS field_available
-                    FROM observations GROUP BY city, year, modality, field
-                )
-                SELECT city, year, modality,
-                       count(DISTINCT o.tile_id) FILTER (WHERE o.available) AS available_tiles,
-                       count(DISTINCT o.tile_id) AS tiles,
-                       any_value(f.available_fields) AS available_fields,
-                       any_value(f.fields) AS fields,
-                       any_value(f.all_fields) AS available
-                FROM observations AS o
-                JOIN (SELECT city, year, modality,
-                             count(*) FILTER (WHERE field_available) AS available_fields,
-                             count(*) AS fields,
-                             bool_and(field_available) AS all_fields
-                      FROM per_field GROUP BY city, year, modality) AS f
-                USING (city, year, modality)
-                GROUP BY city, year, modality
-                """
+    with atomic_database(path) as con:
+        tiles_file = snapshot_table_path(release, snapshot, TILES_FILE)
+        tiles = _sql_str(str(tiles_file.resolve()))
+        con.execute(f"CREATE VIEW tiles AS SELECT * FROM read_parquet({tiles})")
+        _glob_view(con, "observations", tables / "observations", OBSERVATION_SCHEMA)
+        _glob_view(con, "chip_index", tables / "chip_index", CHIP_INDEX_SCHEMA)
+        con.register("_modalities", catalogue_table(catalogue))
+        con.execute("CREATE TABLE modalities AS SELECT * FROM _modalities")
+        con.unregister("_modalities")
+        meta_rows = [{"key": k, "value": json.dumps(v, default=str)} for k, v in metadata.items()]
+        con.register("_release", pa.Table.from_pylist(meta_rows))
+        con.execute("CREATE TABLE release AS SELECT * FROM _release")
+        con.unregister("_release")
+        con.execute(
+            """
+            CREATE VIEW availability AS
+            WITH per_field AS (
+                SELECT city, year, modality, field, bool_or(available) AS field_available
+                FROM observations GROUP BY city, year, modality, field
             )
-            if benchmark_views is not None:  # over the benchmark files already written
-                benchmark_views(con, snapshot_table_path(release, snapshot, BENCHMARK_DIR))
-        finally:
-            con.close()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-        Path(f"{tmp}.wal").unlink(missing_ok=True)
+            SELECT city, year, modality,
+                   count(DISTINCT o.tile_id) FILTER (WHERE o.available) AS available_tiles,
+                   count(DISTINCT o.tile_id) AS tiles,
+                   any_value(f.available_fields) AS available_fields,
+                   any_value(f.fields) AS fields,
+                   any_value(f.all_fields) AS available
+            FROM observations AS o
+            JOIN (SELECT city, year, modality,
+                         count(*) FILTER (WHERE field_available) AS available_fields,
+                         count(*) AS fields,
+                         bool_and(field_available) AS all_fields
+                  FROM per_field GROUP BY city, year, modality) AS f
+            USING (city, year, modality)
+            GROUP BY city, year, modality
+            """
+        )
+        if benchmark_views is not None:  # over the benchmark files already written
+            benchmark_views(con, snapshot_table_path(release, snapshot, BENCHMARK_DIR))
     if publishing:
         publish_tables(release, snapshot)
         prune_snapshots(release)
@@ -921,18 +863,6 @@ def release_metadata(
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **(extra or {}),
     }
-
-
-def replace_dir_atomic(src: Path, dest: Path) -> None:
-    """Move a fully written directory over ``dest``; the old one is removed only afterwards."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    old = None
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.old")
-        os.replace(dest, old)
-    os.replace(src, dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def scratch_dir(near: Path) -> Path:

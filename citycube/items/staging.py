@@ -12,16 +12,17 @@ truncated or garbled since (a cut CSV would silently lower totals) is made again
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
-import os
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from citycube.io.atomic import atomic_path, replace_dir_atomic, write_text_atomic
 from citycube.io.digest import file_sha256, file_state
 from citycube.io.scratch import owned_name, remove_dead_leftovers
 
@@ -139,12 +140,8 @@ def _read_verified(directory: Path) -> dict[str, Any]:
 def _write_verified(directory: Path, states: Mapping[str, Any]) -> None:
     """Record verified states, atomically; a directory that cannot be written is left as is
     (the files are then hashed again next time, nothing worse)."""
-    tmp = owned_name(directory / VERIFIED_FILE)
-    try:
+    with contextlib.suppress(OSError), atomic_path(directory / VERIFIED_FILE) as tmp:
         tmp.write_text(json.dumps(states, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, directory / VERIFIED_FILE)
-    except OSError:
-        tmp.unlink(missing_ok=True)
 
 
 def _remember_verified(directory: Path, sums: Mapping[str, Mapping[str, Any]]) -> None:
@@ -239,7 +236,8 @@ def install_item(
             "extra": dict(staged.extra),
             "checksums": _file_checksums(staging, staged.files),
         }
-        _write_synced_json(staging / COMPLETE_MARKER, record)
+        text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
+        write_text_atomic(text, staging / COMPLETE_MARKER, durable=True)
         _move_into_place(staging, final, identity)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # already gone when it was moved
@@ -250,30 +248,12 @@ def install_item(
     return item
 
 
-def _write_synced_json(path: Path, payload: Mapping[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True, default=str)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 def _move_into_place(staging: Path, final: Path, identity: Mapping[str, Any]) -> None:
     """Rename ``staging`` to ``final``; an item someone else completed meanwhile is kept."""
     if installed_item(final, identity) is not None:
         return
-    stale: Path | None = None
-    if final.exists():
-        stale = owned_name(final, "old")
-        try:
-            os.replace(final, stale)
-        except FileNotFoundError:
-            stale = None
     try:
-        os.replace(staging, final)
+        replace_dir_atomic(staging, final)  # whatever was at final is removed
     except OSError:
         if installed_item(final, identity) is None:
             raise
-    finally:
-        if stale is not None:
-            shutil.rmtree(stale, ignore_errors=True)

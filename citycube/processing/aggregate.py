@@ -27,13 +27,14 @@ the tile lattice, and the tile takes the median of its cells' medians.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
-import os
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import shapely
@@ -47,7 +48,8 @@ from scipy import sparse
 from citycube.errors import SourceReadError
 from citycube.grid.cells import CellLattice, median_of_cell_medians
 from citycube.grid.tiles import TileGrid
-from citycube.io.scratch import owned_name, remove_dead_leftovers
+from citycube.io.atomic import atomic_path
+from citycube.io.scratch import remove_dead_leftovers
 from citycube.items.rasters import MaskedSource, RasterGrid, crs_text, is_epsg, transformer
 
 __all__ = [
@@ -473,7 +475,8 @@ class _CoverageFile:
         self.path = path
         self._old: zipfile.ZipFile | None = None
         self._new: zipfile.ZipFile | None = None
-        self._tmp: Path | None = None
+        self._writing = contextlib.ExitStack()
+        """The new file's :func:`citycube.io.atomic.atomic_path` and archive, while written."""
         self._read: list[str] = []
         """Blocks taken from the old file, to copy over if a new one is started."""
         if path is not None and path.is_file():
@@ -485,17 +488,11 @@ class _CoverageFile:
     def __enter__(self) -> _CoverageFile:
         return self
 
-    def __exit__(self, exc_type: object, *_: object) -> None:
+    def __exit__(self, *exc_info: Any) -> None:
         if self._old is not None:
             self._old.close()
-        if self._new is None:
-            return
-        assert self.path is not None and self._tmp is not None
-        self._new.close()
-        if exc_type is None:
-            os.replace(self._tmp, self.path)
-        elif self._tmp.exists():
-            self._tmp.unlink()
+        # The new file, if one was started: closed, then in place if all went well, else deleted.
+        self._writing.__exit__(*exc_info)
 
     def load(self, block: str) -> _Coverage | None:
         """The block's weights, or None when the file lacks them or they are unreadable."""
@@ -532,8 +529,8 @@ class _CoverageFile:
         assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         remove_dead_leftovers(self.path)  # what a killed write of this file left
-        self._tmp = owned_name(self.path)
-        self._new = zipfile.ZipFile(self._tmp, "w", zipfile.ZIP_STORED)
+        tmp = self._writing.enter_context(atomic_path(self.path))
+        self._new = self._writing.enter_context(zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED))
         for block in self._read:
             self._copy(block)
 

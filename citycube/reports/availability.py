@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +27,9 @@ import pandas as pd
 from citycube.catalogue.cities import load_cities
 from citycube.catalogue.modalities import Catalogue
 from citycube.catalogue.temporal import CALENDAR
-from citycube.cube.release import Release, write_text_atomic
+from citycube.cube.release import Release
 from citycube.errors import ReleaseNotFoundError
+from citycube.io.atomic import atomic_path, write_text_atomic
 
 __all__ = [
     "HEATMAP_COLOURS",
@@ -431,12 +430,8 @@ def heatmap_png(path: Path, source: AvailabilitySource, catalogue: Catalogue) ->
             frameon=False,
         )
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        try:
+        with atomic_path(path) as tmp:
             fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": None})
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
     return path
 
 

@@ -26,9 +26,10 @@ import pyarrow.parquet as pq
 from citycube.catalogue.cities import SCALES, load_cities
 from citycube.catalogue.modalities import Catalogue, ModalitySpec
 from citycube.catalogue.products import load_products
-from citycube.cube.release import CHIP_INDEX_SCHEMA, OBSERVATION_SCHEMA, Release, write_text_atomic
+from citycube.cube.release import CHIP_INDEX_SCHEMA, OBSERVATION_SCHEMA, Release
 from citycube.cube.releases import published_partitions, read_release_metadata
 from citycube.errors import CardValidationError, ReleaseNotFoundError
+from citycube.io.atomic import write_text_atomic
 from citycube.reports.paper import load_paper_tables
 
 STAC_FILE = "collection.json"

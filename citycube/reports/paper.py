@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from citycube.catalogue.cities import load_cities
 from citycube.catalogue.modalities import Catalogue, parse_yaml_spec
-from citycube.cube.release import Release, write_text_atomic
+from citycube.cube.release import Release
 from citycube.errors import ReleaseNotFoundError, SpecError
+from citycube.io.atomic import write_text_atomic
 from citycube.reports.availability import (
     Availability,
     city_table,

@@ -18,9 +18,7 @@ never modifies the input arrays; released values stay in physical units.
 from __future__ import annotations
 
 import math
-import os
 import re
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +32,7 @@ from citycube.cube.chips import open_chips
 from citycube.cube.release import Release
 from citycube.errors import ChipsNotFoundError, SpecError, UnknownTileError
 from citycube.grid.tiles import PixelGrid, city_grid, pixel_grid
+from citycube.io.atomic import atomic_path
 from citycube.reports.thumbnails import png_data_uri
 
 __all__ = [
@@ -174,17 +173,12 @@ def write_png(path: Path, rgba: np.ndarray) -> Path:
     rgba = np.asarray(rgba)
     if rgba.ndim != 3 or rgba.shape[2] != 4 or rgba.dtype != np.uint8:
         raise ValueError(f"expected an (h, w, 4) uint8 RGBA array, got {rgba.shape} {rgba.dtype}")
-    return _save_atomic(Image.fromarray(rgba), Path(path))
-
-
-def _save_atomic(image: Image.Image, path: Path) -> Path:
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        image.save(tmp, format="PNG", optimize=False, compress_level=PNG_COMPRESS_LEVEL)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp:
+        Image.fromarray(rgba).save(
+            tmp, format="PNG", optimize=False, compress_level=PNG_COMPRESS_LEVEL
+        )
     return path
 
 

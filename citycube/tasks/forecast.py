@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -934,20 +933,13 @@ def write_scores(scores: pa.Table, stem: Path, release: Release) -> dict[str, Pa
     import pyarrow.csv as pacsv
 
     from citycube.cube.release import file_metadata, write_parquet_atomic
-    from citycube.io.scratch import owned_name
+    from citycube.io.atomic import atomic_path, write_text_atomic
 
     paths = {s: stem.with_name(f"{stem.name}.{s}") for s in ("parquet", "csv", "md")}
     write_parquet_atomic(scores, paths["parquet"], file_metadata(release))
-    for suffix, write in (
-        ("csv", lambda p: pacsv.write_csv(scores, str(p))),
-        ("md", lambda p: p.write_text(summary_markdown(scores), encoding="utf-8")),
-    ):
-        tmp = owned_name(paths[suffix])
-        try:
-            write(tmp)
-            os.replace(tmp, paths[suffix])
-        finally:
-            tmp.unlink(missing_ok=True)
+    with atomic_path(paths["csv"]) as tmp:
+        pacsv.write_csv(scores, str(tmp))
+    write_text_atomic(summary_markdown(scores), paths["md"])
     return paths
 
 

@@ -224,7 +224,7 @@ def write_route_heatmap(counts: np.ndarray, labels: Sequence[str], path: Path) -
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
 
-    from citycube.io.scratch import owned_name
+    from citycube.io.atomic import atomic_path
 
     n = len(labels)
     shown = np.where(np.eye(n, dtype=bool), np.nan, counts.astype(float))
@@ -250,11 +250,9 @@ def write_route_heatmap(counts: np.ndarray, labels: Sequence[str], path: Path) -
     fig.colorbar(image, ax=ax, shrink=0.8, label="pairs (log scale)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = owned_name(path)
     try:
-        fig.savefig(tmp, format="png")
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png")
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
     return path

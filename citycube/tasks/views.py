@@ -7,15 +7,12 @@ database once the tasks' files are written.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from citycube.catalogue.modalities import Catalogue
-from citycube.cube.release import Release, stage_benchmark
-from citycube.io.scratch import owned_name
+from citycube.cube.release import Release, atomic_database, stage_benchmark
 from citycube.tasks.forecast import create_forecast_views
 from citycube.tasks.pairs import modality_order
 from citycube.tasks.translation import create_views
@@ -46,19 +43,8 @@ def stage_views(release: Release, catalogue: Catalogue) -> list[str]:
     database (a benchmark step run on its own) nothing is staged: the files wait in the draft
     for the next build, and no view is created.
     """
-    import duckdb
-
     folder = stage_benchmark(release)
     if folder is None:
         return []
-    path = release.staged_duckdb_file
-    tmp = owned_name(path)
-    try:
-        shutil.copyfile(path, tmp)
-        with duckdb.connect(str(tmp)) as con:
-            created = create_task_views(con, folder, modality_order(catalogue))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-        Path(f"{tmp}.wal").unlink(missing_ok=True)
-    return created
+    with atomic_database(release.staged_duckdb_file, copy=True) as con:
+        return create_task_views(con, folder, modality_order(catalogue))

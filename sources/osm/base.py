@@ -25,6 +25,7 @@ from pyproj import CRS
 from citycube.catalogue.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
 from citycube.grid.tiles import city_extent
+from citycube.io.atomic import fsync_path
 from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct
 from citycube.items.rasters import transformer
 from citycube.items.staging import StagedFiles, install_item
@@ -290,7 +291,7 @@ def write_geopackage(
         dataset_metadata=tags,
         layer_metadata=tags,
     )
-    _fsync(path)
+    fsync_path(path)
 
 
 def write_geoparquet(frame: gpd.GeoDataFrame, path: Path, tags: dict[str, str]) -> None:
@@ -300,7 +301,7 @@ def write_geoparquet(frame: gpd.GeoDataFrame, path: Path, tags: dict[str, str]) 
     metadata = dict(table.schema.metadata or {})
     metadata.update({k.encode(): v.encode() for k, v in tags.items()})
     pq.write_table(table.replace_schema_metadata(metadata), path, compression="zstd")
-    _fsync(path)
+    fsync_path(path)
 
 
 def write_provenance(staging: Path, payload: Mapping[str, Any]) -> None:
@@ -313,11 +314,3 @@ def write_provenance(staging: Path, payload: Mapping[str, Any]) -> None:
 def digest_of(value: object) -> str:
     """A short digest of settings that change an item's content."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -9,7 +9,6 @@ members in JSON) and which WGS84 bounds the STAC item should use.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pyogrio
 from pyproj import CRS
+
+from citycube.io.atomic import fsync_path
 
 WGS84 = CRS.from_epsg(4326)
 """Every vector and table file of these products is in plain longitude/latitude."""
@@ -66,16 +67,7 @@ def _write_json(path: Path, document: object) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(document, handle, ensure_ascii=False, separators=(",", ":"))
         handle.write("\n")
-    _fsync(path)
-
-
-def _fsync(path: Path) -> None:
-    """Flush a finished file so the backend's atomic rename never exposes a half-written one."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path)
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,7 +121,7 @@ class GeoPackageLayer(_FrameFootprint, _Asset):
             dataset_metadata=tags,
             layer_metadata=tags,
         )
-        _fsync(path)
+        fsync_path(path)
 
     def stac_fields(self) -> dict[str, object]:
         """Table extension fields: the layer, its columns and row count."""
@@ -166,7 +158,7 @@ class GeoParquetLayer(_FrameFootprint, _Asset):
         metadata = dict(table.schema.metadata or {})
         metadata.update({k.encode(): v.encode() for k, v in tags.items()})
         pq.write_table(table.replace_schema_metadata(metadata), path, compression="zstd")
-        _fsync(path)
+        fsync_path(path)
 
     def stac_fields(self) -> dict[str, object]:
         """Table extension fields."""
@@ -205,7 +197,7 @@ class CsvLayer(_Asset):
         """Write UTF-8 CSV with a header; missing values stay blank cells."""
         frame = self.frame.assign(synthetic=_synthetic_members(tags)["synthetic"])
         frame.to_csv(path, index=False, lineterminator="\n")
-        _fsync(path)
+        fsync_path(path)
 
     def stac_fields(self) -> dict[str, object]:
         """Table extension fields (the synthetic column included)."""

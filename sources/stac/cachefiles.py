@@ -21,10 +21,11 @@ import contextlib
 import hashlib
 import json
 import os
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from citycube.io.atomic import atomic_path
 
 MAGIC = b"citycube-cache 1\n"
 """First line of every cache file (the layout's version)."""
@@ -52,16 +53,11 @@ def write(path: Path, key: Mapping[str, Any], payload: bytes, **fields: Any) -> 
         "size": len(payload),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as out:
-            out.write(MAGIC)
-            out.write(canonical(header).encode())
-            out.write(b"\n")
-            out.write(payload)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp, open(tmp, "wb") as out:
+        out.write(MAGIC)
+        out.write(canonical(header).encode())
+        out.write(b"\n")
+        out.write(payload)
 
 
 def read(path: Path, key: Mapping[str, Any]) -> tuple[dict[str, Any], memoryview] | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
+from citycube.io.atomic import atomic_path
 from sources.stac import cachefiles
 
 MASK_VERSION = "clear-mask-1"
@@ -100,10 +100,8 @@ class ClearMaskCache:
 
 
 def _save(path: Path, mask: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as out:
+    with atomic_path(path) as tmp, open(tmp, "wb") as out:
         np.savez_compressed(out, bits=np.packbits(mask, axis=None), shape=np.array(mask.shape))
-    os.replace(tmp, path)
 
 
 _NPY_HEADERS = threading.Lock()

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +23,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pystac
 
+from citycube.io.atomic import write_text_atomic
 from sources.downloads import SECRET_PARAMS
 from sources.stac.search import SearchRequest
 
@@ -124,17 +123,13 @@ class SearchRecords:
 
     def _write(self, key: Mapping[str, Any], body: Mapping[str, Any]) -> Path:
         path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         record = {
             "format": RECORD_FORMAT,
             "key": dict(key),
             "recorded": datetime.now(UTC).isoformat(timespec="seconds"),
             "answer": strip_credentials(body),
         }
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        return write_text_atomic(json.dumps(record, indent=1, default=str), path)
 
     def _read(self, key: Mapping[str, Any]) -> dict[str, Any] | None:
         path = self.path(key)
