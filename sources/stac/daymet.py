@@ -41,7 +41,7 @@ from citycube.catalogue.products import load_products
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
 from citycube.items.protocol import MISSING_ROLES_KEY
 from citycube.items.staging import StagedFiles
-from sources.downloads import parse_retry_after
+from sources.retries import parse_retry_after
 from sources.stac.adapter import FetchContext
 from sources.stac.grids import TargetGrid, city_crs, city_window
 from sources.stac.retrying import TransientError, is_transient_status
