@@ -82,7 +82,7 @@ def child(storage: Path, size: int | None, block_px: int) -> dict[str, Any]:
     from sources.stac.grids import TargetGrid
     from sources.stac.options import StacFamilyOptions
     from sources.stac.records import SearchRecords
-    from sources.stac.retrying import RetryPolicy
+    from sources.stac.retrying import retry_policy
     from sources.stac.signing import HrefSigner
     from sources.stac.spec import Signing, load_stac_catalogue
     from sources.stac.windows import WindowCache
@@ -92,7 +92,7 @@ def child(storage: Path, size: int | None, block_px: int) -> dict[str, Any]:
     if size is not None:
         mirror = {f"https://{LANDSAT_ACCOUNT}.{BLOB}/": f"{storage}/{LANDSAT_ACCOUNT}/"}
         options = StacFamilyOptions(composite_block_px=block_px, mirror=mirror)
-        policy = RetryPolicy.from_options(options)
+        policy = retry_policy(options)
         items = json.loads((storage / "items.json").read_text(encoding="utf-8"))
         scenes = [pystac.Item.from_dict(item) for item in items]
         grid = TargetGrid(

@@ -2,7 +2,8 @@
 
 Downloading gridded products (GHSL tiles, ODIAC months, VIIRS composites, …) needs the same
 care whoever serves them, so it lives here once, on well-kept libraries: ``httpx`` speaks HTTP,
-``stamina`` retries, ``filelock`` keeps two workers off the same file, ``tqdm`` draws progress.
+``stamina`` retries (through the families' one policy, :mod:`sources.retries`), ``filelock``
+keeps two workers off the same file, ``tqdm`` draws progress.
 
 - **Content-addressed cache.** A finished file lives at ``cache/sha256/<ab>/<digest>``; a small
   index per URL (secrets stripped) names its digest, so a rerun downloads nothing and two URLs
@@ -15,7 +16,8 @@ care whoever serves them, so it lives here once, on well-kept libraries: ``httpx
   it.
 - **Retries.** Timeouts, dropped connections, 429 and 5xx are retried with exponential back-off
   and jitter, bounded in attempts and total time; a 429 or 503 with ``Retry-After`` waits as
-  long as the server asks (within the same bound). Anything else fails at once.
+  long as the server asks (within the same bound). Anything else fails at once
+  (:mod:`sources.retries`, the policy every family shares).
 - **Politeness.** At most ``per_host`` downloads run against one host at a time, per process.
 - **Offline mirror.** With ``offline=True`` nothing touches the network: files come from the
   cache or from a mirror laid out as ``<mirror>/<host>/<path>``.
@@ -26,13 +28,11 @@ care whoever serves them, so it lives here once, on well-kept libraries: ``httpx
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import hashlib
 import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,13 +40,13 @@ from typing import Self
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
-import stamina
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
 from citycube.errors import SourceFetchError, SourceUnavailableError
 from citycube.io.atomic import fsync_path, write_text_atomic
+from sources.retries import TRANSIENT_STATUS, RetryPolicy, TransientError, parse_retry_after
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +55,6 @@ SECRET_PARAMS = frozenset(
      "skoid", "sktid", "skt", "ske", "sks", "skv", "spr", "signature"}
 )  # fmt: skip
 """Query parameters that carry credentials (OAuth, API keys, Azure SAS tokens)."""
-
-TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
-"""HTTP statuses worth another try."""
 
 ProgressFn = Callable[[int, int | None], None]
 """Called with (bytes so far, total bytes or None) as a download goes."""
@@ -95,6 +92,10 @@ class DownloadSettings:
     def __post_init__(self) -> None:
         if self.per_host < 1 or self.attempts < 1:
             raise ValueError("per_host and attempts must be at least 1")
+
+    def retry_policy(self) -> RetryPolicy:
+        """The shared retry policy with these settings' attempts and waits."""
+        return RetryPolicy(self.attempts, self.total_s, self.wait_initial_s, self.wait_max_s)
 
 
 DEFAULT_CACHE_ENV = "CITYCUBE_DOWNLOAD_CACHE"
@@ -172,14 +173,6 @@ class Downloaded:
     """True when nothing was downloaded for this call."""
 
 
-class _Transient(Exception):
-    """A failure worth another try; ``retry_after`` is the server's requested wait, if any."""
-
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
 class _Restart(Exception):
     """The partial file cannot be continued (the server's copy changed); start again."""
 
@@ -209,20 +202,6 @@ def cache_key(url: str, secret_params: Iterable[str] = SECRET_PARAMS) -> str:
         (parts.scheme, parts.netloc.rpartition("@")[2], parts.path, urlencode(query), "")
     )
     return hashlib.sha256(bare.encode()).hexdigest()
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds a ``Retry-After`` header asks for (delta seconds or an HTTP date), or None."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 _host_slots: dict[tuple[str, int], threading.BoundedSemaphore] = {}
@@ -375,30 +354,21 @@ class DownloadManager:
         progress: ProgressFn | None,
     ) -> tuple[str, int]:
         s = self.settings
-        last: _Transient | None = None
+
+        def failed(exc: TransientError, attempt: int) -> None:
+            log.warning("download of %s, attempt %d: %s", shown, attempt, exc)
+
         try:
-            for attempt in stamina.retry_context(
-                on=_backoff_hook(s.wait_max_s),
-                attempts=s.attempts,
-                timeout=s.total_s,
-                wait_initial=s.wait_initial_s,
-                wait_max=s.wait_max_s,
-                wait_jitter=s.wait_initial_s,
-            ):
-                with attempt:
-                    try:
-                        return self._download_once(url, shown, partial, headers, progress, expected)
-                    except _Transient as exc:
-                        last = exc
-                        log.warning("download of %s, attempt %d: %s", shown, attempt.num, exc)
-                        raise
-        except _Transient as exc:
+            return s.retry_policy().call(
+                lambda: self._download_once(url, shown, partial, headers, progress, expected),
+                on_failure=failed,
+            )
+        except TransientError as exc:
             raise SourceFetchError(
                 f"download of {shown} failed after {s.attempts} attempts or {s.total_s:.0f} s: "
                 f"{exc}; the partial file is kept and the next run resumes it",
                 transient=True,
             ) from None
-        raise SourceFetchError(f"download of {shown} failed: {last}")  # pragma: no cover
 
     def _download_once(
         self,
@@ -442,7 +412,7 @@ class DownloadManager:
                 status = response.status_code
                 if status in TRANSIENT_STATUS:
                     wait = parse_retry_after(response.headers.get("Retry-After"))
-                    raise _Transient(f"HTTP {status}", retry_after=wait)
+                    raise TransientError(f"HTTP {status}", retry_after=wait)
                 if status == 416 and have:
                     raise _Restart()
                 if status >= 400:
@@ -471,12 +441,12 @@ class DownloadManager:
                         done += len(chunk)
                         report(done)
         except httpx.TimeoutException as exc:
-            raise _Transient(f"timed out ({type(exc).__name__})") from None
+            raise TransientError(f"timed out ({type(exc).__name__})") from None
         except (httpx.TransportError, httpx.StreamError) as exc:
             detail = str(exc).replace(url, shown)
-            raise _Transient(f"connection failed ({type(exc).__name__}: {detail})") from None
+            raise TransientError(f"connection failed ({type(exc).__name__}: {detail})") from None
         if total is not None and done != total:
-            raise _Transient(f"connection closed after {done} of {total} bytes")
+            raise TransientError(f"connection closed after {done} of {total} bytes")
         digest, size = _digest_file(partial)
         if expected is not None and digest != expected:
             _discard_partial(partial)
@@ -486,19 +456,6 @@ class DownloadManager:
                 transient=False,
             )
         return digest, size
-
-
-def _backoff_hook(wait_max_s: float) -> Callable[[Exception], bool | float]:
-    """Retry only transient failures; wait as long as a server's Retry-After asks."""
-
-    def hook(exc: Exception) -> bool | float:
-        if not isinstance(exc, _Transient):
-            return False
-        if exc.retry_after is not None:
-            return max(exc.retry_after, 0.0)
-        return True
-
-    return hook
 
 
 _clients: dict[float, httpx.Client] = {}

@@ -105,6 +105,16 @@ def test_retry_after_is_honoured(tmp_path: Path, server: FaultyServer) -> None:
     assert second.at - first.at >= 0.9
 
 
+def test_a_retry_after_beyond_the_retry_bound_fails_at_once_saying_so(
+    tmp_path: Path, server: FaultyServer
+) -> None:
+    url = server.add("chelsa/pr.tif", BODY, Fault(status=429, headers={"Retry-After": "120"}))
+    with pytest.raises(SourceFetchError, match="asked to retry after 120 s") as raised:
+        manager(tmp_path).fetch(url)
+    assert raised.value.transient
+    assert len(server.requests_for("chelsa/pr.tif")) == 1
+
+
 def test_client_errors_fail_at_once(tmp_path: Path, server: FaultyServer) -> None:
     url = server.add("private/file.tif", BODY, Fault(status=403))
     with pytest.raises(SourceFetchError, match="HTTP 403") as raised:

@@ -45,6 +45,7 @@ from typing import Any
 import icechunk
 import xarray as xr
 import zarr
+from zarr.buffer import default_buffer_prototype
 
 from citycube.cube.chips_zarr import ICECHUNK_SUFFIX, ChipStoreWriter, remove_other_formats
 from citycube.errors import ChipsNotFoundError, CubeWriteError, ReleaseImmutableError
@@ -169,9 +170,9 @@ class IcechunkChipWriter(ChipStoreWriter):
         return self._loop.run_until_complete(awaitable)
 
     @property
-    def _raw_store(self) -> Any:
+    def _store(self) -> icechunk.IcechunkStore:
         assert self._session is not None
-        return self._session.store._store  # icechunk's store: bytes in, no Buffer wrapping
+        return self._session.store
 
     def _begin_store(self) -> None:
         self._new_repository = not self.path.is_dir()
@@ -182,7 +183,7 @@ class IcechunkChipWriter(ChipStoreWriter):
         repo = repo.reopen(_write_config())  # for this writer only: no config file is saved
         self._session = repo.writable_session(DRAFT_BRANCH)
         self._loop = asyncio.new_event_loop()
-        store = self._raw_store
+        store = self._store
 
         async def clear() -> None:
             names = [name async for name in store.list_dir("")]
@@ -210,11 +211,13 @@ class IcechunkChipWriter(ChipStoreWriter):
         pending, self._pending = self._pending, []
         if not pending:
             return
-        store = self._raw_store
+        store = self._store
+
+        wrap = default_buffer_prototype().buffer.from_bytes  # a view of the bytes, no copy
 
         async def apply(key: str, payload: bytes | None) -> None:
             if payload is not None:
-                await store.set(key, payload)
+                await store.set(key, wrap(payload))
             elif await store.exists(key):
                 await store.delete(key)
 
@@ -405,8 +408,6 @@ def store_content_digest(path: Path, ref: str | None = None) -> str:
     Two writes of the same chips give the same digest, although icechunk names its snapshots
     and chunk files at random, so the repository files of a rebuild never hash the same.
     """
-    from zarr.core.buffer import default_buffer_prototype
-
     store = icechunk_session(path, ref).store
 
     async def digest() -> str:

@@ -24,9 +24,10 @@ import xarray as xr
 import zarr
 from affine import Affine
 from xarray.backends.zarr import FillValueCoder, encode_zarr_attr_value
+from zarr.abc.buffer import Buffer
+from zarr.buffer import default_buffer_prototype
 from zarr.codecs import BytesCodec, ZstdCodec
 from zarr.codecs.bytes import Endian
-from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.group import ConsolidatedMetadata, GroupMetadata
 from zarr.dtype import VariableLengthUTF8
 from zarr.storage import MemoryStore

@@ -24,9 +24,8 @@ import pyarrow.parquet as pq
 import pyogrio
 import shapely
 from pyproj import CRS
-from rasterio._features import _rasterize
 from rasterio.enums import MergeAlg
-from rasterio.env import ensure_env
+from rasterio.features import rasterize
 from rasterio.transform import Affine
 
 from citycube.catalogue.modalities import RasterizeSpec
@@ -454,11 +453,12 @@ def _ring_shapes(
 
     A closed ring's last point (its first again) is left out: the burn closes every ring with
     its first point, so the same points are drawn, and a footprint of four corners has a fifth
-    fewer points to project, list and hand over.
+    fewer points to project, list and hand over. A triangle keeps it: ``rasterize`` skips a
+    ring of fewer than four points.
     """
     ends = np.cumsum(counts)
     starts = ends - counts
-    closed = (counts > 3) & (coords[starts] == coords[ends - 1]).all(axis=1)
+    closed = (counts > 4) & (coords[starts] == coords[ends - 1]).all(axis=1)
     if closed.any():
         keep = np.ones(len(coords), dtype=bool)
         keep[ends[closed] - 1] = False
@@ -474,29 +474,16 @@ def _ring_shapes(
     ]
 
 
-@ensure_env
 def burn(shapes: list[tuple[object, object]], out: np.ndarray, transform: Affine) -> None:
     """Burn (geometry, value) pairs into ``out`` in place, pixel centres inside (not all-touched).
 
-    What ``rasterio.features.rasterize`` does, minus its Python check of every shape's every
-    ring: the shapes here come from shapely geometries already filtered for missing and empty
-    ones, and for a block of tens of thousands of buildings the checks cost about as much as
-    GDAL's burn. Multi-polygons and collections are split into parts as ``rasterize`` splits
-    them (rasterio#1253: burning a multi-polygon whole can fill the holes between its parts).
-    ``tests/test_vectors.py`` holds the two to the same pixels.
+    ``rasterio.features.rasterize`` splits multi-polygons and collections into parts
+    (rasterio#1253: burning a multi-polygon whole can fill the holes between its parts).
     """
-    flat: list[tuple[object, object]] = []
-    for geometry, value in shapes:
-        mapping = geometry if isinstance(geometry, dict) else geometry.__geo_interface__
-        kind = mapping["type"]
-        if kind == "MultiPolygon":
-            flat += [({"type": "Polygon", "coordinates": p}, value) for p in mapping["coordinates"]]
-        elif kind == "GeometryCollection":
-            flat += [(part, value) for part in mapping["geometries"]]
-        else:
-            flat.append((mapping, value))
-    if flat:
-        _rasterize(flat, out, transform, False, MergeAlg.replace)
+    if shapes:
+        rasterize(
+            shapes, out=out, transform=transform, all_touched=False, merge_alg=MergeAlg.replace
+        )
 
 
 def rasterize_block(

@@ -152,9 +152,9 @@ def training_stats(
 
 
 def _read_chip(release: Release, row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    from citycube.tasks.loader import _store
+    from citycube.tasks.loader import chip_group
 
-    group = _store(str(release.root / row["store"]))
+    group = chip_group(str(release.root / row["store"]))
     r, c, h, w = row["row_off"], row["col_off"], row["height"], row["width"]
     values = np.asarray(group["data"][:, r : r + h, c : c + w])
     valid = np.asarray(group["valid"][r : r + h, c : c + w]).astype(bool)
@@ -525,7 +525,7 @@ class NearestTilePredictor:
 
     def _field_means(self, target: str) -> np.ndarray:
         if target not in self._means:
-            keys = {(r["tile_id"], r["year"]) for r in self.loader._rows if r["target"] == target}
+            keys = {(r["tile_id"], r["year"]) for r in self.loader.rows if r["target"] == target}
             rows = [self.loader.resolve(t, y, target).values for t, y in sorted(keys)]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)

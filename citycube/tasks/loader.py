@@ -55,7 +55,8 @@ class Instance:
 
 
 @lru_cache(maxsize=64)
-def _store(path: str) -> Any:
+def chip_group(path: str) -> Any:
+    """The chip store at ``path`` opened as a Zarr group, kept open for the next read of it."""
     from citycube.cube.chips import open_chip_group
 
     return open_chip_group(Path(path))
@@ -81,7 +82,8 @@ class InstanceLoader:
         if split is not None:
             table = table.filter(pc.equal(table["split"], split))
         self.instances = table
-        self._rows = table.to_pylist()
+        self.rows = table.to_pylist()
+        """The instances' rows as dicts, in table order."""
         needed = pa.table(
             {
                 "tile_id": pa.concat_arrays(
@@ -120,10 +122,10 @@ class InstanceLoader:
             self._numbers.setdefault((t, y, m), {})[f] = np.nan if v is None else v
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self.rows)
 
     def __getitem__(self, index: int) -> Instance:
-        row = self._rows[index]
+        row = self.rows[index]
         key = (row["city"], row["scale"], row["tile_id"], row["year"])
         return Instance(
             instance_id=row["instance_id"],
@@ -145,7 +147,7 @@ class InstanceLoader:
             if where is None:
                 raise KeyError(f"no chip of {modality} for {tile_id} {year} in the chip index")
             store, row, col, height, width = where
-            group = _store(str(Path(self.release.root) / store))
+            group = chip_group(str(Path(self.release.root) / store))
             values = np.asarray(group["data"][:, row : row + height, col : col + width])
             valid = np.asarray(group["valid"][row : row + height, col : col + width]).astype(bool)
             names = tuple(str(b) for b in np.asarray(group["band"][:]))

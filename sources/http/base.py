@@ -26,13 +26,13 @@ import numpy as np
 import rasterio
 import rasterio.shutil
 from pyproj import CRS
-from rasterio.crs import CRS as RioCRS
 from rasterio.errors import RasterioError
 from rasterio.windows import Window
 
 from citycube.catalogue.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
 from citycube.grid.tiles import LatticeGrid, city_extent, snapped_grid
+from citycube.items.cog import cog_profile, grid_profile
 from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct
 from citycube.items.rasters import transformer, write_netcdf_variable
 from citycube.items.staging import StagedFiles, install_item
@@ -44,15 +44,6 @@ WINDOW_MARGIN_M = 3_000.0
 """Every item covers the city extent plus this margin, as the sample twins' files do."""
 PROVENANCE_FILE = "sources.json"
 """Served files (URLs without credentials, digests, sizes) and the aggregation applied."""
-COG_PROFILE: dict[str, Any] = {
-    "driver": "COG",
-    "compress": "DEFLATE",
-    "level": 6,
-    "predictor": "YES",
-    "blocksize": 512,
-    "overview_resampling": "average",
-}
-"""How item files are written: the sample twins' COG layout."""
 
 
 TargetGrid = LatticeGrid
@@ -417,17 +408,9 @@ class HttpSource(SourceProduct):
         data = np.empty((len(stack), *grid.shape), dtype=dtype)
         for band, (variable, values) in enumerate(zip(variables, stack, strict=True)):
             data[band] = encode(values, variable, self.spec.nodata)
-        profile = {
-            **COG_PROFILE,
-            **({"overview_resampling": "nearest"} if self.spec.categorical else {}),
-            "width": grid.width,
-            "height": grid.height,
-            "count": len(stack),
-            "dtype": dtype.name,
-            "crs": RioCRS.from_wkt(grid.crs.to_wkt()),
-            "transform": grid.transform,
-            "nodata": self.spec.nodata,
-        }
+        profile = cog_profile(
+            grid, len(stack), dtype, self.spec.nodata, categorical=self.spec.categorical
+        )
         tags = self._tags(city, year, first)
         with rasterio.open(path, "w", **profile) as dst:
             dst.write(data)
@@ -462,16 +445,7 @@ class HttpSource(SourceProduct):
         """One float32 CF variable through GDAL's netCDF driver, as the ACAG twins are written
         (``rasterio.open(path)`` then opens the variable with its CRS, transform and nodata)."""
         assert variable.output_variable is not None
-        profile = {
-            "driver": "GTiff",
-            "width": grid.width,
-            "height": grid.height,
-            "count": 1,
-            "dtype": "float32",
-            "crs": RioCRS.from_wkt(grid.crs.to_wkt()),
-            "transform": grid.transform,
-            "nodata": self.spec.nodata,
-        }
+        profile = grid_profile("GTiff", grid, 1, "float32", self.spec.nodata)
         attributes = {
             "Conventions": "CF-1.8",
             "title": self.spec.name,

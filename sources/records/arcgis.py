@@ -17,9 +17,10 @@ import pandas as pd
 import shapely
 
 from citycube.errors import SourceFetchError, SourceReadError
-from sources.downloads import TRANSIENT_STATUS, redact_url
+from sources.downloads import redact_url
 from sources.records.base import GEOMETRY, Connector, Pager
 from sources.records.spec import RecordProductSpec
+from sources.retries import TRANSIENT_STATUS
 
 WEB_MERCATOR_ALIASES = {3857, 102100, 900913}
 """Codes Esri writes for Web Mercator; an outSR of one of them accepts the others."""

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
+from citycube.items.cog import grid_profile
 from citycube.items.rasters import write_netcdf_variable
 from sources.sample.grids import (
     OnGrid,
     geographic_grid,
-    grid_profile,
     projection_fields,
     supersampled_blocks,
 )

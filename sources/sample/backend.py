@@ -21,6 +21,7 @@ from pyproj import CRS, Transformer
 
 from citycube.catalogue.cities import get_city
 from citycube.errors import SourceUnavailableError
+from citycube.items.cog import COG_MEDIA_TYPE
 from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct, SourceSet
 from citycube.items.staging import StagedFiles, install_item
 from sources.sample.acag import AcagNo2, AcagPm25
@@ -28,7 +29,7 @@ from sources.sample.copernicus_dem import CopernicusDemGlo30
 from sources.sample.ghsl import GhsBuiltV, GhsPop
 from sources.sample.glc import GlcFcs30d
 from sources.sample.globfp import GlobfpHeight
-from sources.sample.grids import COG_MEDIA_TYPE, write_cog
+from sources.sample.grids import write_cog
 from sources.sample.hilda import HildaPlus
 from sources.sample.landsat import LandsatC2L2
 from sources.sample.landsat_derived import LandsatNdvi, LandsatSurfaceTemperature

@@ -22,7 +22,8 @@ import numpy as np
 from pyproj import CRS
 
 from citycube.errors import SourceUnavailableError
-from sources.sample.grids import COG_MEDIA_TYPE, projection_fields, supersampled_blocks, write_cog
+from citycube.items.cog import COG_MEDIA_TYPE
+from sources.sample.grids import projection_fields, supersampled_blocks, write_cog
 from sources.sample.world import (
     GeneratedItem,
     NativeGrid,

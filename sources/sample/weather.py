@@ -27,10 +27,9 @@ from scipy import ndimage
 
 from citycube.catalogue.cities import get_city
 from citycube.errors import SourceUnavailableError
+from citycube.items.cog import COG_MEDIA_TYPE, cog_profile
 from sources.sample.grids import (
-    COG_MEDIA_TYPE,
     OnGrid,
-    cog_profile,
     geographic_grid,
     lattice_grid,
     projection_fields,
@@ -227,7 +226,7 @@ class ScaledCogLayer(OnGrid):
 
     def write(self, path: Path, tags: dict[str, str]) -> None:
         """Write a DEFLATE COG with scale, offset, unit and the synthetic tags; check them."""
-        profile = cog_profile(self.grid, 1, self.raw.dtype.name, self.nodata, "average")
+        profile = cog_profile(self.grid, 1, self.raw.dtype, self.nodata, categorical=False)
         with rasterio.open(path, "w", **profile) as dst:
             dst.write(self.raw, 1)
             dst.scales = (self.scale,)

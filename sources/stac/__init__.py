@@ -20,7 +20,7 @@ from sources.stac import daymet, dem, landsat
 from sources.stac.adapter import Recipe as RecipeFunction
 from sources.stac.adapter import StacSource
 from sources.stac.options import StacFamilyOptions
-from sources.stac.retrying import RetryPolicy
+from sources.stac.retrying import retry_policy
 from sources.stac.signing import HrefSigner
 from sources.stac.spec import Recipe, load_stac_catalogue, read_stac_catalogue
 
@@ -47,7 +47,7 @@ def stac_adapters(options: Mapping[str, Any]) -> list[StacSource]:
         load_stac_catalogue() if settings.spec is None else read_stac_catalogue(settings.spec)
     )
     wanted = settings.products or [p.product for p in catalogue.products]
-    policy = RetryPolicy.from_options(settings)
+    policy = retry_policy(settings)
     signers: dict[object, HrefSigner] = {}
     adapters = []
     for product_id in wanted:

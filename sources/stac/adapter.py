@@ -47,7 +47,7 @@ from sources.stac.reading import (
     read_band_blocks,
 )
 from sources.stac.records import SearchRecords, search_key
-from sources.stac.retrying import RetryPolicy, TransientError
+from sources.stac.retrying import RetryPolicy, TransientError, retry_policy
 from sources.stac.search import SearchRequest, get_collection, search_items
 from sources.stac.signing import HrefSigner
 from sources.stac.spec import Signing, StacProductSpec
@@ -305,7 +305,7 @@ class StacSource(SourceProduct):
         self.options = options
         self.recipe = recipe
         self.signer = signer
-        self.policy = RetryPolicy.from_options(options)
+        self.policy = retry_policy(options)
         prefix = "pc" if spec.signing is Signing.PLANETARY_COMPUTER else "stac"
         self.info = SourceInfo(
             product_id=spec.product,

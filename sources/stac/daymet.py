@@ -41,7 +41,7 @@ from citycube.catalogue.products import load_products
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
 from citycube.items.protocol import MISSING_ROLES_KEY
 from citycube.items.staging import StagedFiles
-from sources.downloads import parse_retry_after
+from sources.retries import parse_retry_after
 from sources.stac.adapter import FetchContext
 from sources.stac.grids import TargetGrid, city_crs, city_window
 from sources.stac.retrying import TransientError, is_transient_status
@@ -109,7 +109,7 @@ def open_store(
     it is.
     """
     root, _, query = signed_root.partition("?")
-    fs: HTTPFileSystem | None = None
+    sessions: list[aiohttp.ClientSession] = []
     caching: CachingStore | None = None
     store: Store
     if root.startswith(("http://", "https://")):
@@ -117,9 +117,17 @@ def open_store(
         options: dict[str, object] = {}
         if query:
             options["params"] = dict(parse_qsl(query, keep_blank_values=True))
+
+        async def get_client(**kwargs: object) -> aiohttp.ClientSession:
+            """fsspec's own client maker, keeping the session so that it can be closed."""
+            session = aiohttp.ClientSession(**kwargs)  # type: ignore[arg-type]
+            sessions.append(session)
+            return session
+
         fs = HTTPFileSystem(
             asynchronous=True,
             skip_instance_cache=True,
+            get_client=get_client,
             client_kwargs={
                 "timeout": aiohttp.ClientTimeout(
                     total=None, sock_connect=connect_s, sock_read=read_s
@@ -154,18 +162,18 @@ def open_store(
             caching.discard_read_chunks()  # never replay bytes that did not decode
         raise
     finally:
-        if fs is not None:
-            _close_session(fs)
+        _close_sessions(sessions)
 
 
-def _close_session(fs: HTTPFileSystem) -> None:
-    """Close the filesystem's aiohttp session on zarr's event loop (no unclosed-session noise)."""
-    session = getattr(fs, "_session", None)
-    if session is None or session.closed:
+def _close_sessions(sessions: list[aiohttp.ClientSession]) -> None:
+    """Close the filesystem's aiohttp sessions on zarr's event loop (no unclosed-session noise)."""
+    open_sessions = [session for session in sessions if not session.closed]
+    if not open_sessions:
         return
     from zarr.core.sync import sync
 
-    sync(session.close())
+    for session in open_sessions:
+        sync(session.close())
 
 
 def store_crs(dataset: xr.Dataset, spec: ZarrSpec) -> CRS:

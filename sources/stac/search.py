@@ -14,7 +14,7 @@ from pystac_client.exceptions import APIError
 from pystac_client.stac_api_io import StacApiIO
 
 from citycube.errors import SourceFetchError
-from sources.downloads import parse_retry_after
+from sources.retries import parse_retry_after
 from sources.stac.retrying import RetryPolicy, TransientError, is_transient_status
 
 

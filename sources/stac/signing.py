@@ -25,7 +25,7 @@ from planetary_computer.settings import Settings
 from planetary_computer.utils import parse_blob_url
 
 from citycube.errors import OfflineRecordError, SourceFetchError
-from sources.downloads import parse_retry_after
+from sources.retries import parse_retry_after
 from sources.stac.redaction import without_url_queries
 from sources.stac.retrying import (
     RetryPolicy,

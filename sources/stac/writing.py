@@ -13,14 +13,18 @@ from typing import Any
 
 import numpy as np
 import rasterio
-from rasterio.crs import CRS as RioCRS
 from rasterio.shutil import copy as rio_copy
 from rasterio.windows import Window
 
+from citycube.items.cog import (
+    COG_MEDIA_TYPE,
+    cog_options,
+    cog_profile,
+    grid_profile,
+    staging_options,
+)
 from sources.stac.grids import TargetGrid
 
-COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
-"""STAC media type of the COGs written."""
 PROVENANCE_FILE = "item.json"
 """The item's STAC Item: source scenes, composite rule, files."""
 
@@ -53,29 +57,6 @@ class Layer(LayerFile):
     """(bands, rows, cols) in the file's type."""
 
 
-def _cog_options(layer: LayerFile) -> dict[str, Any]:
-    """Creation options of every COG written: DEFLATE, 512-px tiles, overviews."""
-    return {
-        "compress": "DEFLATE",
-        "level": 6,
-        "predictor": "YES",
-        "blocksize": 512,
-        "overview_resampling": "nearest" if layer.categorical else "average",
-    }
-
-
-def _base_profile(layer: LayerFile, grid: TargetGrid, count: int, dtype: np.dtype) -> dict:
-    return {
-        "width": grid.width,
-        "height": grid.height,
-        "count": count,
-        "dtype": np.dtype(dtype).name,
-        "crs": RioCRS.from_wkt(grid.crs.to_wkt()),
-        "transform": grid.transform,
-        "nodata": layer.nodata,
-    }
-
-
 def _describe(dst: Any, layer: LayerFile, tags: Mapping[str, str]) -> None:
     """Tags, band descriptions and units, as the sample twin writes them."""
     dst.update_tags(**tags, CITYCUBE_UNITS=layer.units)
@@ -86,8 +67,10 @@ def _describe(dst: Any, layer: LayerFile, tags: Mapping[str, str]) -> None:
 
 def write_cog(path: Path, layer: Layer, grid: TargetGrid, tags: Mapping[str, str]) -> None:
     """A DEFLATE COG with band descriptions and units, as the sample twin writes."""
-    profile = _base_profile(layer, grid, layer.data.shape[0], layer.data.dtype)
-    with rasterio.open(path, "w", driver="COG", **profile, **_cog_options(layer)) as dst:
+    profile = cog_profile(
+        grid, layer.data.shape[0], layer.data.dtype, layer.nodata, categorical=layer.categorical
+    )
+    with rasterio.open(path, "w", **profile) as dst:
         dst.write(layer.data)
         _describe(dst, layer, tags)
 
@@ -127,17 +110,10 @@ class CogBlocks:
 
     def _write(self, window: Window, values: np.ndarray) -> None:
         if self._dst is None:
-            profile = _base_profile(self.layer, self.grid, values.shape[0], values.dtype)
-            self._dst = rasterio.open(
-                self._blocks,
-                "w",
-                driver="GTiff",
-                tiled=True,
-                blockxsize=512,
-                blockysize=512,
-                bigtiff="IF_SAFER",
-                **profile,
+            profile = grid_profile(
+                "GTiff", self.grid, values.shape[0], values.dtype, self.layer.nodata
             )
+            self._dst = rasterio.open(self._blocks, "w", **{**profile, **staging_options()})
         self._dst.write(values, window=window)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -153,7 +129,7 @@ class CogBlocks:
                 _describe(self._dst, self.layer, self.tags)
                 self._dst.close()
                 self._dst = None
-                rio_copy(self._blocks, self.path, driver="COG", **_cog_options(self.layer))
+                rio_copy(self._blocks, self.path, **cog_options(categorical=self.layer.categorical))
         finally:
             if self._dst is not None:
                 self._dst.close()

@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from zarr.abc.buffer import Buffer
+from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, Store
-from zarr.core.buffer import BufferPrototype
 from zarr.storage import WrapperStore
 
 from sources.stac import cachefiles
