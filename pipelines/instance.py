@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 POSTGRES_URL_ENV = "CITYCUBE_POSTGRES_URL"
 """Set to a PostgreSQL URL, a new ``DAGSTER_HOME`` keeps its runs and events in that database."""
+DRIVER = "postgresql+psycopg2"
+"""The URL scheme dagster-postgres works with: SQLAlchemy 2.1 reads a bare ``postgresql://`` as
+psycopg 3, whose server-side parameters Dagster's ``NOTIFY`` statement cannot take."""
 MAX_CONCURRENT_RUNS = 8
 """Runs the queued run coordinator lets execute at once; the work itself is bounded by the
 dask workers, so this only bounds how many runs wait on them."""
@@ -67,11 +70,6 @@ run_coordinator:
     max_user_code_failure_retries: 3
     user_code_failure_retry_delay: 5
 """
-
-
-DRIVER = "postgresql+psycopg2"
-"""The URL scheme dagster-postgres works with: SQLAlchemy 2.1 reads a bare ``postgresql://`` as
-psycopg 3, whose server-side parameters Dagster's ``NOTIFY`` statement cannot take."""
 
 
 def postgres_url() -> str:
