@@ -17,7 +17,7 @@ DEFAULT_YEARS = (2020, 2024, 2025)
 
 
 def _parse_cities(text: str) -> list[str]:
-    from citycube.cities import get_city, load_cities
+    from citycube.catalogue.cities import get_city, load_cities
 
     text = text.strip()
     if not text:
@@ -34,7 +34,7 @@ def _parse_cities(text: str) -> list[str]:
 
 
 def _parse_years(text: str) -> list[int]:
-    from citycube.temporal import parse_years
+    from citycube.catalogue.temporal import parse_years
 
     text = text.strip()
     if not text:
@@ -51,7 +51,7 @@ def _parse_years(text: str) -> list[int]:
 
 def _release_arg(text: str) -> str:
     """argparse type of --release: a safe release id, checked before anything is written."""
-    from citycube.cube import validate_release_version
+    from citycube.cube.release import validate_release_version
     from citycube.errors import InvalidNameError
 
     try:
@@ -172,8 +172,8 @@ def summary_text(duckdb_file: Path) -> str:
 
 def build(args: argparse.Namespace) -> int:
     """Build the selected cities and years as a Dagster asset backfill (see pipelines.build)."""
-    from citycube.cube import Release
-    from citycube.releases import ensure_writable
+    from citycube.cube.release import Release
+    from citycube.cube.releases import ensure_writable
     from pipelines.build import BuildRequest, build_locks, run_build, selected_asset_keys
 
     cities = _parse_cities(args.cities)
@@ -212,8 +212,8 @@ def _source_set_label() -> str:
 
 def views(args: argparse.Namespace) -> int:
     """Rebuild cube.duckdb for a release (e.g. after moving it)."""
-    from citycube.catalogue import load_catalogue
-    from citycube.cube import Release, build_duckdb, published_snapshot, release_metadata
+    from citycube.catalogue.modalities import load_catalogue
+    from citycube.cube.release import Release, build_duckdb, published_snapshot, release_metadata
 
     release = Release(Path(args.data).resolve(), args.release)
     if not release.root.exists():
@@ -230,16 +230,16 @@ def views(args: argparse.Namespace) -> int:
 
 def evaluate(args: argparse.Namespace) -> int:
     """Score a reference predictor on a split of the translation instances."""
-    from citycube.catalogue import load_catalogue
-    from citycube.cube import Release
-    from citycube.evaluate import (
+    from citycube.catalogue.modalities import load_catalogue
+    from citycube.cube.release import Release
+    from citycube.tasks.evaluate import (
         NearestTilePredictor,
         score,
         score_matrix_markdown,
         write_scores,
     )
-    from citycube.pairs import modality_order
-    from citycube.translation import BenchmarkFiles
+    from citycube.tasks.pairs import modality_order
+    from citycube.tasks.translation import BenchmarkFiles
 
     release = Release(Path(args.data).resolve(), args.release)
     if not BenchmarkFiles.published(release).instances.exists():
@@ -306,9 +306,9 @@ def read_predictions(path: Path) -> dict[str, tuple[list[str], list[float]]]:
 
 def forecast_score(args: argparse.Namespace) -> int:
     """Score forecasts (and the two baselines) on the release's forecasting cases."""
-    from citycube.cube import Release
+    from citycube.cube.release import Release
     from citycube.errors import CityCubeError
-    from citycube.forecast import (
+    from citycube.tasks.forecast import (
         ForecastFiles,
         resolve_predictions,
         score_release,
@@ -356,7 +356,7 @@ def forecast_score(args: argparse.Namespace) -> int:
 
 def summary(args: argparse.Namespace) -> int:
     """Print the DuckDB summary of a release."""
-    from citycube.cube import Release
+    from citycube.cube.release import Release
 
     release = Release(Path(args.data).resolve(), args.release)
     if not release.duckdb_file.exists():
@@ -368,9 +368,9 @@ def summary(args: argparse.Namespace) -> int:
 
 def verify(args: argparse.Namespace) -> int:
     """Recompute every file's SHA-256 and compare with the release's manifest."""
-    from citycube.cube import Release
-    from citycube.manifest import verify_release
-    from citycube.releases import manifest_pinned
+    from citycube.cube.release import Release
+    from citycube.cube.manifest import verify_release
+    from citycube.cube.releases import manifest_pinned
 
     release = Release(Path(args.data).resolve(), args.release)
     result = verify_release(release)
@@ -396,7 +396,7 @@ def verify(args: argparse.Namespace) -> int:
 
 def releases(args: argparse.Namespace) -> int:
     """List the releases under the data root, or show how to query one (``--open``)."""
-    from citycube.releases import list_releases, open_release, query_help, releases_text
+    from citycube.cube.releases import list_releases, open_release, query_help, releases_text
 
     data_root = Path(args.data).resolve()
     if args.open:
@@ -415,7 +415,7 @@ def releases(args: argparse.Namespace) -> int:
 
 def freeze(args: argparse.Namespace) -> int:
     """Make a release final: checked against its manifest, then never rebuilt in place."""
-    from citycube.releases import freeze_release, open_release
+    from citycube.cube.releases import freeze_release, open_release
 
     release = open_release(Path(args.data).resolve(), args.release)
     record = freeze_release(release)
@@ -430,7 +430,7 @@ def gc(args: argparse.Namespace) -> int:
     """Delete unreferenced icechunk chunks and unpublished table snapshots of a release."""
     from datetime import UTC, datetime, timedelta
 
-    from citycube.releases import collect_garbage, open_release
+    from citycube.cube.releases import collect_garbage, open_release
 
     release = open_release(Path(args.data).resolve(), args.release)
     cutoff = datetime.now(UTC) - timedelta(minutes=args.older_than)
@@ -458,7 +458,7 @@ def prune_cache(args: argparse.Namespace) -> int:
 
 def diff(args: argparse.Namespace) -> int:
     """Compare two releases' published observations; exit 0 when identical, 1 when not."""
-    from citycube.diff import diff_releases, diff_text
+    from citycube.cube.diff import diff_releases, diff_text
 
     result = diff_releases(Path(args.data).resolve(), args.a, args.b)
     if args.json:
@@ -470,9 +470,9 @@ def diff(args: argparse.Namespace) -> int:
 
 def card(args: argparse.Namespace) -> int:
     """(Re)write a release's dataset card, or validate it (``--validate``)."""
-    from citycube.card import validate_card, write_card
-    from citycube.catalogue import load_catalogue
-    from citycube.releases import ensure_writable, open_release
+    from citycube.reports.card import validate_card, write_card
+    from citycube.catalogue.modalities import load_catalogue
+    from citycube.cube.releases import ensure_writable, open_release
 
     release = open_release(Path(args.data).resolve(), args.release)
     if args.validate:
@@ -497,9 +497,9 @@ def render(args: argparse.Namespace) -> int:
     """Write one tile's chip, or a categorical legend, as a PNG with fixed colours."""
     import numpy as np
 
-    from citycube.catalogue import load_catalogue
-    from citycube.cube import Release
-    from citycube.render import legend_image, legend_key, render_tile, write_png
+    from citycube.catalogue.modalities import load_catalogue
+    from citycube.cube.release import Release
+    from citycube.reports.render import legend_image, legend_key, render_tile, write_png
 
     release = Release(Path(args.data).resolve(), args.release)
     catalogue = load_catalogue()
@@ -524,11 +524,11 @@ def render(args: argparse.Namespace) -> int:
 
 def report(args: argparse.Namespace) -> int:
     """(Re)write a release's availability and paper-vs-release reports; print the first."""
-    from citycube.catalogue import load_catalogue
-    from citycube.cube import Release
-    from citycube.paper import write_paper_comparison
-    from citycube.releases import ensure_writable
-    from citycube.report import write_report
+    from citycube.catalogue.modalities import load_catalogue
+    from citycube.cube.release import Release
+    from citycube.reports.paper import write_paper_comparison
+    from citycube.cube.releases import ensure_writable
+    from citycube.reports.availability import write_report
 
     release = ensure_writable(Release(Path(args.data).resolve(), args.release))
     catalogue = load_catalogue()

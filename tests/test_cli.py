@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from citycube.cube import Release
+from citycube.cube.release import Release
 from citycube.errors import InvalidNameError
 from pipelines.build import BuildReport, BuildRequest, StopFlags, _conclude, root_cause
 from pipelines.cli import main
@@ -54,8 +54,8 @@ def test_views_keeps_recorded_release_metadata(tmp_path: Path) -> None:
 
     import duckdb
 
-    from citycube.catalogue import load_catalogue
-    from citycube.cube import Release, build_duckdb, release_metadata, write_tiles
+    from citycube.catalogue.modalities import load_catalogue
+    from citycube.cube.release import Release, build_duckdb, release_metadata, write_tiles
 
     release = Release(tmp_path, "moved")
     write_tiles(release)

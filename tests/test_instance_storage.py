@@ -131,7 +131,7 @@ def test_a_city_year_builds_with_runs_and_events_in_postgresql(tmp_path: Path) -
     the runs and their events are rows in PostgreSQL, and the release holds the city-year."""
     import psycopg2
 
-    from citycube.cube import Release
+    from citycube.cube.release import Release
     from tests.postgres_server import postgres_server
 
     home, data = tmp_path / "dagster_home", tmp_path / "data"
