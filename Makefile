@@ -16,10 +16,14 @@ TEST_WORKERS ?= 2
 
 install: $(STAMP)
 
+# dagster-postgres (PostgreSQL instance storage) has no release for dagster 1.13.28: its 0.29.27
+# asks for dagster 1.13.27 exactly, so it is added without its requirements (constraints.txt
+# pins it); its driver, psycopg2-binary, is a dependency in pyproject.toml.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt dagster-postgres
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -34,8 +38,7 @@ test: install
 ## Serve the Dagster UI and daemon offline (http://127.0.0.1:3000); runs use WORKERS dask workers.
 dev: install
 	$(BIN)/python -m pipelines.cli dagster-home
-	CITYCUBE_WORKERS=$(WORKERS) DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=true DAGSTER_EVENT_BATCH_SIZE=1000 \
-		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	CITYCUBE_WORKERS=$(WORKERS) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 lint: install
 	$(BIN)/ruff check .

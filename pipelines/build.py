@@ -61,102 +61,11 @@ FIRST_PRIORITY = "1"
 year: static and epoch products, which the city-years' later runs read."""
 DAEMON_FRESH_S = 60.0
 """A daemon heartbeat younger than this means a daemon serves the instance."""
-MAX_CONCURRENT_RUNS = 8
-"""Runs the queued run coordinator lets execute at once; the work itself is bounded by the
-dask workers, so this only bounds how many runs wait on them."""
 FORCED_STOP_GRACE_S = 20.0
 """After a forced stop, seconds to wait for runs to report their end before marking them."""
 EXIT_STOPPED = 130
 UNPRINTED_EVENTS = ("ASSET_MATERIALIZATION", "ASSET_MATERIALIZATION_PLANNED", "ASSET_OBSERVATION")
 """Event types the progress printer has no line for: a build writes tens of thousands."""
-EVENT_BATCH_SIZE = 1000
-"""Asset events a step hands to the event log at once (Dagster's ``DAGSTER_EVENT_BATCH_SIZE``),
-written in one transaction by pipelines/event_storage.py."""
-DAGSTER_SETTINGS = {
-    "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true",
-    "DAGSTER_EVENT_BATCH_SIZE": str(EVENT_BATCH_SIZE),
-}
-"""Environment for every Dagster process of a build (and of `make dev`): a run of a single-run
-backfill plans one event per asset with its partition range, not one per partition — for the
-whole calendar that is some 20,000 fewer SQLite writes before the runs even start — and hands
-a step's materialisations to the event log in batches (see pipelines/event_storage.py)."""
-
-DAGSTER_YAML = """\
-# Written by `citycube dagster-home`; edit freely, it is not overwritten.
-telemetry:
-  enabled: false
-# One SQLite event log for all runs instead of one file per run plus an index: a build writes
-# tens of thousands of materialisations. Dagster's consolidated SQLite event log, with one
-# engine per process and a step's materialisations written in batches
-# (pipelines/event_storage.py); `citycube build` also keeps the file open (sqlite_kept_open in
-# pipelines/build.py) so that a write costs a commit, not a checkpoint.
-event_log_storage:
-  module: pipelines.event_storage
-  class: BatchedSqliteEventLogStorage
-  config:
-    base_dir: {history}
-run_coordinator:
-  module: dagster.core.run_coordinator
-  class: QueuedRunCoordinator
-  config:
-    max_concurrent_runs: {max_runs}
-    dequeue_interval_seconds: 1
-    dequeue_use_threads: true
-    dequeue_num_workers: {max_runs}
-    # On a loaded machine the code server can take over 60 s to answer a launch request; the
-    # queue then puts the run back and retries it instead of failing the build.
-    max_user_code_failure_retries: 3
-    user_code_failure_retry_delay: 5
-"""
-
-
-def ensure_dagster_home(home: Path) -> Path:
-    """Create DAGSTER_HOME and its storage once, before any process works in parallel.
-
-    Two processes creating a fresh SQLite instance at the same moment can both run its schema
-    migrations and break it for good, so the storage is created here, by one process, and
-    everything started later only opens it.
-    """
-    import dagster as dg
-    from dagster._core.instance.ref import InstanceRef
-
-    home = home.resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    config = home / "dagster.yaml"
-    if not config.exists():
-        text = DAGSTER_YAML.format(
-            history=json.dumps(str(home / "history")), max_runs=MAX_CONCURRENT_RUNS
-        )
-        config.write_text(text, encoding="utf-8")
-    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))):  # creates the storage
-        pass
-    return home
-
-
-@contextlib.contextmanager
-def sqlite_kept_open(home: Path) -> Iterator[int]:
-    """Hold one idle connection to each SQLite database of the instance while a build runs.
-
-    Dagster's SQLite storages open and close a connection for every read and write. When the
-    connection closing is a database's last one, SQLite folds the write-ahead log back into the
-    database and deletes it, a few fsyncs each time; with the runs writing thousands of
-    materialisations at once that made each event cost 25–30 ms. While another connection stays
-    open no close is the last, the log is folded back every 1000 pages as usual, and an event
-    costs about 6 ms (`benchmarks/README.md`, orchestration). Yields how many are held.
-    """
-    import sqlite3
-
-    connections = []
-    try:
-        for path in sorted((home / "history").rglob("*.db")):
-            with contextlib.suppress(sqlite3.Error):
-                connection = sqlite3.connect(path, timeout=30, check_same_thread=False)
-                connection.execute("SELECT count(*) FROM sqlite_master").fetchall()
-                connections.append(connection)
-        yield len(connections)
-    finally:
-        for connection in connections:
-            connection.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -784,6 +693,7 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     """The driver's work: cluster, backfill, progress, summary; the command's exit code."""
     import dagster as dg
 
+    from pipelines.instance import sqlite_kept_open
     from pipelines.lifetime import mark_build_process
     from pipelines.resources import SCHEDULER_ENV, WORKERS_ENV
 
@@ -791,7 +701,6 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     stop.install()
     _stop_with_parent()
     mark_build_process()  # the cluster, the code server and the runs end with this process
-    os.environ.update(DAGSTER_SETTINGS)
     started = time.monotonic()
     build_id = f"{os.getpid()}-{time.time_ns()}"
     instance = dg.DagsterInstance.get()

@@ -126,7 +126,7 @@ def writable_directory(path: Path, what: str) -> Path:
 def _env_defaults(args: argparse.Namespace) -> None:
     """Point this process (and every process it starts) at the data root, release and
     DAGSTER_HOME, creating the Dagster instance's storage once, up front."""
-    from pipelines.build import ensure_dagster_home
+    from pipelines.instance import ensure_dagster_home
 
     data = writable_directory(Path(args.data).resolve(), "the data root (CITYCUBE_DATA)")
     os.environ["CITYCUBE_DATA"] = str(data)
@@ -460,7 +460,7 @@ def card(args: argparse.Namespace) -> int:
 
 def dagster_home(args: argparse.Namespace) -> int:
     """Create DAGSTER_HOME and its storage, telemetry off (``make dev`` runs this first)."""
-    from pipelines.build import ensure_dagster_home
+    from pipelines.instance import ensure_dagster_home
 
     print(ensure_dagster_home(Path(os.environ.get("DAGSTER_HOME", ".dagster_home"))))
     return 0

@@ -14,8 +14,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from pipelines.build import BUILD_TAG, DRIVER_TAG, close_abandoned_builds, ensure_dagster_home
+from pipelines.build import BUILD_TAG, DRIVER_TAG, close_abandoned_builds
 from pipelines.cli import main
+from pipelines.instance import ensure_dagster_home
 from pipelines.lifetime import BUILD_PROCESS_ENV, LOCK_FILE, exclusive, process_identity
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -87,7 +87,7 @@ def test_processes_opening_a_prepared_dagster_home_at_once_never_break_it(tmp_pa
     build creates it once, before anything runs in parallel."""
     import multiprocessing
 
-    from pipelines.build import ensure_dagster_home
+    from pipelines.instance import ensure_dagster_home
 
     spawn = multiprocessing.get_context("spawn")
     for trial in range(2):
@@ -104,32 +104,29 @@ def test_processes_opening_a_prepared_dagster_home_at_once_never_break_it(tmp_pa
         assert "QueuedRunCoordinator" in (home / "dagster.yaml").read_text(encoding="utf-8")
 
 
-def test_a_build_keeps_the_instance_databases_open_and_events_in_one_log(tmp_path: Path) -> None:
-    """One SQLite event log for every run, held open by the build so that the runs' writes do
-    not each fold the write-ahead log back into the database."""
+def test_a_build_keeps_the_instance_databases_open(tmp_path: Path) -> None:
+    """Dagster's SQLite storage, whose databases the build holds open so that the runs' writes
+    do not each fold the write-ahead log back into the database."""
     import sqlite3
 
-    import dagster as dg
-    from dagster._core.instance.ref import InstanceRef
-
-    from pipelines.build import ensure_dagster_home, sqlite_kept_open
+    from pipelines.instance import ensure_dagster_home, open_instance, sqlite_kept_open
 
     home = ensure_dagster_home(tmp_path / "home")
-    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
-        assert type(instance.event_log_storage).__name__ == "BatchedSqliteEventLogStorage"
-    event_log = home / "history" / "event_log.db"
+    with open_instance(home) as instance:
+        assert type(instance.event_log_storage).__name__ == "SqliteEventLogStorage"
+    index = home / "history" / "runs" / "index.db"  # every run's asset events are indexed here
     with sqlite_kept_open(home) as held:
-        assert held == 2  # the event log and the run storage
-        writer = sqlite3.connect(event_log)
+        assert held == 2  # the run storage and the event index
+        writer = sqlite3.connect(index)
         writer.execute("CREATE TABLE probe (x)")
         writer.commit()
         writer.close()  # not the last connection: the log stays, nothing is folded back
-        assert (home / "history" / "event_log.db-wal").exists()
-    writer = sqlite3.connect(event_log)
+        assert index.with_name("index.db-wal").exists()
+    writer = sqlite3.connect(index)
     writer.execute("INSERT INTO probe VALUES (1)")
     writer.commit()
     writer.close()  # the last one: SQLite folds the log back and removes it
-    assert not (home / "history" / "event_log.db-wal").exists()
+    assert not index.with_name("index.db-wal").exists()
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,94 @@
+"""A real PostgreSQL server for tests: PostgreSQL 16 from the ``pgserver`` wheel (the ``dev``
+extra), in a new temporary folder, listening on 127.0.0.1 only.
+
+Only the server programs the wheel ships are used (``initdb``, ``pg_ctl``, ``postgres``); the
+package's Python side is not imported. PostgreSQL refuses to run as root, so as root the server
+runs as ``nobody``, from a copy of the programs in the temporary folder (the virtual
+environment may lie under a folder that ``nobody`` cannot enter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+UNPRIVILEGED_USER = "nobody"
+
+
+def server_programs() -> Path:
+    """The folder of the wheel's PostgreSQL installation (bin/, lib/, share/)."""
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("pgserver is not installed: run `make install`")
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def postgres_server(database: str = "citycube") -> Iterator[str]:
+    """Start a server with a new empty ``database``; yield its URL; stop it and remove its
+    folder on exit."""
+    import psycopg2
+
+    folder = Path(tempfile.mkdtemp(prefix="citycube-pg-"))
+    programs = server_programs()
+    run_as: dict[str, int] = {}
+    if os.geteuid() == 0:
+        account = pwd.getpwnam(UNPRIVILEGED_USER)
+        run_as = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+        # The programs find their libraries at ../../../pgserver.libs: the same layout.
+        site = programs.parent.parent
+        for part in ("bin", "lib", "share"):
+            copied = f"pgserver/pginstall/{part}"
+            shutil.copytree(site / copied, folder / "pg" / copied, symlinks=True)
+        shutil.copytree(site / "pgserver.libs", folder / "pg" / "pgserver.libs", symlinks=True)
+        programs = folder / "pg" / "pgserver" / "pginstall"
+        folder.chmod(0o755)
+        os.chown(folder, account.pw_uid, account.pw_gid)
+    data, log = folder / "data", folder / "server.log"
+    pg_ctl = str(programs / "bin" / "pg_ctl")
+    port = _free_port()
+
+    def run(*command: str) -> None:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=120, check=False, **run_as
+        )
+        if done.returncode != 0:
+            server_log = log.read_text(errors="replace") if log.exists() else ""
+            raise RuntimeError(
+                f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}\n"
+                f"{server_log}"
+            )
+
+    try:
+        run(
+            str(programs / "bin" / "initdb"),
+            *("-D", str(data), "-U", "postgres", "--auth=trust", "--encoding=UTF8"),
+            *("--locale=C", "--no-instructions"),
+        )
+        options = f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories=''"
+        run(pg_ctl, "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start")
+        try:
+            admin = psycopg2.connect(host="127.0.0.1", port=port, user="postgres")
+            admin.autocommit = True
+            with admin.cursor() as cursor:
+                cursor.execute(f'CREATE DATABASE "{database}"')
+            admin.close()
+            yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/{database}"
+        finally:
+            run(pg_ctl, "-D", str(data), "-m", "fast", "-w", "-t", "60", "stop")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
