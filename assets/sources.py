@@ -9,7 +9,6 @@ import hashlib
 from collections.abc import Iterator
 
 import dagster as dg
-from dagster._core.errors import DagsterExecutionInterruptedError
 
 from assets.common import (
     SINGLE_RUN,
@@ -100,7 +99,7 @@ def build_sources_asset(
     ) -> Iterator[dg.MaterializeResult]:
         try:
             yield from _fetch(context, cube, compute)
-        except (DagsterExecutionInterruptedError, KeyboardInterrupt) as stopped:
+        except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt) as stopped:
             # Dagster's retry policy retries an interrupted step too, and a build's runs are
             # interrupted only when Dagster terminates them (a stop request): retried, the step
             # would fetch on and its run go on to process, as if no one had asked it to stop.
