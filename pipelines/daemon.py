@@ -40,6 +40,9 @@ RESTART_S = 4.0
 """A wanted look due sooner than this is waited for; later, the daemon is restarted."""
 STOP_WAIT_S = 60.0
 """Longest wait for a stopped process to end (the daemon ends its look in progress first)."""
+CLOSE_WAIT_S = 5.0
+"""At a build's end, seconds its Dagster processes get to end before they are killed (a code
+server waits for its open requests, a daemon for its threads: 10–15 s on a loaded machine)."""
 SERVER_START_S = 600.0
 """Longest wait for the code server and the webserver to answer (a loaded machine is slow)."""
 OWN_DAEMONS_FILE = ".citycube-daemons"
@@ -172,10 +175,11 @@ class BuildServices:
             self.daemon = None
 
     def close(self) -> None:
-        """Stop the daemon, the webserver and the code server (together: each takes a while)."""
+        """Stop the daemon, the webserver and the code server, together; SIGKILL for those
+        not ended after CLOSE_WAIT_S (the build has ended: nothing of theirs is in flight)."""
         processes = [p for p in (self.daemon, self.webserver, self.code_server) if p is not None]
         self.daemon = self.webserver = self.code_server = None
-        _stop(*processes)
+        _stop(*processes, wait=CLOSE_WAIT_S)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> BuildServices:
@@ -185,13 +189,13 @@ class BuildServices:
         self.close()
 
 
-def _stop(*processes: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, and SIGKILL to those that have not ended after STOP_WAIT_S."""
+def _stop(*processes: subprocess.Popen[bytes], wait: float = STOP_WAIT_S) -> None:
+    """SIGTERM, and SIGKILL to those that have not ended after ``wait`` seconds."""
     for process in processes:
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_WAIT_S
+    deadline = time.monotonic() + wait
     for process in processes:
         try:
             process.wait(max(0.0, deadline - time.monotonic()))

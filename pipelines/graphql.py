@@ -120,7 +120,8 @@ def dagster_graphql_command() -> str:
 @dataclass(frozen=True)
 class DagsterGraphQL:
     """Runs GraphQL documents against a ``dagster-webserver`` at ``url`` (its ``/graphql``), or
-    else against ``workspace`` with the ``dagster-graphql`` command."""
+    else against ``workspace`` with the ``dagster-graphql`` command (no workspace: an empty
+    one, enough for requests about backfills and runs that need no code)."""
 
     workspace: Path | None = None
     url: str = ""
@@ -147,11 +148,10 @@ class DagsterGraphQL:
         return response.json()
 
     def _cli(self, document: str, variables: Mapping[str, Any] | None) -> dict:
-        if self.workspace is None:
-            raise GraphQLError("no dagster-webserver and no workspace to ask")
+        where = ["-w", str(self.workspace)] if self.workspace else ["--empty-workspace"]
         with tempfile.TemporaryDirectory(prefix="citycube-graphql-") as folder:
             output = Path(folder) / "answer.json"
-            command = [dagster_graphql_command(), "-w", str(self.workspace), "-t", document]
+            command = [dagster_graphql_command(), *where, "-t", document]
             command += ["-v", json.dumps(dict(variables or {})), "-o", str(output)]
             done = subprocess.run(
                 command,

@@ -81,3 +81,63 @@ def test_layering_check_catches_every_import_form() -> None:
     )
     found = [n.split(".")[0] for n in _imported_modules(ast.parse(source))]
     assert found == ["dagster", "dagster", "dagster", "sources", "pipelines", "assets"]
+
+
+PRIVATE_DAGSTER_ALLOWED = {
+    # Moved to pipelines/instance.py, and pipelines/event_storage.py removed, by the
+    # PostgreSQL instance-storage work: their replacement is that work's.
+    ("pipelines/build.py", "dagster._core.instance.ref"),
+    ("pipelines/event_storage.py", "*"),
+}
+"""(file, module) pairs still allowed to import a private Dagster module ("*": any)."""
+
+
+def _private_dagster(names: list[str]) -> list[str]:
+    """The names of Dagster's private modules (a part after the package starting with "_")."""
+    return [
+        name
+        for name in names
+        if name.split(".")[0].startswith("dagster")
+        and any(part.startswith("_") for part in name.split(".")[1:])
+    ]
+
+
+def test_no_module_outside_the_tests_imports_dagster_private_modules() -> None:
+    root = Path(importlib.import_module("pipelines").__file__).parent.parent
+    offenders = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            relative = path.relative_to(root).as_posix()
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=relative)
+            bad = [
+                name
+                for name in _private_dagster(_imported_modules(tree))
+                if (relative, name) not in PRIVATE_DAGSTER_ALLOWED
+                and (relative, "*") not in PRIVATE_DAGSTER_ALLOWED
+            ]
+            if bad:
+                offenders[relative] = bad
+    assert offenders == {}
+
+
+def test_private_dagster_check_catches_every_import_form() -> None:
+    source = (
+        "import dagster._core.errors\n"
+        "from dagster._core.execution.backfill import PartitionBackfill\n"
+        "from dagster_graphql._internal import x\n"
+        "def f():\n"
+        "    from dagster._daemon.backfill import execute_backfill_iteration\n"
+        "    importlib.import_module('dagster._core.storage.tags')\n"
+        "import dagster\n"
+        "from dagster import DagsterInstance\n"
+        "from dagster_graphql import DagsterGraphQLClient\n"
+        "from pipelines._x import y\n"
+    )
+    found = _private_dagster(_imported_modules(ast.parse(source)))
+    assert found == [
+        "dagster._core.errors",
+        "dagster._core.execution.backfill",
+        "dagster_graphql._internal",
+        "dagster._daemon.backfill",
+        "dagster._core.storage.tags",
+    ]
