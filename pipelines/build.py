@@ -440,9 +440,9 @@ def _year_span(years: Sequence[int]) -> str:
 
 
 def daemon_serves(instance: Any, home: Path | None = None) -> bool:
-    """True when a Dagster daemon with a backfill loop heartbeats for this instance (not one
-    that a build ran: those are recorded in DAGSTER_HOME, see pipelines/daemon.py)."""
-    from pipelines.daemon import own_daemon_ids
+    """True when a Dagster daemon with a backfill loop heartbeats for this instance and runs
+    (not one that a build ran: those are recorded in DAGSTER_HOME, see pipelines/daemon.py)."""
+    from pipelines.daemon import daemon_process_running, own_daemon_ids
 
     try:
         heartbeats = instance.get_daemon_heartbeats()
@@ -451,7 +451,9 @@ def daemon_serves(instance: Any, home: Path | None = None) -> bool:
     beat = heartbeats.get("BACKFILL")
     if beat is None or time.time() - beat.timestamp >= DAEMON_FRESH_S:
         return False
-    return home is None or beat.daemon_id not in own_daemon_ids(home)
+    if home is None:
+        return True
+    return beat.daemon_id not in own_daemon_ids(home) and daemon_process_running(home)
 
 
 @dataclass
@@ -806,7 +808,6 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     mark_build_process()  # the cluster, the code server and the runs end with this process
     os.environ.update(DAGSTER_SETTINGS)
     started = time.monotonic()
-    _stamp("driver")
     build_id = f"{os.getpid()}-{time.time_ns()}"
     instance = dg.DagsterInstance.get()
     home = Path(os.environ["DAGSTER_HOME"]).resolve()
@@ -825,9 +826,7 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
             # The code server and the runs it launches inherit these.
             os.environ[SCHEDULER_ENV] = scheduler
             os.environ[WORKERS_ENV] = str(request.workers)
-            _stamp("cluster up")
             services.start_servers()
-            _stamp("servers up")
             print(f"Dagster UI of this build: {services.url}", file=out, flush=True)
             graphql = services.graphql
             # What a killed build left open is closed while the first backfill is requested,
@@ -861,10 +860,8 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
                             file=out,
                             flush=True,
                         )
-                _stamp(f"backfill {number} submitted")
                 if not served:
                     services.restart_daemon()
-                    _stamp("daemon started")
                 print(
                     f"Dagster backfill {backfill_id}{part} on {os.environ['DAGSTER_HOME']} "
                     "(see it in `make dev`: Runs → Backfills)",
@@ -892,13 +889,9 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
                     report.failures.clear()
             if report.end_unrecorded:  # the daemon records it while the summary is printed
                 services.look_soon()
-            _stamp("phases done")
             code = _conclude(request, backfill_id, report, time.monotonic() - started, stop, out)
-            _stamp("concluded")
             if report.end_unrecorded:
                 wait_for_end(graphql, backfill_id, END_WAIT_S)
-            _stamp("end recorded")
-        _stamp("services stopped")
         return code
     except Exception as exc:
         import traceback
@@ -906,10 +899,6 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
         traceback.print_exc()  # into the log
         print(f"\nbuild failed: {exc}\n(details in {log_file})", file=out, flush=True)
         return 1
-
-
-def _stamp(what: str) -> None:
-    print(f"TIMING {time.time():.3f} {what}", file=sys.stderr, flush=True)
 
 
 def _in_thread(function: Callable[..., Any], *args: Any) -> Any:

@@ -22,6 +22,7 @@ pipelines/lifetime.py (the code server loads the definitions, which watch the dr
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -40,6 +41,8 @@ RESTART_S = 4.0
 """A wanted look due sooner than this is waited for; later, the daemon is restarted."""
 STOP_WAIT_S = 60.0
 """Longest wait for a stopped process to end (the daemon ends its look in progress first)."""
+RELOAD_AFTER_S = 20.0
+"""Seconds the webserver may show the code location unreachable before it is asked to reload."""
 CLOSE_WAIT_S = 5.0
 """At a build's end, seconds its Dagster processes get to end before they are killed (a code
 server waits for its open requests, a daemon for its threads: 10–15 s on a loaded machine)."""
@@ -119,6 +122,7 @@ class BuildServices:
         from pipelines.graphql import GraphQLError
 
         graphql = self.graphql
+        reloaded = time.monotonic()
         while time.monotonic() < deadline:
             if self.webserver is None or self.webserver.poll() is not None:
                 return False
@@ -132,8 +136,13 @@ class BuildServices:
             if error is None:
                 return True
             time.sleep(0.3)
-            with contextlib.suppress(GraphQLError, OSError):
-                graphql.reload_location(LOCATION_NAME)
+            # The webserver loads the location again by itself once the code server answers;
+            # a reload is only asked for when that has not happened for a while (each makes
+            # the code server load the definitions anew).
+            if time.monotonic() - reloaded > RELOAD_AFTER_S:
+                reloaded = time.monotonic()
+                with contextlib.suppress(GraphQLError, OSError):
+                    graphql.reload_location(LOCATION_NAME)
         return False
 
     def start_daemon(self) -> None:
@@ -225,6 +234,36 @@ def note_own_daemons(
         with open(home / OWN_DAEMONS_FILE, "a", encoding="utf-8") as file:
             file.writelines(f"{daemon_id}\n" for daemon_id in sorted(new))
     return ids | set(known)
+
+
+def daemon_process_running(home: Path) -> bool:
+    """Whether a ``dagster-daemon`` process (e.g. `make dev`'s) runs for DAGSTER_HOME ``home``.
+
+    A heartbeat is written every 30 s and stays fresh for a minute after its daemon is gone: a
+    build killed moments ago leaves one behind, and its daemon may have died before the build
+    recorded it as its own. The process table tells them apart (without /proc: True, the
+    heartbeat decides alone).
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    home = home.resolve()
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if not any(b"dagster-daemon" in arg for arg in argv) or b"run" not in argv:
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        for variable in environ:
+            if variable.startswith(b"DAGSTER_HOME="):
+                value = variable.removeprefix(b"DAGSTER_HOME=").decode(errors="replace")
+                if Path(value).resolve() == home:
+                    return True
+    return False
 
 
 def own_daemon_ids(home: Path) -> set[str]:

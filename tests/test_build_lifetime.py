@@ -191,23 +191,40 @@ def test_the_next_build_closes_what_a_killed_build_left_open(
 
 
 def test_a_daemon_that_a_build_ran_does_not_count_as_serving(tmp_path: Path) -> None:
-    """A killed build's daemon heartbeated moments ago: the next build must run its own."""
+    """A killed build's daemon heartbeated moments ago: the next build must run its own. A
+    daemon serves when it heartbeats, is not one a build recorded, and its process runs."""
     from dagster._core.instance.ref import InstanceRef
     from dagster._daemon.types import DaemonHeartbeat
 
     from pipelines.daemon import note_own_daemons
 
     home = ensure_dagster_home(tmp_path / "home")
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    sleeper = "import time; time.sleep(120)"
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
         assert not daemon_serves(instance, home)
         start = time.time()
         instance.add_daemon_heartbeat(DaemonHeartbeat(start, "BACKFILL", "builds-own", None))
-        assert daemon_serves(instance, home)  # `make dev`'s, as far as anyone knows
-        assert note_own_daemons(instance, home, since=start) == {"builds-own"}
-        assert not daemon_serves(instance, home)
-        later = time.time()
-        instance.add_daemon_heartbeat(DaemonHeartbeat(later, "BACKFILL", "make-dev", None))
-        assert daemon_serves(instance, home)
-        old = later - 120
-        instance.add_daemon_heartbeat(DaemonHeartbeat(old, "BACKFILL", "long-gone", None))
-        assert not daemon_serves(instance, home)  # its last heartbeat is too old
+        assert not daemon_serves(instance, home)  # its process is gone (a killed build's)
+        # A `dagster-daemon run` for this DAGSTER_HOME (`make dev`'s), and one for another.
+        other = {**env, "DAGSTER_HOME": str(tmp_path / "elsewhere")}
+        elsewhere = _python(sleeper, "dagster-daemon", "run", env=other)
+        try:
+            time.sleep(0.5)
+            assert not daemon_serves(instance, home)
+        finally:
+            elsewhere.kill()
+        daemon = _python(sleeper, "dagster-daemon", "run", env=env)
+        try:
+            time.sleep(0.5)
+            assert daemon_serves(instance, home)
+            assert note_own_daemons(instance, home, since=start) == {"builds-own"}
+            assert not daemon_serves(instance, home)  # recorded as a build's own
+            later = time.time()
+            instance.add_daemon_heartbeat(DaemonHeartbeat(later, "BACKFILL", "make-dev", None))
+            assert daemon_serves(instance, home)
+            old = later - 120
+            instance.add_daemon_heartbeat(DaemonHeartbeat(old, "BACKFILL", "long-gone", None))
+            assert not daemon_serves(instance, home)  # its last heartbeat is too old
+        finally:
+            daemon.kill()
