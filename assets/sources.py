@@ -18,12 +18,12 @@ from assets.common import (
     run_partitions,
     source_asset_key,
 )
-from citycube.catalogue import Catalogue, Temporal
-from citycube.cities import load_cities
-from citycube.products import load_products
+from citycube.catalogue.modalities import Catalogue, Temporal
+from citycube.catalogue.cities import load_cities
+from citycube.catalogue.products import load_products
 from pipelines.partitions import PartitionsDef, period_partitions
 from pipelines.resources import ComputeResource, CubeResource
-from pipelines.tasks import fetch_source
+from pipelines.partition_work import fetch_source
 
 SOURCE_PROTOCOL_VERSION = "1"
 """Version of how source assets fetch; part of their code version."""

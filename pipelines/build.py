@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from pipelines.graphql import TERMINAL_STATUSES, DagsterGraphQL
 
 if TYPE_CHECKING:  # imported where used
-    from citycube.cube import Release
+    from citycube.cube.release import Release
     from pipelines.daemon import BuildServices
     from pipelines.selection import Selection
 
@@ -215,7 +215,7 @@ def build_locks(request: BuildRequest, home: Path) -> Iterator[tuple[int, ...]]:
     take the first's runs for a killed build's). The second build is refused instead, naming
     the first. The driver inherits the descriptors, so the locks last as long as it does.
     """
-    from citycube.cube import Release
+    from citycube.cube.release import Release
     from citycube.errors import BuildBusyError
     from pipelines.lifetime import LOCK_FILE, exclusive, lock_holder
 
@@ -934,7 +934,7 @@ def _conclude(
     stop: StopFlags,
     out: TextIO,
 ) -> int:
-    from citycube.cube import Release
+    from citycube.cube.release import Release
     from pipelines.cli import summary_text
 
     runs = len(report.runs)
@@ -993,7 +993,7 @@ def _forecast_line(release: Release) -> str:
     """How many forecasting cases the release holds, per target, against those asked for."""
     import json
 
-    from citycube.forecast import ForecastFiles
+    from citycube.tasks.forecast import ForecastFiles
 
     files = ForecastFiles.published(release)
     if not files.manifest.exists():
@@ -1009,7 +1009,7 @@ def _forecast_line(release: Release) -> str:
 
 def _benchmark_line(release: Release) -> str:
     """Where the translation benchmark's inputs are and how many instances they hold."""
-    from citycube.translation import BenchmarkFiles, manifest_summary
+    from citycube.tasks.translation import BenchmarkFiles, manifest_summary
 
     manifest = manifest_summary(release)
     if not manifest:

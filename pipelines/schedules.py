@@ -22,8 +22,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from citycube.cities import load_cities
-from citycube.temporal import CALENDAR
+from citycube.catalogue.cities import load_cities
+from citycube.catalogue.temporal import CALENDAR
 from pipelines.graphql import DagsterGraphQL
 from pipelines.selection import PartitionsByKey, Selection, build_selection, partitions_by_key
 

@@ -16,8 +16,8 @@ import duckdb
 import pytest
 import rioxarray  # noqa: F401  (registers .rio)
 
-from citycube.chips import open_chips
-from citycube.cube import Release
+from citycube.processing.chips import open_chips
+from citycube.cube.release import Release
 from pipelines.definitions import defs
 
 pytestmark = pytest.mark.e2e
@@ -126,7 +126,7 @@ def test_benchmark_views_are_queryable_after_the_build(build: dict[str, object])
 
 def test_categorical_chips_record_their_classes(release_dir: Path) -> None:
     """Single-class flags from the chip index's class counts match the chips' pixels."""
-    from citycube.translation import _single_class_from_stores, single_class_flags
+    from citycube.tasks.translation import _single_class_from_stores, single_class_flags
 
     release = Release(release_dir.parent.parent, release_dir.name)
     con = duckdb.connect(str(release_dir / "cube.duckdb"), read_only=True)
@@ -295,7 +295,7 @@ def test_render_command_writes_png_for_each_image_modality(
 
 
 def test_the_release_is_verified_against_its_manifest(release_dir: Path, tmp_path: Path) -> None:
-    from citycube.manifest import read_manifest, verify_release
+    from citycube.cube.manifest import read_manifest, verify_release
 
     release = Release(release_dir.parent.parent, release_dir.name)
     manifest = read_manifest(release)

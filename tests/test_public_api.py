@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ["citycube", "sources", "assets", "benchmark_assets", "pipelines", "benchmarks"]
+PACKAGES = ["citycube", "sources", "assets", "assets.tasks", "pipelines", "benchmarks"]
 
 
 def _modules() -> list[str]:
@@ -34,7 +34,7 @@ FORBIDDEN_IN_CORE = (
     "dagster_webserver",
     "sources",
     "assets",
-    "benchmark_assets",
+    "assets.tasks",
     "pipelines",
 )
 """The core imports neither Dagster nor any adapter implementation or wiring."""

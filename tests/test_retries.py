@@ -9,9 +9,9 @@ import pytest
 
 from assets.common import source_asset_key
 from assets.sources import build_source_assets
-from citycube.catalogue import load_catalogue
+from citycube.catalogue.modalities import load_catalogue
 from citycube.errors import SourceFetchError, SourceReadError
-from citycube.sources import SourceItem, SourceSet
+from citycube.items.protocol import SourceItem, SourceSet
 from pipelines.partitions import city_year_key
 from pipelines.resources import ComputeResource, CubeResource
 from tests.conftest import LocalFilesProduct
