@@ -18,7 +18,7 @@ from assets.common import (
     run_partitions,
     source_asset_key,
 )
-from assets.sources import _partitioning_name, product_temporal
+from assets.sources import partitioning_name, product_temporal
 from citycube.catalogue.modalities import Catalogue, ModalitySpec
 from citycube.catalogue.versions import modality_code_version
 from pipelines.partition_work import derive_with_quicklook
@@ -108,7 +108,7 @@ def build_derived_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
     groups: dict[str, tuple[PartitionsDef, list[ModalitySpec]]] = {}
     for modality in catalogue.enabled():
         partitions = period_partitions(modality.temporal)
-        groups.setdefault(_partitioning_name(partitions), (partitions, []))[1].append(modality)
+        groups.setdefault(partitioning_name(partitions), (partitions, []))[1].append(modality)
     return [
         build_derived_asset(f"derived_{name}", modalities, partitions, catalogue)
         for name, (partitions, modalities) in sorted(groups.items())

@@ -9,7 +9,6 @@ import hashlib
 from collections.abc import Iterator
 
 import dagster as dg
-from dagster._core.errors import DagsterExecutionInterruptedError
 
 from assets.common import (
     SINGLE_RUN,
@@ -100,7 +99,7 @@ def build_sources_asset(
     ) -> Iterator[dg.MaterializeResult]:
         try:
             yield from _fetch(context, cube, compute)
-        except (DagsterExecutionInterruptedError, KeyboardInterrupt) as stopped:
+        except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt) as stopped:
             # Dagster's retry policy retries an interrupted step too, and a build's runs are
             # interrupted only when Dagster terminates them (a stop request): retried, the step
             # would fetch on and its run go on to process, as if no one had asked it to stop.
@@ -150,7 +149,7 @@ def build_source_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
     by_partitions: dict[str, tuple[PartitionsDef, list[str]]] = {}
     for temporal, products in groups.items():
         partitions = period_partitions(Temporal(temporal))
-        name = _partitioning_name(partitions)
+        name = partitioning_name(partitions)
         by_partitions.setdefault(name, (partitions, []))[1].extend(products)
     return [
         build_sources_asset(f"sources_{name}", products, partitions, catalogue)
@@ -158,7 +157,7 @@ def build_source_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
     ]
 
 
-def _partitioning_name(partitions: PartitionsDef) -> str:
+def partitioning_name(partitions: PartitionsDef) -> str:
     from pipelines.partitions import city_epoch_partitions, city_partitions
 
     if partitions == city_partitions:

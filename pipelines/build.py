@@ -4,12 +4,14 @@ The build is Dagster asset backfills like ones launched from the UI: every asset
 cities and years need, across the city, city × epoch and city × year partitionings plus the
 cube, in two backfills one after the other — the static and epoch products first, then the
 rest, so that every city-year asset of a city finds what it reads materialised and joins one
-run. Dagster's backfill logic turns each into runs (one per partition range, as the single-run
-backfill policy asks), its queued run coordinator launches them and each run's steps fan their
-partitions out to one dask cluster. When a Dagster daemon already serves this
-``DAGSTER_HOME`` (``make dev``), it executes the backfill; otherwise the build process ticks the
-same backfill and run-queue iterations the daemon runs: the run queue every second, the
-backfill whenever a city-year run has ended (or nothing is in flight).
+run. They are requested through Dagster's GraphQL API (``launchPartitionBackfill``,
+pipelines/graphql.py) and run by Dagster's daemon: Dagster's backfill logic turns each into
+runs (one per partition range, as the single-run backfill policy asks), its queued run
+coordinator launches them and each run's steps fan their partitions out to one dask cluster.
+When a Dagster daemon already serves this ``DAGSTER_HOME`` (``make dev``), it executes the
+backfills; otherwise the build starts ``dagster-daemon run`` itself, on a code server of its
+own (pipelines/daemon.py), and stops both at its end. The build follows the runs and their
+events through the instance's run and event queries.
 
 Order, so that the two cores never wait on Dagster: static and epoch runs leave the queue first
 (run priority tag), fetch steps go ahead of all processing on the workers, and other steps run
@@ -18,8 +20,8 @@ in the order their runs started, so a run finishes, and frees its slot, as early
 The command is two processes. The one in the terminal only relays stop requests: a first
 Ctrl-C/SIGTERM cancels the backfill (Dagster terminates its runs; finished partitions stay), a
 second forces every run down at once. The other, in its own session so a terminal's Ctrl-C
-never reaches the runs behind Dagster's back, creates the dask cluster, submits the backfill,
-drives it and reports progress.
+never reaches the runs behind Dagster's back, creates the dask cluster, starts Dagster's
+processes, submits the backfills, follows them and reports progress.
 """
 
 from __future__ import annotations
@@ -34,15 +36,18 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from pipelines.graphql import TERMINAL_STATUSES, DagsterGraphQL
+
 if TYPE_CHECKING:  # imported where used
     from citycube.cube.release import Release
+    from pipelines.daemon import BuildServices
+    from pipelines.selection import Selection
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKSPACE_FILE = REPO_ROOT / "workspace.yaml"
@@ -52,10 +57,18 @@ BACKFILL_TAG = "dagster/backfill"
 DRIVER_TAG = "citycube/driver"
 """Who runs a build's backfill: 'build' (the build's own driver) or 'daemon' (``make dev``)."""
 TICK_S = 1.0
-"""Seconds between run-queue iterations when the build drives the backfill itself."""
-BACKFILL_TICK_S = 5.0
-"""Least seconds between two backfill iterations while runs are in flight (each reads the
-state of every partition of the build)."""
+"""Seconds between two reads of the runs and their events."""
+IDLE_LOOK_S = 10.0
+"""With nothing in flight, seconds after the daemon's last look before the build asks for
+another (the backfill requests more runs, or records its end, at a look)."""
+STATUS_POLL_S = 0.5
+"""With nothing in flight, least seconds between two reads of the backfill's status."""
+SERVED_POLL_S = 10.0
+"""The same when a daemon of `make dev` runs the backfill (it looks every 30 s)."""
+END_WAIT_S = 60.0
+"""Longest wait, at a build's end, for Dagster to record its last backfill's end."""
+PRIORITY_TAG = "dagster/priority"
+"""Dagster's run priority tag: the run queue launches runs with a higher one first."""
 FIRST_PRIORITY = "1"
 """Run priority (Dagster's ``dagster/priority`` tag) of runs whose assets are not per city ×
 year: static and epoch products, which the city-years' later runs read."""
@@ -245,20 +258,27 @@ def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[str]:
         cluster.close()
 
 
-def backfill_phases(request: BuildRequest) -> list[tuple[str, Any]]:
+def backfill_phases(request: BuildRequest) -> list[tuple[str, Selection]]:
     """The build's backfills in order, (what, asset partitions): everything the request's
     cities, years and assets need, the static and epoch products first, then the rest (see
     ``source_periods_first``); one when either part is empty."""
-    from pipelines.definitions import defs
-    from pipelines.selection import build_selection, source_periods_first
+    from pipelines.selection import build_selection, is_empty, merged, source_periods_first
 
-    graph = defs.resolve_asset_graph()
+    partitions = asset_partitions()
     keys = selected_asset_keys(request.assets)
-    selection = build_selection(graph, request.cities, request.years, keys)
-    first, rest = source_periods_first(graph, selection)
-    if first.is_empty or rest.is_empty:
-        return [("", first | rest)]
+    selection = build_selection(partitions, request.cities, request.years, keys)
+    first, rest = source_periods_first(partitions, selection)
+    if is_empty(first) or is_empty(rest):
+        return [("", merged(first, rest))]
     return [("static and 5-year products", first), ("city-years and the cube", rest)]
+
+
+def asset_partitions() -> dict[Any, Any]:
+    """Asset key → partitions definition (None: unpartitioned) of every asset."""
+    from pipelines.definitions import defs
+    from pipelines.selection import partitions_by_key
+
+    return partitions_by_key(defs)
 
 
 PHASE_DONE = ("COMPLETED_SUCCESS", "COMPLETED_FAILED")
@@ -266,37 +286,30 @@ PHASE_DONE = ("COMPLETED_SUCCESS", "COMPLETED_FAILED")
 some partitions failed; the next backfill tries them again with everything downstream)."""
 
 
-def unmaterialized(instance: Any, backfill_id: str) -> Any:
-    """The partitions a finished backfill targeted and did not materialise."""
-    data = instance.get_backfill(backfill_id).asset_backfill_data
-    return data.target_subset - data.materialized_subset
-
-
 def submit_backfill(
-    instance: Any,
+    graphql: DagsterGraphQL,
     request: BuildRequest,
     build_id: str,
-    subset: Any,
+    selection: Selection,
     title: str,
     driver: str = "build",
+    priority: str | None = None,
 ) -> str:
-    """Add an asset backfill of ``subset`` (an ``AssetGraphSubset``) to the instance."""
-    from dagster._core.execution.backfill import PartitionBackfill
-    from dagster._core.utils import make_new_backfill_id
+    """Request an asset backfill of ``selection`` through Dagster's GraphQL API; its id.
 
-    backfill_id = make_new_backfill_id()
-    backfill = PartitionBackfill.from_asset_graph_subset(
-        backfill_id=backfill_id,
-        backfill_timestamp=time.time(),
-        tags={BUILD_TAG: build_id, RELEASE_TAG: request.release, DRIVER_TAG: driver},
-        dynamic_partitions_store=instance,
-        asset_graph_subset=subset,
+    ``priority`` (Dagster's ``dagster/priority`` tag, which runs take from their backfill)
+    puts its runs ahead of others in the run queue.
+    """
+    tags = {BUILD_TAG: build_id, RELEASE_TAG: request.release, DRIVER_TAG: driver}
+    if priority is not None:
+        tags[PRIORITY_TAG] = priority
+    return graphql.launch_backfill(
+        selection,
+        asset_partitions(),
+        tags=tags,
         title=title,
         description=f"release {request.release}: {_describe(request)}",
-        run_config=None,
     )
-    instance.add_backfill(backfill)
-    return backfill_id
 
 
 def selected_asset_keys(prefixes: Sequence[str]) -> list[Any]:
@@ -335,14 +348,21 @@ def _year_span(years: Sequence[int]) -> str:
     return ",".join(str(y) for y in years)
 
 
-def daemon_serves(instance: Any) -> bool:
-    """True when a Dagster daemon with a backfill loop heartbeats for this instance."""
+def daemon_serves(instance: Any, home: Path | None = None) -> bool:
+    """True when a Dagster daemon with a backfill loop heartbeats for this instance and runs
+    (not one that a build ran: those are recorded in DAGSTER_HOME, see pipelines/daemon.py)."""
+    from pipelines.daemon import daemon_process_running, own_daemon_ids
+
     try:
         heartbeats = instance.get_daemon_heartbeats()
     except Exception:
         return False
     beat = heartbeats.get("BACKFILL")
-    return beat is not None and time.time() - beat.timestamp < DAEMON_FRESH_S
+    if beat is None or time.time() - beat.timestamp >= DAEMON_FRESH_S:
+        return False
+    if home is None:
+        return True
+    return beat.daemon_id not in own_daemon_ids(home) and daemon_process_running(home)
 
 
 @dataclass
@@ -356,6 +376,8 @@ class BuildReport:
     """One line per failed step."""
     checks: dict[str, str] = field(default_factory=dict)
     """Asset check name → PASS, WARN or FAIL."""
+    end_unrecorded: bool = False
+    """The backfill is done (everything materialised) but Dagster has not recorded it yet."""
 
 
 class ProgressPrinter:
@@ -373,15 +395,12 @@ class ProgressPrinter:
         """Runs that ended and whose every event has been read."""
         self.current: list[Any] = []
         """The backfill's runs as last read, oldest first."""
-        self.ended: list[Any] = []
-        """Runs that ended since the caller last emptied this list."""
         self.report = BuildReport()
 
     def follow(self, backfill_id: str) -> None:
         """Print the runs of the build's next backfill from now on (run numbers go on)."""
         self.backfill_id = backfill_id
         self.current = []
-        self.ended.clear()
 
     def line(self, text: str, at: float | None = None) -> None:
         """One progress line with the time since the build started (or since ``at``)."""
@@ -407,7 +426,6 @@ class ProgressPrinter:
             self._events(run)
             if run.is_finished:  # its last events were written before its status changed
                 self.done.add(run.run_id)
-                self.ended.append(run)
 
     def in_flight(self) -> bool:
         """True while a run read by the last ``poll`` is queued, starting or running."""
@@ -506,99 +524,102 @@ def _run_scope(run: Any) -> str:
 
 
 def drive_backfill(
-    instance: Any, backfill_id: str, printer: ProgressPrinter, stop: StopFlags, own: bool = True
+    instance: Any,
+    graphql: DagsterGraphQL,
+    backfill_id: str,
+    printer: ProgressPrinter,
+    stop: StopFlags,
+    services: BuildServices | None = None,
+    done_when: Callable[[], bool] | None = None,
 ) -> BuildReport:
-    """Run the backfill to its end: tick Dagster's backfill and run-queue iterations unless a
-    daemon does, print progress, and cancel through Dagster when asked to stop."""
-    from dagster._core.execution.backfill import BULK_ACTION_TERMINAL_STATUSES, BulkActionStatus
-    from dagster._core.run_coordinator import QueuedRunCoordinator
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import WorkspaceFileTarget
-    from dagster._daemon.backfill import execute_backfill_iteration
-    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
-        QueuedRunCoordinatorDaemon,
-    )
+    """Follow the backfill to its end, print progress, and cancel through Dagster when asked
+    to stop.
 
-    quiet = logging.getLogger("citycube.backfill")
-    quiet.setLevel(logging.WARNING)
+    ``services``: the build's own daemon, restarted when the backfill needs a look sooner than
+    the daemon's next one (see pipelines/daemon.py); None when a daemon of `make dev` runs it.
+    ``done_when``: once the backfill's runs have ended, whether everything it targets is
+    materialised: the build then goes on at once, with COMPLETED_SUCCESS as the report's status
+    and ``end_unrecorded`` set: the daemon's next look records the backfill's end.
+    """
+    own = services is not None
     if own:
-        printer.line("driving the backfill here (no Dagster daemon serves this DAGSTER_HOME)")
+        printer.line("Dagster's daemon runs the backfill (started by this build)")
     else:
         printer.line(
             "a Dagster daemon serves this DAGSTER_HOME (`make dev`?): it runs the backfill, "
             "every 30 s, and its runs use that daemon's CITYCUBE_WORKERS"
         )
-    queue = QueuedRunCoordinatorDaemon(interval_seconds=1)
-    queued = isinstance(instance.run_coordinator, QueuedRunCoordinator)
     per_city_year = _per_city_year_assets()
     canceling = forced_at = None
-    last_tick = 0.0
-    target = WorkspaceFileTarget(paths=[str(WORKSPACE_FILE)])
-    with WorkspaceProcessContext(instance, target) as workspace:
-        while True:
-            # Iterated when a city-year run has ended: the runs its city now needs (the
-            # city-years' products that read static and epoch ones) start while other cities
-            # still compute. Not on every run's end: a static or epoch run ending would only
-            # split what the city-year runs' ends request anyway into more runs, each a process
-            # that loads the code.
-            ended = any(_has_assets(run, per_city_year) for run in printer.ended)
-            ticked = own and (
-                stop.graceful
-                or not printer.in_flight()
-                or (ended and time.monotonic() - last_tick >= BACKFILL_TICK_S)
-            )
-            if ticked or not own:
-                printer.ended.clear()
-            if ticked:
-                last_tick = time.monotonic()
-                for error in execute_backfill_iteration(workspace, quiet):
-                    if error is not None:
-                        printer.line(f"backfill error: {error.message.strip()}")
-                printer.runs()
-            _prioritise(instance, printer.current, per_city_year)
-            if own and queued and printer.queued():
-                for error in queue.run_iteration(workspace):
-                    if error is not None and hasattr(error, "message"):
-                        printer.line(f"run queue error: {error.message.strip()}")
-            printer.poll()
-            if own and not ticked:  # only an iteration changes the backfill: no need to read it
-                time.sleep(TICK_S)
-                continue
-            # Read only after an iteration: the backfill's record holds every partition subset
-            # of the build, and decoding it every second cost the whole calendar's build
-            # minutes of CPU on a machine whose two cores the workers need.
-            backfill = instance.get_backfill(backfill_id)
-            if backfill.status in BULK_ACTION_TERMINAL_STATUSES:
-                printer.report.status = backfill.status.value
+    looked = time.monotonic()  # when the daemon last looked, or will (it looks at submission)
+    idle_since = time.monotonic()
+    last_status = 0.0
+    while True:
+        printer.poll()
+        _prioritise(instance, printer.current, per_city_year)
+        if own:
+            services.note_heartbeats(instance)
+        now = time.monotonic()
+        if printer.in_flight():
+            idle_since = None
+        elif idle_since is None:  # the backfill's runs have just ended
+            idle_since = now
+            if canceling is None and done_when is not None and done_when():
+                printer.report.status = "COMPLETED_SUCCESS"
+                printer.report.end_unrecorded = True
                 return printer.report
-            if stop.graceful and canceling is None:
-                canceling = time.monotonic()
-                instance.update_backfill(backfill.with_status(BulkActionStatus.CANCELING))
-                printer.line("canceling the backfill: Dagster terminates its runs")
-            if stop.forced and forced_at is None:
-                forced_at = time.monotonic()
-                _terminate_runs(instance, printer)
-            if forced_at is not None and time.monotonic() - forced_at > FORCED_STOP_GRACE_S:
-                _mark_unfinished_canceled(instance, printer)
-                printer.report.status = BulkActionStatus.CANCELED.value
+        if stop.graceful and canceling is None:
+            canceling = now
+            printer.line("canceling the backfill: Dagster terminates its runs")
+            graphql.cancel_backfill(backfill_id)
+        if stop.forced and forced_at is None:
+            forced_at = now
+            _terminate_runs(graphql, printer)
+        if forced_at is not None and now - forced_at > FORCED_STOP_GRACE_S:
+            _mark_unfinished_canceled(instance, printer)
+            printer.report.status = "CANCELED"
+            return printer.report
+        # The daemon is asked for a look when the backfill has something to do that cannot
+        # wait for its next one: it was just canceled (its runs are to be terminated), or
+        # nothing is in flight (it requests the runs that waited on the last ones, or records
+        # its end). While runs are in flight, the daemon's own looks every 30 s serve.
+        idle = idle_since is not None
+        wanted = canceling == now or (idle and (looked < idle_since or now - looked >= IDLE_LOOK_S))
+        if own and wanted:
+            restarted = services.look_soon()
+            looked = time.monotonic() + (0.0 if restarted else services.next_look_in())
+        # Dagster records the backfill's end (or its cancellation) at a look with nothing in
+        # flight: its status is read then, not every second.
+        poll = STATUS_POLL_S if own else SERVED_POLL_S
+        if idle and now - last_status >= poll and now >= looked:
+            last_status = now
+            status = graphql.backfill_status(backfill_id)
+            if status in TERMINAL_STATUSES:
+                printer.poll()  # the last runs' last events
+                printer.report.status = status
                 return printer.report
-            time.sleep(TICK_S)
+        time.sleep(TICK_S)
+
+
+def wait_for_end(graphql: DagsterGraphQL, backfill_id: str, timeout: float) -> str:
+    """The backfill's status once Dagster has recorded its end (or after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = graphql.backfill_status(backfill_id)
+        if status in TERMINAL_STATUSES or time.monotonic() > deadline:
+            return status
+        time.sleep(0.5)
 
 
 def _per_city_year_assets() -> set[Any]:
     """Keys of the assets partitioned by city × year."""
-    from pipelines.definitions import defs
     from pipelines.partitions import city_year_partitions
 
-    graph = defs.resolve_asset_graph()
-    return {
-        key
-        for key in graph.materializable_asset_keys
-        if graph.get(key).partitions_def == city_year_partitions
-    }
+    return {key for key, p in asset_partitions().items() if p == city_year_partitions}
 
 
 def _has_assets(run: Any, keys: set[Any]) -> bool:
+    """Whether a run materialises any of ``keys``."""
     return any(key in keys for key in run.asset_selection or ())
 
 
@@ -607,34 +628,25 @@ def _prioritise(instance: Any, runs: Sequence[Any], per_city_year: set[Any]) -> 
 
     The city-year runs of a build read them: a city-year's products that need a static or
     epoch one (its observations, a conversion series) wait for it in a later run, and started
-    early those runs overlap the city-years' work instead of trailing it.
+    early those runs overlap the city-years' work instead of trailing it. (The first backfill's
+    runs carry the tag from the backfill; this covers those of the second, e.g. retried ones.)
     """
-    from dagster._core.storage.tags import PRIORITY_TAG
-
     for run in runs:
         waiting = run.status.value == "QUEUED" and PRIORITY_TAG not in run.tags
         if waiting and not _has_assets(run, per_city_year):
             instance.add_run_tags(run.run_id, {PRIORITY_TAG: FIRST_PRIORITY})
 
 
-def _terminate_runs(instance: Any, printer: ProgressPrinter) -> None:
-    """Ask Dagster to terminate every unfinished run, each request in a thread of its own.
+def _terminate_runs(graphql: DagsterGraphQL, printer: ProgressPrinter) -> None:
+    """Ask Dagster to terminate every unfinished run at once (recorded canceled right away).
 
-    A termination request goes to the code server over gRPC; a server busy starting a run can
-    hold it for up to its gRPC timeout, and a forced stop must still end after its grace period
-    (runs that have not ended by then are recorded as canceled).
+    Runs that have not ended after the grace period are recorded as canceled by the build.
     """
-    for run in printer.runs():
-        if not run.is_finished:
-            printer.line(f"terminating {printer.names.get(run.run_id, run.run_id)}")
-            threading.Thread(
-                target=_terminate_quietly, args=(instance, run.run_id), daemon=True
-            ).start()
-
-
-def _terminate_quietly(instance: Any, run_id: str) -> None:
+    unfinished = [run for run in printer.runs() if not run.is_finished]
+    for run in unfinished:
+        printer.line(f"terminating {printer.names.get(run.run_id, run.run_id)}")
     with contextlib.suppress(Exception):
-        instance.run_launcher.terminate(run_id)
+        graphql.terminate_runs([run.run_id for run in unfinished], at_once=True)
 
 
 def _mark_unfinished_canceled(instance: Any, printer: ProgressPrinter) -> None:
@@ -644,19 +656,21 @@ def _mark_unfinished_canceled(instance: Any, printer: ProgressPrinter) -> None:
             instance.report_run_canceled(run, message="forced stop of citycube build")
 
 
-def close_abandoned_builds(instance: Any, build_id: str) -> tuple[int, int]:
+def close_abandoned_builds(
+    instance: Any, build_id: str, graphql: DagsterGraphQL | None = None
+) -> tuple[int, int]:
     """Close the runs and backfills that earlier builds left open; (runs, backfills).
 
     A build killed with SIGKILL cannot record its end: its runs stay STARTED (or QUEUED)
-    and its backfill in progress forever, and this build's own iterations would even carry
-    that backfill on and start its queued runs. The caller holds the instance's build lock,
-    so no other build is alive, and the killed build's processes ended with it
-    (``pipelines.lifetime``): started runs are marked failed, queued ones canceled, and the
-    backfill canceled, each with a message that says why. Backfills a daemon ran for a build
-    (``make dev``) are the daemon's to finish and are left alone.
+    and its backfill in progress, and this build's daemon would even carry that backfill on
+    and start its queued runs. The caller holds the instance's build lock, so no other build
+    is alive, and the killed build's processes ended with it (``pipelines.lifetime``): started
+    runs are marked failed, queued ones canceled, each with a message that says why, and the
+    backfill is canceled through Dagster's GraphQL API (the daemon's next look records it
+    canceled). Backfills a daemon ran for a build (``make dev``) are the daemon's to finish and
+    are left alone. Without ``graphql`` only runs are closed.
     """
     import dagster as dg
-    from dagster._core.execution.backfill import BulkActionStatus
 
     queued = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED}
     running = {
@@ -679,13 +693,12 @@ def close_abandoned_builds(instance: Any, build_id: str) -> tuple[int, int]:
             instance.report_run_failed(run, message=message)
         runs += 1
     backfills = 0
-    for status in (BulkActionStatus.REQUESTED, BulkActionStatus.CANCELING):
-        for backfill in instance.get_backfills(status=status):
-            owner = backfill.tags.get(BUILD_TAG)
-            daemon = backfill.tags.get(DRIVER_TAG) == "daemon"
-            if owner is not None and owner != build_id and not daemon:
-                instance.update_backfill(backfill.with_status(BulkActionStatus.CANCELED))
-                backfills += 1
+    for backfill in graphql.backfills("REQUESTED") if graphql is not None else ():
+        owner = backfill.tags.get(BUILD_TAG)
+        daemon = backfill.tags.get(DRIVER_TAG) == "daemon"
+        if owner is not None and owner != build_id and not daemon:
+            graphql.cancel_backfill(backfill.backfill_id)  # type: ignore[union-attr]
+            backfills += 1
     return runs, backfills
 
 
@@ -693,9 +706,11 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     """The driver's work: cluster, backfill, progress, summary; the command's exit code."""
     import dagster as dg
 
+    from pipelines.daemon import BuildServices
     from pipelines.instance import sqlite_kept_open
     from pipelines.lifetime import mark_build_process
     from pipelines.resources import SCHEDULER_ENV, WORKERS_ENV
+    from pipelines.selection import is_empty, merged, unmaterialized
 
     stop = StopFlags()
     stop.install()
@@ -705,36 +720,57 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     build_id = f"{os.getpid()}-{time.time_ns()}"
     instance = dg.DagsterInstance.get()
     home = Path(os.environ["DAGSTER_HOME"]).resolve()
-    log_file = home / "logs" / f"build-{build_id}.log"
+    log_file = home / "build-logs" / f"build-{build_id}.log"  # not logs/: Dagster uploads that
     out = _keep_terminal_for_progress(out, log_file)
     print(f"full log of the runs and workers: {log_file}", file=out, flush=True)
-    served = daemon_serves(instance)
+    served = daemon_serves(instance, home)
     if served:  # its runs start from its own code server, which this process cannot configure
         request = replace(request, workers=1)
-    else:
-        runs, backfills = close_abandoned_builds(instance, build_id)
-        if runs or backfills:
-            print(
-                f"closed {runs} run(s) and {backfills} backfill(s) that a killed earlier build "
-                "left open (runs marked failed or canceled)",
-                file=out,
-                flush=True,
-            )
     try:
-        with sqlite_kept_open(home), dask_cluster(request, out) as scheduler:
+        with (
+            sqlite_kept_open(home),
+            dask_cluster(request, out) as scheduler,
+            BuildServices(home, REPO_ROOT) as services,
+        ):
             # The code server and the runs it launches inherit these.
             os.environ[SCHEDULER_ENV] = scheduler
             os.environ[WORKERS_ENV] = str(request.workers)
+            services.start_servers()
+            print(f"Dagster UI of this build: {services.url}", file=out, flush=True)
+            graphql = services.graphql
+            # What a killed build left open is closed while the first backfill is requested,
+            # before the daemon starts (it would carry such a backfill on).
+            closing = (
+                None if served else _in_thread(close_abandoned_builds, instance, build_id, graphql)
+            )
             driver = "daemon" if served else "build"
+            partitions = asset_partitions()
             phases = backfill_phases(request)
             printer = ProgressPrinter(instance, out)
             backfill_id = ""
-            for number, (what, subset) in enumerate(phases, 1):
+            previous: Selection = {}
+            for number, (what, selection) in enumerate(phases, 1):
                 if number > 1:  # what the first left unmaterialised (failed) is tried again
-                    subset = subset | unmaterialized(instance, backfill_id)
+                    selection = merged(selection, unmaterialized(instance, partitions, previous))
                 part = f" ({number}/{len(phases)}: {what})" if what else ""
                 title = f"citycube build {_describe(request)}{part}"
-                backfill_id = submit_backfill(instance, request, build_id, subset, title, driver)
+                priority = FIRST_PRIORITY if number < len(phases) else None
+                backfill_id = submit_backfill(
+                    graphql, request, build_id, selection, title, driver, priority
+                )
+                if closing is not None:
+                    runs, backfills = closing.result()
+                    closing = None
+                    if runs or backfills:
+                        print(
+                            f"closed {runs} run(s) and {backfills} backfill(s) that a killed "
+                            "earlier build left open (runs marked failed or canceled, "
+                            "backfills canceled)",
+                            file=out,
+                            flush=True,
+                        )
+                if not served:
+                    services.restart_daemon()
                 print(
                     f"Dagster backfill {backfill_id}{part} on {os.environ['DAGSTER_HOME']} "
                     "(see it in `make dev`: Runs → Backfills)",
@@ -742,19 +778,46 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
                     flush=True,
                 )
                 printer.follow(backfill_id)
-                report = drive_backfill(instance, backfill_id, printer, stop, own=not served)
+
+                def done_when(phase: Selection = selection) -> bool:
+                    return is_empty(unmaterialized(instance, partitions, phase))
+
+                report = drive_backfill(
+                    instance,
+                    graphql,
+                    backfill_id,
+                    printer,
+                    stop,
+                    services=None if served else services,
+                    done_when=None if served else done_when,
+                )
+                previous = selection
                 if stop.graceful or report.status not in PHASE_DONE:
                     break  # stopped or canceled: the next backfill is not started
                 if number < len(phases):  # the next backfill tries the failed ones again
                     report.failures.clear()
+            if report.end_unrecorded:  # the daemon records it while the summary is printed
+                services.look_soon()
+            code = _conclude(request, backfill_id, report, time.monotonic() - started, stop, out)
+            if report.end_unrecorded:
+                wait_for_end(graphql, backfill_id, END_WAIT_S)
+        return code
     except Exception as exc:
         import traceback
 
         traceback.print_exc()  # into the log
         print(f"\nbuild failed: {exc}\n(details in {log_file})", file=out, flush=True)
         return 1
-    elapsed = time.monotonic() - started
-    return _conclude(request, backfill_id, report, elapsed, stop, out)
+
+
+def _in_thread(function: Callable[..., Any], *args: Any) -> Any:
+    """Call ``function`` in a thread of its own; its future."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1)
+    future = pool.submit(function, *args)
+    pool.shutdown(wait=False)
+    return future
 
 
 def _keep_terminal_for_progress(out: TextIO, log_file: Path) -> TextIO:

@@ -24,7 +24,7 @@ from assets.tasks import (
 from citycube.catalogue.modalities import Catalogue, load_catalogue
 from pipelines.lifetime import follow_build_process
 from pipelines.resources import ComputeResource, default_cube_resource
-from pipelines.schedules import yearly_backfill
+from pipelines.schedules import build_yearly_backfill
 
 BENCHMARK_KEYS = (PAIRS_KEY, SPLITS_KEY, INSTANCES_KEY, FORECAST_CASES_KEY, FORECAST_SCORES_KEY)
 """The benchmark assets: computed from the staged cube and published with it."""
@@ -51,9 +51,11 @@ def build_definitions(
     Steps run one after another inside a run (the in-process executor); the partitions of each
     step fan out to the compute resource (a dask cluster when there is more than one worker).
     """
+    assets = build_assets(catalogue or load_catalogue())
+    partitions = {key: a.partitions_def for a in assets for key in a.keys}
     return dg.Definitions(
-        assets=build_assets(catalogue or load_catalogue()),
-        sensors=[yearly_backfill],
+        assets=assets,
+        sensors=[build_yearly_backfill(partitions)],
         resources={
             "cube": default_cube_resource(),
             "compute": ComputeResource(),

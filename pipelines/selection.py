@@ -1,47 +1,54 @@
-"""Which asset partitions a selection of cities and years needs, across all partitionings."""
+"""Which asset partitions a selection of cities and years needs, across all partitionings.
+
+A selection maps each asset key to the partition keys wanted (``None`` for an unpartitioned
+asset, taken whole): what ``launchPartitionBackfill`` is sent (pipelines/graphql.py).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import dagster as dg
-from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
-from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
 
 from pipelines.partitions import city_epoch_partitions, city_partitions, keys_for
 
+Selection = dict[dg.AssetKey, tuple[str, ...] | None]
+"""Asset key → the partition keys to build (``None``: an unpartitioned asset)."""
+PartitionsByKey = Mapping[dg.AssetKey, dg.PartitionsDefinition | None]
+"""Asset key → its partitions definition (``None``: unpartitioned)."""
+
+
+def partitions_by_key(defs: dg.Definitions) -> dict[dg.AssetKey, dg.PartitionsDefinition | None]:
+    """The partitions definition of every asset of ``defs``."""
+    return {spec.key: spec.partitions_def for spec in defs.resolve_all_asset_specs()}
+
 
 def build_selection(
-    asset_graph: BaseAssetGraph,
+    partitions: PartitionsByKey,
     cities: Iterable[str],
     years: Iterable[int],
     assets: Iterable[dg.AssetKey] | None = None,
-) -> AssetGraphSubset:
+) -> Selection:
     """The partitions of every asset (or of ``assets``) that the cities and years need.
 
     Static assets take the cities' partitions, epoch assets the epochs of the years, annual
     ones every city-year; unpartitioned cube assets are included whole.
     """
     cities, years = list(cities), list(years)
-    keys = set(assets) if assets is not None else set(asset_graph.materializable_asset_keys)
-    partitioned: dict[dg.AssetKey, object] = {}
-    whole: set[dg.AssetKey] = set()
-    for key in keys:
-        partitions = asset_graph.get(key).partitions_def
-        if partitions is None:
-            whole.add(key)
-            continue
-        wanted = keys_for(partitions, cities, years)  # type: ignore[arg-type]
-        partitioned[key] = partitions.subset_with_partition_keys(wanted)
-    return AssetGraphSubset(
-        partitions_subsets_by_asset_key=partitioned,  # type: ignore[arg-type]
-        non_partitioned_asset_keys=whole,
-    )
+    keys = set(assets) if assets is not None else set(partitions)
+    selection: Selection = {}
+    for key in sorted(keys, key=lambda k: k.to_user_string()):
+        partitions_def = partitions[key]
+        if partitions_def is None:
+            selection[key] = None
+        else:
+            selection[key] = tuple(keys_for(partitions_def, cities, years))  # type: ignore[arg-type]
+    return selection
 
 
 def source_periods_first(
-    asset_graph: BaseAssetGraph, subset: AssetGraphSubset
-) -> tuple[AssetGraphSubset, AssetGraphSubset]:
+    partitions: PartitionsByKey, selection: Selection
+) -> tuple[Selection, Selection]:
     """(the static and epoch assets' partitions, the rest) of a build's selection.
 
     Everything partitioned by city × year that reads a static or epoch product (its
@@ -50,10 +57,47 @@ def source_periods_first(
     the first, each a process that loads the code; built first, every city-year asset of a city
     fits in one run.
     """
-    ahead = {
-        key
-        for key in subset.asset_keys
-        if asset_graph.get(key).partitions_def in (city_partitions, city_epoch_partitions)
-    }
-    first = subset.filter_asset_keys(ahead)
-    return first, subset - first
+    ahead = (city_partitions, city_epoch_partitions)
+    first = {k: v for k, v in selection.items() if partitions[k] in ahead}
+    rest = {k: v for k, v in selection.items() if k not in first}
+    return first, rest
+
+
+def is_empty(selection: Selection) -> bool:
+    """True when a selection holds no partition and no unpartitioned asset."""
+    return not any(keys is None or keys for keys in selection.values())
+
+
+def merged(*selections: Selection) -> Selection:
+    """Every partition of any of ``selections``."""
+    out: dict[dg.AssetKey, set[str] | None] = {}
+    for selection in selections:
+        for key, keys in selection.items():
+            if keys is None:
+                out[key] = None
+            else:
+                out[key] = set(out.get(key) or ()) | set(keys)
+    return {k: None if v is None else tuple(sorted(v)) for k, v in out.items()}
+
+
+def unmaterialized(
+    instance: dg.DagsterInstance, partitions: PartitionsByKey, selection: Selection
+) -> Selection:
+    """The partitions of ``selection`` that have no materialisation (e.g. their run failed)."""
+    missing: Selection = {}
+    for key, keys in selection.items():
+        partitions_def = partitions[key]
+        if keys is None or partitions_def is None:
+            if instance.get_latest_materialization_event(key) is None:
+                missing[key] = None
+            continue
+        status = instance.get_status_by_partition(key, list(keys), partitions_def)
+        left = _not_materialized(keys, status)
+        if left:
+            missing[key] = left
+    return missing
+
+
+def _not_materialized(keys: Sequence[str], status: Mapping[str, object] | None) -> tuple[str, ...]:
+    status = status or {}
+    return tuple(k for k in keys if getattr(status.get(k), "value", None) != "MATERIALIZED")

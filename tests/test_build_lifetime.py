@@ -14,7 +14,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from pipelines.build import BUILD_TAG, DRIVER_TAG, close_abandoned_builds
+from pipelines.build import BUILD_TAG, DRIVER_TAG, close_abandoned_builds, daemon_serves
 from pipelines.cli import main
 from pipelines.instance import ensure_dagster_home
 from pipelines.lifetime import BUILD_PROCESS_ENV, LOCK_FILE, exclusive, process_identity
@@ -127,11 +127,18 @@ def test_a_second_build_of_a_release_or_an_instance_is_refused(
     assert not (data / "releases" / "r1" / ".draft").exists()
 
 
-def test_the_next_build_closes_what_a_killed_build_left_open(tmp_path: Path) -> None:
+def test_the_next_build_closes_what_a_killed_build_left_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs are closed through the instance, backfills canceled through Dagster's GraphQL API
+    (an empty workspace: no code is needed to cancel)."""
     from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
     from dagster._core.instance.ref import InstanceRef
 
+    from pipelines.graphql import DagsterGraphQL
+
     home = ensure_dagster_home(tmp_path / "home")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))  # dagster-graphql's instance
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
         statuses = {
             "started": dg.DagsterRunStatus.STARTED,
@@ -161,13 +168,58 @@ def test_the_next_build_closes_what_a_killed_build_left_open(tmp_path: Path) -> 
             asset_selection=[],
         )
         instance.add_backfill(backfill)
+        daemons = backfill._replace(backfill_id="daemonbf", tags=daemons)
+        instance.add_backfill(daemons)
 
-        assert close_abandoned_builds(instance, "new-build") == (2, 1)
+        graphql = DagsterGraphQL()
+        assert close_abandoned_builds(instance, "new-build", graphql) == (2, 1)
         after = {r.run_id: r.status for r in instance.get_runs()}
         assert after["started-run"] == dg.DagsterRunStatus.FAILURE
         assert after["not-started-run"] == dg.DagsterRunStatus.CANCELED
         assert after["done-run"] == dg.DagsterRunStatus.SUCCESS
         assert after["ui-run"] == dg.DagsterRunStatus.STARTED  # not a build's: left alone
         assert after["daemon-run"] == dg.DagsterRunStatus.STARTED  # the daemon's to finish
-        assert instance.get_backfill("deadbf").status == BulkActionStatus.CANCELED
-        assert close_abandoned_builds(instance, "new-build") == (0, 0)
+        # Canceling: the daemon's next look records it canceled (no run of it is in flight).
+        assert instance.get_backfill("deadbf").status == BulkActionStatus.CANCELING
+        assert instance.get_backfill("daemonbf").status == BulkActionStatus.REQUESTED
+        assert close_abandoned_builds(instance, "new-build", graphql) == (0, 0)
+
+
+def test_a_daemon_that_a_build_ran_does_not_count_as_serving(tmp_path: Path) -> None:
+    """A killed build's daemon heartbeated moments ago: the next build must run its own. A
+    daemon serves when it heartbeats, is not one a build recorded, and its process runs."""
+    from dagster._core.instance.ref import InstanceRef
+    from dagster._daemon.types import DaemonHeartbeat
+
+    from pipelines.daemon import note_own_daemons
+
+    home = ensure_dagster_home(tmp_path / "home")
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    sleeper = "import time; time.sleep(120)"
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+        assert not daemon_serves(instance, home)
+        start = time.time()
+        instance.add_daemon_heartbeat(DaemonHeartbeat(start, "BACKFILL", "builds-own", None))
+        assert not daemon_serves(instance, home)  # its process is gone (a killed build's)
+        # A `dagster-daemon run` for this DAGSTER_HOME (`make dev`'s), and one for another.
+        other = {**env, "DAGSTER_HOME": str(tmp_path / "elsewhere")}
+        elsewhere = _python(sleeper, "dagster-daemon", "run", env=other)
+        try:
+            time.sleep(0.5)
+            assert not daemon_serves(instance, home)
+        finally:
+            elsewhere.kill()
+        daemon = _python(sleeper, "dagster-daemon", "run", env=env)
+        try:
+            time.sleep(0.5)
+            assert daemon_serves(instance, home)
+            assert note_own_daemons(instance, home, since=start) == {"builds-own"}
+            assert not daemon_serves(instance, home)  # recorded as a build's own
+            later = time.time()
+            instance.add_daemon_heartbeat(DaemonHeartbeat(later, "BACKFILL", "make-dev", None))
+            assert daemon_serves(instance, home)
+            old = later - 120
+            instance.add_daemon_heartbeat(DaemonHeartbeat(old, "BACKFILL", "long-gone", None))
+            assert not daemon_serves(instance, home)  # its last heartbeat is too old
+        finally:
+            daemon.kill()

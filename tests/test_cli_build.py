@@ -71,18 +71,28 @@ def _instance_state(tmp_path: Path) -> tuple[list[str], int]:
     return statuses, running
 
 
-def _run_priorities(tmp_path: Path) -> list[tuple[str, bool]]:
-    """(dagster/priority tag, whether it holds city × year assets) of the newest backfill's runs."""
+def _run_priorities(tmp_path: Path) -> dict[str, list[tuple[str, bool]]]:
+    """Per backfill of the newest build, oldest first: (dagster/priority tag, whether it holds
+    city × year assets) of its runs."""
     from pipelines.build import _per_city_year_assets
 
     keys = _per_city_year_assets()
     with _instance(tmp_path) as instance:
-        newest = instance.get_backfills()[0].backfill_id
-        runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/backfill": newest}))
-    return [
-        (run.tags.get("dagster/priority", "0"), any(k in keys for k in run.asset_selection or ()))
-        for run in runs
-    ]
+        backfills = instance.get_backfills()  # newest first
+        build = backfills[0].tags["citycube/build"]
+        ours = [b for b in reversed(backfills) if b.tags["citycube/build"] == build]
+        priorities = {}
+        for backfill in ours:
+            tags = {"dagster/backfill": backfill.backfill_id}
+            runs = instance.get_runs(filters=dg.RunsFilter(tags=tags))
+            priorities[backfill.title or ""] = [
+                (
+                    run.tags.get("dagster/priority", "0"),
+                    any(k in keys for k in run.asset_selection or ()),
+                )
+                for run in runs
+            ]
+    return priorities
 
 
 def test_stop_requests_then_a_rerun_builds_everything(tmp_path: Path) -> None:
@@ -134,9 +144,11 @@ def test_stop_requests_then_a_rerun_builds_everything(tmp_path: Path) -> None:
     assert duplicates == (0,)
     statuses, _ = _instance_state(tmp_path)
     assert statuses[0] == "COMPLETED_SUCCESS"  # newest first
-    # Runs of static and epoch products (and the cube) left the queue first.
-    priorities = _run_priorities(tmp_path)
-    assert {p for p, per_city_year in priorities if per_city_year} == {"0"}, priorities
-    assert {p for p, per_city_year in priorities if not per_city_year} == {"1"}, priorities
+    # Runs of static and epoch products (the first backfill's) left the queue first.
+    (first, static_epoch), (second, rest) = _run_priorities(tmp_path).items()
+    assert "(1/2: static and 5-year products)" in first and "(2/2:" in second
+    assert static_epoch and {p for p, per_city_year in static_epoch} == {"1"}, static_epoch
+    assert not any(per_city_year for _, per_city_year in static_epoch)
+    assert {p for p, per_city_year in rest if per_city_year} == {"0"}, rest
     leftovers = [p for p in data.rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
     assert not leftovers

@@ -4,7 +4,6 @@ back for the backfill and its runs (what `dagster dev` shows)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import re
 import shutil
@@ -19,8 +18,7 @@ import rioxarray  # noqa: F401  (registers .rio)
 
 from citycube.cube.chips import open_chips
 from citycube.cube.release import Release
-from pipelines.definitions import build_definitions, defs
-from pipelines.schedules import year_due, yearly_request
+from pipelines.definitions import defs
 
 pytestmark = pytest.mark.e2e
 
@@ -235,22 +233,6 @@ def test_chips_are_georeferenced_windows(release_dir: Path) -> None:
     ).fetchone()[0]
     assert x0 == pytest.approx(tile_xmin)
     assert chip.dtype == "uint8" and chip.shape == (3, 80, 80)
-
-
-def test_yearly_sensor_requests_one_backfill_of_last_year() -> None:
-    graph = build_definitions().resolve_asset_graph()
-    assert year_due(dt.date(2025, 1, 14)) == 2023 and year_due(dt.date(2025, 1, 15)) == 2024
-    result = yearly_request(graph, dt.date(2025, 1, 15), cursor=None)
-    assert isinstance(result, dg.SensorResult) and result.cursor == "2024"
-    (request,) = result.run_requests
-    subset = request.asset_graph_subset
-    opt = subset.get_partitions_subset(dg.AssetKey(["modalities", "opt"]))
-    assert len(opt) == 16 and all(k.endswith("|2024") for k in opt.get_partition_keys())
-    pop = subset.get_partitions_subset(dg.AssetKey(["derived", "pop"]))
-    assert sorted(pop.get_partition_keys())[0] == "Amsterdam|2020"  # 2024's epoch
-    assert dg.AssetKey(["cube", "database"]) in subset.non_partitioned_asset_keys
-    again = yearly_request(graph, dt.date(2025, 6, 1), cursor="2024")
-    assert isinstance(again, dg.SkipReason)
 
 
 def _sql_blocks(doc: str) -> list[str]:

@@ -80,3 +80,63 @@ def test_layering_check_catches_every_import_form() -> None:
     )
     found = [n.split(".")[0] for n in _imported_modules(ast.parse(source))]
     assert found == ["dagster", "dagster", "dagster", "sources", "pipelines", "assets"]
+
+
+def _private_modules(names: list[str]) -> list[str]:
+    """The names of any library's private modules (a dotted part starting with "_")."""
+    return [
+        name
+        for name in names
+        if name not in ("__future__", "__main__")
+        and any(part.startswith("_") for part in name.split("."))
+    ]
+
+
+def _private_names(tree: ast.AST) -> list[str]:
+    """Private names (``_x``, not dunders) imported from another module."""
+    return [
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+
+
+def test_no_module_outside_the_tests_imports_private_modules() -> None:
+    """Dagster's ``dagster._*`` or any other library's underscore modules, and no private
+    name (``_x``) imported from another module."""
+    root = Path(importlib.import_module("pipelines").__file__).parent.parent
+    offenders = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            relative = path.relative_to(root).as_posix()
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=relative)
+            bad = _private_modules(_imported_modules(tree)) + _private_names(tree)
+            if bad:
+                offenders[relative] = bad
+    assert offenders == {}
+
+
+def test_private_module_check_catches_every_import_form() -> None:
+    source = (
+        "import dagster._core.errors\n"
+        "from dagster._core.execution.backfill import PartitionBackfill\n"
+        "from dagster_graphql._internal import x\n"
+        "def f():\n"
+        "    from dagster._daemon.backfill import execute_backfill_iteration\n"
+        "    importlib.import_module('dagster._core.storage.tags')\n"
+        "import dagster\n"
+        "from dagster import DagsterInstance\n"
+        "from dagster_graphql import DagsterGraphQLClient\n"
+        "from rasterio._features import _rasterize\n"
+    )
+    found = _private_modules(_imported_modules(ast.parse(source)))
+    assert found == [
+        "dagster._core.errors",
+        "dagster._core.execution.backfill",
+        "dagster_graphql._internal",
+        "rasterio._features",
+        "dagster._daemon.backfill",
+        "dagster._core.storage.tags",
+    ]

@@ -92,7 +92,7 @@ def test_only_transient_fetch_errors_are_retried(
 def test_a_fetch_step_interrupted_by_its_runs_termination_is_not_retried(tmp_path: Path) -> None:
     """Dagster's retry policy would retry an interrupted step; a build's source step is
     interrupted only when Dagster terminates its run, so it fails at once instead."""
-    from dagster._core.errors import DagsterExecutionInterruptedError
+    from dagster import DagsterExecutionInterruptedError
 
     result = _materialize(tmp_path, DagsterExecutionInterruptedError(), failures=1)
     assert _retries(result) == 0

@@ -7,7 +7,6 @@ The writer every chip format shares (:class:`ChipStoreWriter`); the icechunk for
 from __future__ import annotations
 
 import hashlib
-import math
 import shutil
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +33,7 @@ from zarr.storage import MemoryStore
 
 from citycube.catalogue.cities import PARENT_SIZE_M
 from citycube.errors import CubeWriteError
-from citycube.grid.tiles import PixelGrid
+from citycube.grid.tiles import PixelGrid, whole_pixels
 from citycube.io.atomic import replace_dir_atomic
 from citycube.io.digest import write_digests
 from citycube.io.scratch import owned_name, remove_dead_leftovers
@@ -55,17 +54,6 @@ _ZARR_COMPRESSOR = ZstdCodec(level=3)
 
 _COORDINATE_COMPRESSOR = ZstdCodec(level=0)
 """zarr's default codec for the small coordinate arrays, which xarray leaves to zarr."""
-
-
-def _whole(value: float, what: str) -> int:
-    """``value`` as an int, insisting it is whole (a grid that does not nest is a spec error)."""
-    rounded = round(value)
-    if not math.isclose(value, rounded, rel_tol=0, abs_tol=1e-6):
-        raise ValueError(
-            f"{what} = {value} is not a whole number of pixels; pick a resolution "
-            "that divides the 10 km lattice"
-        )
-    return int(rounded)
 
 
 class ChipStoreWriter:
@@ -95,7 +83,7 @@ class ChipStoreWriter:
         self.dtype = np.dtype(dtype)
         self.fill_value = _checked_fill(self.dtype, fill_value)
         self.attrs = dict(attrs)
-        self.chunk_px = _whole(PARENT_SIZE_M / pixel_grid.resolution, "10 km / resolution")
+        self.chunk_px = whole_pixels(PARENT_SIZE_M / pixel_grid.resolution, "10 km / resolution")
         self._tmp_path = owned_name(self.path, "tmp")
         self._written: list[tuple[int, int, int, int]] = []
         self._zarr_group: zarr.Group | None = None
@@ -451,7 +439,7 @@ def _create_arrays(
 ) -> dict[str, zarr.Array]:
     """Coordinates, grid mapping, data and valid in ``group``; the data and valid arrays."""
     n_bands = len(band_names)
-    chunk = _whole(PARENT_SIZE_M / grid.resolution, "10 km / resolution")
+    chunk = whole_pixels(PARENT_SIZE_M / grid.resolution, "10 km / resolution")
     coordinates = (_COORDINATE_COMPRESSOR,)
     nan_fill = {"_FillValue": FillValueCoder.encode(np.nan, np.dtype(np.float64))}
     band = group.create_array(

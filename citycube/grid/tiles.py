@@ -269,3 +269,14 @@ def snapped_grid(
     row1 = math.ceil((oy - ymin) / res_y - 1e-9)
     transform = Affine(res_x, 0, ox + col0 * res_x, 0, -res_y, oy - row0 * res_y)
     return LatticeGrid(crs, transform, col1 - col0, row1 - row0)
+
+
+def whole_pixels(value: float, what: str) -> int:
+    """``value`` as an int, insisting it is whole (a grid that does not nest is a spec error)."""
+    rounded = round(value)
+    if not math.isclose(value, rounded, rel_tol=0, abs_tol=1e-6):
+        raise ValueError(
+            f"{what} = {value} is not a whole number of pixels; pick a resolution "
+            "that divides the 10 km lattice"
+        )
+    return int(rounded)

@@ -37,8 +37,7 @@ from rasterio.warp import Resampling, reproject
 from rasterio.windows import Window
 
 from citycube.catalogue.cities import PARENT_SIZE_M
-from citycube.cube.chips_zarr import _whole
-from citycube.grid.tiles import PixelGrid, Tile
+from citycube.grid.tiles import PixelGrid, Tile, whole_pixels
 from citycube.items.rasters import MaskedSource, rio_crs, transformer
 from citycube.processing.memory import bound_process_memory, release_freed
 
@@ -84,7 +83,7 @@ def blocks(
     chunk of the chip store. A grid whose west or north edge is off the lattice gets narrower
     first blocks.
     """
-    per_block = _whole(block_m / pixel_grid.resolution, "block size / resolution")
+    per_block = whole_pixels(block_m / pixel_grid.resolution, "block size / resolution")
     row_edges = _lattice_edges(pixel_grid.y_max % block_m, per_block, pixel_grid)
     col_edges = _lattice_edges(-pixel_grid.x_min % block_m, per_block, pixel_grid, columns=True)
     return [
@@ -100,7 +99,7 @@ def row_bands(pixel_grid: PixelGrid, band_height_m: float = PARENT_SIZE_M) -> li
     The rows of :func:`blocks`; a band spans the grid's whole width, so work done band by band
     grows with the city's width (prefer blocks).
     """
-    rows_per_band = _whole(band_height_m / pixel_grid.resolution, "band height / resolution")
+    rows_per_band = whole_pixels(band_height_m / pixel_grid.resolution, "band height / resolution")
     return list(
         itertools.pairwise(
             _lattice_edges(pixel_grid.y_max % band_height_m, rows_per_band, pixel_grid)
@@ -117,7 +116,7 @@ def _lattice_edges(
     it (zero when the edge is on the lattice).
     """
     size = pixel_grid.width if columns else pixel_grid.height
-    first = _whole(offset_m / pixel_grid.resolution, "grid edge offset / resolution")
+    first = whole_pixels(offset_m / pixel_grid.resolution, "grid edge offset / resolution")
     first %= per_block
     edges = [0]
     next_edge = first or per_block
