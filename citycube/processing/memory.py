@@ -73,7 +73,7 @@ def bound_process_memory() -> None:
     per process).
 
     Settings are process-wide and inherited by child processes; with block buffers reusing
-    the heap, processing is faster with them than without (``benchmarks/README.md``).
+    the heap, processing is faster with them than without (``benchmarks/results/history.md``).
     """
     global _applied
     if _applied:
