@@ -77,8 +77,6 @@ DAEMON_FRESH_S = 60.0
 FORCED_STOP_GRACE_S = 20.0
 """After a forced stop, seconds to wait for runs to report their end before marking them."""
 EXIT_STOPPED = 130
-UNPRINTED_EVENTS = ("ASSET_MATERIALIZATION", "ASSET_MATERIALIZATION_PLANNED", "ASSET_OBSERVATION")
-"""Event types the progress printer has no line for: a build writes tens of thousands."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -439,16 +437,12 @@ class ProgressPrinter:
         from dagster import DagsterEventType
 
         name = self.names[run.run_id]
-        storage = self.instance.event_log_storage
         while True:
-            if hasattr(storage, "get_records_for_run_except"):  # materialisations not decoded
-                page = storage.get_records_for_run_except(
-                    run.run_id, self.cursors[run.run_id], UNPRINTED_EVENTS, 500
-                )
-            else:
-                page = self.instance.get_records_for_run(
-                    run.run_id, cursor=self.cursors[run.run_id], limit=500
-                )
+            # Unfiltered: a step's progress lines are log entries without an event type,
+            # which a filter by event type would leave out.
+            page = self.instance.get_records_for_run(
+                run.run_id, cursor=self.cursors[run.run_id], limit=500
+            )
             self.cursors[run.run_id] = page.cursor
             for record in page.records:
                 entry = record.event_log_entry
