@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from citycube.catalogue.modalities import Catalogue, ModalitySpec, Temporal
-from citycube.catalogue.temporal import resolve
-from citycube.errors import SourceUnavailableError, in_context
+from citycube.errors import in_context
+from citycube.items.fetched import fetch_and_record
 from sources import SourceSetSpecFile, resolve_sources
 
 if TYPE_CHECKING:
@@ -45,22 +45,16 @@ def fetch_source(
     }
     if not used:
         return {**base, "available": False, "reason": "not_read_for_this_city"}
-    source_year = None
-    if period is not None:
-        resolution = resolve(temporal, period, adapter.source_years(city))
-        if not resolution.available:
-            return {**base, "available": False, "reason": resolution.missing_reason}
-        source_year = resolution.source_year
-    year = "static" if source_year is None else f"source year {source_year}"
-    try:
-        with in_context(f"source {product} ({adapter.info.source_id}) for {city}, {year}"):
-            item = adapter.fetch(city, source_year, release.sources_dir)
-    except SourceUnavailableError as exc:
-        return {**base, "available": False, "reason": exc.reason}
+    period_text = "static" if period is None else str(period)
+    with in_context(f"source {product} ({adapter.info.source_id}) for {city}, {period_text}"):
+        outcome = fetch_and_record(adapter, temporal, city, period, release.sources_dir)
+    if outcome.item is None:
+        return {**base, "available": False, "reason": outcome.missing_reason}
+    item = outcome.item
     return {
         **base,
         "available": True,
-        "source_year": source_year if source_year is not None else "static",
+        "source_year": item.source_year if item.source_year is not None else "static",
         "source_version": item.version,
         "fingerprint": item.fingerprint,
         "files": {role: str(href) for role, href in item.files.items()},

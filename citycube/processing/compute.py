@@ -40,7 +40,7 @@ from citycube.catalogue.modalities import (
     ModalitySpec,
     Temporal,
 )
-from citycube.catalogue.temporal import BASIS, period_label, period_of, resolve
+from citycube.catalogue.temporal import BASIS, period_label, period_of
 from citycube.catalogue.versions import ENGINE_VERSION, modality_digest
 from citycube.cube.release import (
     CHIP_INDEX_SCHEMA,
@@ -51,7 +51,8 @@ from citycube.cube.release import (
     write_parquet_atomic,
     write_parquet_with_digest,
 )
-from citycube.errors import DerivedResultsMissingError, SourceUnavailableError, in_context
+from citycube.errors import DerivedResultsMissingError, in_context
+from citycube.items.fetched import open_fetched
 from citycube.items.protocol import SourceInfo, SourceItem, SourceSet
 from citycube.processing.memory import bound_process_memory
 from citycube.processing.money import check_currency, ppp_2017_factor
@@ -184,16 +185,10 @@ def _serve(
 ) -> FieldGroup:
     """One product's item for a source period, or why it has none."""
     adapter = sources.product(product)
-    source_year, item, reason = None, None, None
-    if period is not None:
-        resolution = resolve(modality.temporal, period, adapter.source_years(city))
-        source_year, reason = resolution.source_year, resolution.missing_reason
-    if reason is None:
-        try:
-            item = adapter.fetch(city, source_year, release.sources_dir)
-        except SourceUnavailableError as exc:
-            source_year, reason = None, exc.reason
-    return FieldGroup(product, fields, adapter.info, source_year, item, reason)
+    outcome = open_fetched(adapter, modality.temporal, city, period, release.sources_dir)
+    return FieldGroup(
+        product, fields, adapter.info, outcome.source_year, outcome.item, outcome.missing_reason
+    )
 
 
 def _fetch_aux(
@@ -204,10 +199,11 @@ def _fetch_aux(
     for product in modality.auxiliary_products:
         if product not in sources:
             continue
-        try:
-            aux[product] = sources.fetch(product, city, None, release.sources_dir)
-        except SourceUnavailableError:
-            continue
+        outcome = open_fetched(
+            sources.product(product), Temporal.STATIC, city, None, release.sources_dir
+        )
+        if outcome.item is not None:
+            aux[product] = outcome.item
     return aux
 
 
