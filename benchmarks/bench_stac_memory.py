@@ -79,7 +79,7 @@ def child(storage: Path, size: int | None, block_px: int) -> dict[str, Any]:
     from sources.stac import landsat
     from sources.stac.adapter import FetchContext
     from sources.stac.clearmasks import ClearMaskCache
-    from sources.stac.grids import TargetGrid
+    from sources.stac.grids import GeoBox
     from sources.stac.options import StacFamilyOptions
     from sources.stac.records import SearchRecords
     from sources.stac.retrying import retry_policy
@@ -95,11 +95,10 @@ def child(storage: Path, size: int | None, block_px: int) -> dict[str, Any]:
         policy = retry_policy(options)
         items = json.loads((storage / "items.json").read_text(encoding="utf-8"))
         scenes = [pystac.Item.from_dict(item) for item in items]
-        grid = TargetGrid(
-            crs=CRS.from_epsg(EPSG),
-            transform=Affine(30, 0, ORIGIN[0], 0, -30, ORIGIN[1]),
-            width=size,
-            height=size,
+        grid = GeoBox(
+            (size, size),
+            Affine(30, 0, ORIGIN[0], 0, -30, ORIGIN[1]),
+            CRS.from_epsg(EPSG),
         )
         with tempfile.TemporaryDirectory(prefix="citycube-bench-stac-mem-") as tmp:
             ctx = FetchContext(

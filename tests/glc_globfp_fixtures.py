@@ -96,7 +96,7 @@ def serve_glc(
     provider's names (plus the 1985-2000 file the adapter must not read); tile name ->
     (crop transform, the year's classes), in the order the adapter reads them."""
     assert GLC.tile_grid is not None
-    bounds = city_window(city, GLC).bounds
+    bounds = city_window(city, GLC).boundingbox.bbox
     zips: dict[str, dict[str, bytes]] = {}
     served: dict[str, tuple[Affine, np.ndarray]] = {}
     for index, (row, col) in enumerate(tiles_covering(bounds, GLC.tile_grid)):

@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 import rasterio
 from affine import Affine
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 from rasterio.crs import CRS as RioCRS
 from rasterio.io import MemoryFile
 
-from sources.http.base import TargetGrid, city_window
+from sources.http.base import city_window
 from sources.http.spec import HttpProductSpec
 
 
@@ -35,7 +36,7 @@ class Patch:
     values: np.ndarray
     """(rows, cols) raw values as the file stores them."""
 
-    def window_of(self, grid: TargetGrid) -> np.ndarray:
+    def window_of(self, grid: GeoBox) -> np.ndarray:
         """The patch's values on a target window of the same lattice (must lie inside)."""
         col = round((grid.transform.c - self.transform.c) / self.transform.a)
         row = round((grid.transform.f - self.transform.f) / self.transform.e)

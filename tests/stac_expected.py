@@ -14,10 +14,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import rasterio
+from odc.geo.geobox import GeoBox
 from pyproj import Transformer
 from scipy import sparse
 
-from sources.stac.grids import TargetGrid, landsat_grid
+from sources.stac.grids import landsat_grid
 from tests.stac_fixtures import CITY, SR_OFFSET, SR_SCALE, ST_OFFSET, ST_SCALE, StacWorld
 
 INVALID_BITS = 0b111111
@@ -28,7 +29,7 @@ SUB_CELL_M = 5.0
 """Side of the sub-cells that 30 m, 25 m, 2 km and 5 km edges all fall on."""
 
 
-def source_index(world: StacWorld, role: str, grid: TargetGrid) -> tuple[np.ndarray, ...]:
+def source_index(world: StacWorld, role: str, grid: GeoBox) -> tuple[np.ndarray, ...]:
     """(rows, cols, inside) of each target pixel's nearest source pixel, via pyproj."""
     scene = world.scenes[role]
     rows, cols = np.mgrid[0 : grid.height, 0 : grid.width]
@@ -57,7 +58,7 @@ def scene_band(
     world: StacWorld,
     role: str,
     asset: str,
-    grid: TargetGrid,
+    grid: GeoBox,
     index: tuple[np.ndarray, ...] | None = None,
 ) -> np.ndarray:
     """A scene's asset on the target grid (whole file read, indexed with numpy); ``index`` is

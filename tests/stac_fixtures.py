@@ -906,7 +906,7 @@ def loopback_stac_world(base: Path) -> Iterator[StacWorld]:
 def needed_bytes(path: Path, grid: Any) -> int:
     """Compressed bytes of the internal tiles under the grid's footprint in the file."""
     with rasterio.open(path) as src:
-        bounds = grid.bounds
+        bounds = grid.boundingbox.bbox
         if src.crs.to_epsg() != grid.crs.to_epsg():
             bounds = Transformer.from_crs(grid.crs, src.crs, always_xy=True).transform_bounds(
                 *bounds, densify_pts=21

@@ -18,6 +18,7 @@ from sources.sample.world import (
     bin_index,
     grid_utm_xy,
     pixel_grain,
+    row_window,
     smoothstep,
     spline_zoom,
     synthetic_city,
@@ -55,7 +56,7 @@ def test_linear_zoom_is_ndimage_zoom_on_grids_and_pixels() -> None:
 
 def test_separable_lattice_interpolation_matches_the_gathered_one() -> None:
     world = synthetic_city(CITY)
-    grid = scene_grid(world).row_window(300, 420)
+    grid = row_window(scene_grid(world), 300, 420)
     x, y = grid_utm_xy(grid, world.crs)
     separable = world.points(x, y)
     gathered = world.points(*np.broadcast_arrays(x, y))

@@ -10,17 +10,16 @@ import numpy as np
 import pytest
 import rasterio
 from affine import Affine
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 
-from sources.stac.grids import TargetGrid
 from sources.stac.reading import Block, grid_blocks
 from sources.stac.writing import CogBlocks, Layer, LayerFile, write_cog
 
-GRID = TargetGrid(
-    crs=CRS.from_epsg(32619),
-    transform=Affine(30, 0, 320_000, 0, -30, 4_700_010),
-    width=1100,
-    height=700,
+GRID = GeoBox(
+    (700, 1100),
+    Affine(30, 0, 320_000, 0, -30, 4_700_010),
+    CRS.from_epsg(32619),
 )
 FILE = LayerFile("data", "x.TIF", -9999.0, ("a", "b"), "degC", "A test field")
 TAGS = {"CITYCUBE_CITY": "Boston", "SYNTHETIC": "false"}

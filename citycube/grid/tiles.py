@@ -1,4 +1,8 @@
-"""City tile grids and the tile-aligned pixel grids that chips are cut from.
+"""City tile grids, the tile-aligned pixel grids that chips are cut from, and product lattices.
+
+Every pixel grid (a product's lattice window, a chip grid, a source raster's cells) is an
+odc-geo :class:`~odc.geo.geobox.GeoBox`; a :class:`TileGrid` is the named layout of a city's
+tiles, whose ``geobox`` holds one pixel per tile.
 
 Both grids of a city have their west and north edges on the 10 km lattice of the city's UTM
 CRS, so every 2 km and 5 km tile nests in exactly one 10 km parent cell (the unit of the
@@ -14,6 +18,7 @@ from functools import cache, cached_property
 
 import numpy as np
 from affine import Affine
+from odc.geo.geobox import GeoBox
 from pyproj import CRS, Transformer
 
 from citycube.catalogue.cities import PARENT_SIZE_M, SCALES, TILE_SIZE_M, CitySpec, Scale, get_city
@@ -224,42 +229,15 @@ def pixel_grid(city: str, resolution: float) -> PixelGrid:
     )
 
 
-@dataclass(frozen=True)
-class LatticeGrid:
-    """A north-up window of a product's own pixel lattice, in the product's CRS.
-
-    What a source item's file is written on: every adapter family (sample, STAC, HTTP) cuts the
-    city's extent out of its product's global lattice, so no pixel is resampled.
-    """
-
-    crs: CRS
-    """Coordinate reference system of the product."""
-    transform: Affine
-    """Affine transform of the pixel corners."""
-    width: int
-    """Columns."""
-    height: int
-    """Rows."""
-
-    @property
-    def bounds(self) -> tuple[float, float, float, float]:
-        """(xmin, ymin, xmax, ymax) in the product's CRS."""
-        t = self.transform
-        return (t.c, t.f + t.e * self.height, t.c + t.a * self.width, t.f)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(rows, cols)."""
-        return (self.height, self.width)
-
-
 def snapped_grid(
     crs: CRS,
     bounds: tuple[float, float, float, float],
     res_xy: tuple[float, float],
     origin_xy: tuple[float, float],
-) -> LatticeGrid:
-    """The smallest grid on a lattice (a corner ``origin_xy``, pixel size) containing bounds."""
+) -> GeoBox:
+    """The smallest window of a product's pixel lattice (a corner ``origin_xy``, pixel size)
+    that contains ``bounds``: what every adapter family writes a source item on, so no pixel
+    is resampled."""
     res_x, res_y = res_xy
     ox, oy = origin_xy
     xmin, ymin, xmax, ymax = bounds
@@ -268,7 +246,7 @@ def snapped_grid(
     row0 = math.floor((oy - ymax) / res_y + 1e-9)
     row1 = math.ceil((oy - ymin) / res_y - 1e-9)
     transform = Affine(res_x, 0, ox + col0 * res_x, 0, -res_y, oy - row0 * res_y)
-    return LatticeGrid(crs, transform, col1 - col0, row1 - row0)
+    return GeoBox((row1 - row0, col1 - col0), transform, crs)
 
 
 def whole_pixels(value: float, what: str) -> int:

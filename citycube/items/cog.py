@@ -1,7 +1,7 @@
 """The one COG profile of every source item's raster files, whichever family writes them.
 
 The sample backend, the STAC family and the HTTP family all write an item's rasters as
-Cloud Optimized GeoTIFFs on a window of the product's lattice (:class:`LatticeGrid`); the
+Cloud Optimized GeoTIFFs on a window of the product's lattice (:class:`GeoBox`); the
 creation options below are the only definition of how: DEFLATE with a horizontal predictor,
 512-pixel tiles, overviews averaged (nearest neighbour for classes and bit fields) and a BigTIFF
 whenever the file could outgrow a classic TIFF.
@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 from rasterio.crs import CRS as RioCRS
-
-from citycube.grid.tiles import LatticeGrid
 
 COG_MEDIA_TYPE = "image/tiff; application=geotiff; profile=cloud-optimized"
 """STAC media type of every COG an item holds."""
@@ -60,7 +59,7 @@ def staging_options() -> dict[str, Any]:
 
 
 def grid_profile(
-    driver: str, grid: LatticeGrid, count: int, dtype: DTypeLike, nodata: float
+    driver: str, grid: GeoBox, count: int, dtype: DTypeLike, nodata: float
 ) -> dict[str, Any]:
     """The rasterio profile that places ``count`` bands of ``dtype`` on a grid."""
     return {
@@ -76,7 +75,7 @@ def grid_profile(
 
 
 def cog_profile(
-    grid: LatticeGrid, count: int, dtype: DTypeLike, nodata: float, *, categorical: bool
+    grid: GeoBox, count: int, dtype: DTypeLike, nodata: float, *, categorical: bool
 ) -> dict[str, Any]:
     """The whole profile of a COG on a grid: placement plus :func:`cog_options`."""
     return {

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import rasterio
 from affine import Affine
+from odc.geo.crs import CRS as GeoCRS
 from pyproj import CRS, Transformer
 from rasterio.crs import CRS as RioCRS
 from rasterio.windows import Window
@@ -45,9 +46,11 @@ _transformer_cache: dict[tuple[tuple[str, str], tuple[str, str]], Transformer] =
 _rio_cache: dict[tuple[str, str], RioCRS] = {}
 
 
-def _crs_key(crs: CRS) -> tuple[str, str]:
+def _crs_key(crs: CRS | GeoCRS) -> tuple[str, str]:
     """The definition a CRS was made from: one input string always makes the same CRS, and
     rendering the WKT for a key cost more than most of what the caches save."""
+    if isinstance(crs, GeoCRS):  # a GeoBox's CRS wraps the pyproj one
+        crs = crs.proj
     return ("srs", crs.srs) if crs.srs else ("wkt", crs.to_wkt())
 
 

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from odc.geo.geobox import GeoBox
+
 from sources.downloads import redact_url
-from sources.http.base import Assembled, HttpSource, TargetGrid
+from sources.http.base import (
+    Assembled,
+    HttpSource,
+)
 
 
 class AcagAnnual(HttpSource):
     """An ACAG annual mean field (µg/m³ or ppb) on its global lattice."""
 
-    def assemble(self, city: str, year: int, grid: TargetGrid, scratch: Path) -> Assembled:
+    def assemble(self, city: str, year: int, grid: GeoBox, scratch: Path) -> Assembled:
         """The year's file cut to the city window."""
         variable = self.spec.variables[0]
         url = self.url(variable, year)

@@ -25,13 +25,17 @@ from urllib.parse import urlsplit
 import numpy as np
 import rasterio
 import rasterio.shutil
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 from rasterio.errors import RasterioError
 from rasterio.windows import Window
 
 from citycube.catalogue.cities import get_city
 from citycube.errors import SourceFetchError, SourceReadError, SourceUnavailableError
-from citycube.grid.tiles import LatticeGrid, city_extent, snapped_grid
+from citycube.grid.tiles import (
+    city_extent,
+    snapped_grid,
+)
 from citycube.items.cog import cog_profile, grid_profile
 from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct
 from citycube.items.rasters import transformer, write_netcdf_variable
@@ -46,11 +50,10 @@ PROVENANCE_FILE = "sources.json"
 """Served files (URLs without credentials, digests, sizes) and the aggregation applied."""
 
 
-TargetGrid = LatticeGrid
 """The city's window on a product's global cell lattice (north-up)."""
 
 
-def city_window(city: str, spec: HttpProductSpec) -> TargetGrid:
+def city_window(city: str, spec: HttpProductSpec) -> GeoBox:
     """The smallest window of the product lattice holding the city extent plus the margin."""
     utm = CRS.from_epsg(get_city(city).epsg)
     xmin, ymin, xmax, ymax = city_extent(city)
@@ -67,7 +70,7 @@ def city_window(city: str, spec: HttpProductSpec) -> TargetGrid:
 class Assembled:
     """A source year's arrays on the city window, in output units (NaN = no valid value)."""
 
-    grid: TargetGrid
+    grid: GeoBox
     """Where the cells are."""
     values: Mapping[str, np.ndarray]
     """Per variable name: (rows, cols) float64 values."""
@@ -126,7 +129,7 @@ class HttpSource(SourceProduct):
         return self.installed_source_item(installed, city, year)
 
     @abstractmethod
-    def assemble(self, city: str, year: int, grid: TargetGrid, scratch: Path) -> Assembled:
+    def assemble(self, city: str, year: int, grid: GeoBox, scratch: Path) -> Assembled:
         """A source year's values on the city window (``scratch`` holds temporary files)."""
 
     # -- item layout ----------------------------------------------------------------------
@@ -286,7 +289,7 @@ class HttpSource(SourceProduct):
         self,
         ds: rasterio.DatasetReader,
         variable: Variable,
-        grid: TargetGrid,
+        grid: GeoBox,
         url: str,
         city: str,
         year: int,
@@ -399,7 +402,7 @@ class HttpSource(SourceProduct):
         path: Path,
         variables: list[Variable],
         stack: list[np.ndarray],
-        grid: TargetGrid,
+        grid: GeoBox,
         city: str,
         year: int,
     ) -> None:
@@ -438,7 +441,7 @@ class HttpSource(SourceProduct):
         path: Path,
         variable: Variable,
         values: np.ndarray,
-        grid: TargetGrid,
+        grid: GeoBox,
         city: str,
         year: int,
     ) -> None:

@@ -15,10 +15,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
+from odc.geo.geobox import GeoBox
 
 from citycube.errors import SourceFetchError
 from sources.downloads import redact_url
-from sources.http.base import Assembled, HttpSource, TargetGrid
+from sources.http.base import (
+    Assembled,
+    HttpSource,
+)
 from sources.http.spec import TileGrid
 
 
@@ -41,10 +45,10 @@ def tiles_covering(
 class GhslTiles(HttpSource):
     """A GHSL product whose epochs are mosaics of zipped tiles."""
 
-    def assemble(self, city: str, year: int, grid: TargetGrid, scratch: Path) -> Assembled:
+    def assemble(self, city: str, year: int, grid: GeoBox, scratch: Path) -> Assembled:
         """Each variable's tiles pasted onto the city window (missing tiles stay NaN)."""
         assert self.spec.tile_grid is not None
-        tiles = tiles_covering(grid.bounds, self.spec.tile_grid)
+        tiles = tiles_covering(grid.boundingbox.bbox, self.spec.tile_grid)
         values: dict[str, np.ndarray] = {}
         served: list[dict[str, object]] = []
         missing: list[str] = []

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import rasterio
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 from rasterio.crs import CRS as RioCRS
 from rasterio.errors import RasterioError
@@ -31,7 +32,10 @@ from rasterio.windows import Window, from_bounds
 from citycube.errors import SourceFetchError, SourceReadError
 from citycube.grid.tiles import snapped_grid
 from sources.downloads import Downloaded, redact_url
-from sources.http.base import Assembled, HttpSource, TargetGrid
+from sources.http.base import (
+    Assembled,
+    HttpSource,
+)
 from sources.http.ghsl import tiles_covering
 from sources.http.spec import TileGrid, Variable
 
@@ -65,14 +69,14 @@ def tile_west(col: int, grid: TileGrid) -> int:
 class GlcTiles(HttpSource):
     """GLC_FCS30D: one band per year of 5° tiles, packed in 10° zips."""
 
-    def assemble(self, city: str, year: int, grid: TargetGrid, scratch: Path) -> Assembled:
+    def assemble(self, city: str, year: int, grid: GeoBox, scratch: Path) -> Assembled:
         """The year's band of every tile meeting the city window, on one tile's lattice."""
         del scratch
         assert self.spec.tile_grid is not None
         variable = self.spec.variables[0]
-        tiles = tiles_covering(grid.bounds, self.spec.tile_grid)
+        tiles = tiles_covering(grid.boundingbox.bbox, self.spec.tile_grid)
         names = [tile_name(r, c, self.spec.tile_grid) for r, c in tiles]
-        out_grid: TargetGrid | None = None
+        out_grid: GeoBox | None = None
         served_raw: np.ndarray | None = None
         served: list[dict[str, object]] = []
         missing: list[str] = []
@@ -158,17 +162,17 @@ class GlcTiles(HttpSource):
         first = variable.band_first_year if variable.band_first_year is not None else year
         return year - first + 1
 
-    def _item_grid(self, ds: rasterio.DatasetReader, window: TargetGrid) -> TargetGrid:
+    def _item_grid(self, ds: rasterio.DatasetReader, window: GeoBox) -> GeoBox:
         """The city window on this tile's own lattice (its origin and cell size)."""
         t = ds.transform
-        return snapped_grid(CRS.from_epsg(4326), window.bounds, (t.a, -t.e), (t.c, t.f))
+        return snapped_grid(CRS.from_epsg(4326), window.boundingbox.bbox, (t.a, -t.e), (t.c, t.f))
 
     def _place(
         self,
         ds: rasterio.DatasetReader,
         variable: Variable,
         year: int,
-        out_grid: TargetGrid,
+        out_grid: GeoBox,
         served_raw: np.ndarray,
         url: str,
         city: str,
@@ -183,7 +187,7 @@ class GlcTiles(HttpSource):
                 f"{year} would be band {band} (band 1 = {variable.band_first_year}): the file is "
                 "not the product's annual tile"
             )
-        west, south, east, north = out_grid.bounds
+        west, south, east, north = out_grid.boundingbox.bbox
         t = ds.transform
         win = from_bounds(west, south, east, north, t)
         col0 = max(math.floor(win.col_off) - 1, 0)

@@ -16,10 +16,14 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 import rasterio
+from odc.geo.geobox import GeoBox
 
 from citycube.errors import SourceReadError
 from sources.downloads import redact_url
-from sources.http.base import Assembled, HttpSource, TargetGrid
+from sources.http.base import (
+    Assembled,
+    HttpSource,
+)
 
 TIME_DIM_TAG = "NETCDF_DIM_time"
 """Band tag GDAL's netCDF driver sets to the band's time value."""
@@ -47,7 +51,7 @@ def band_years(ds: rasterio.DatasetReader) -> dict[int, int]:
 class HildaStates(HttpSource):
     """HILDA+ annual land-use states from the global multi-year NetCDF."""
 
-    def assemble(self, city: str, year: int, grid: TargetGrid, scratch: Path) -> Assembled:
+    def assemble(self, city: str, year: int, grid: GeoBox, scratch: Path) -> Assembled:
         """The year's band cut to the city window, ids mapped to the twin's legend."""
         variable = self.spec.variables[0]
         url = self.url(variable, year)

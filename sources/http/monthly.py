@@ -16,8 +16,12 @@ from typing import Any
 
 import numpy as np
 import rasterio
+from odc.geo.geobox import GeoBox
 
-from sources.http.base import Assembled, HttpSource, TargetGrid
+from sources.http.base import (
+    Assembled,
+    HttpSource,
+)
 from sources.http.spec import MonthlyAggregation, Variable
 
 MONTHS = range(1, 13)
@@ -47,7 +51,7 @@ class MonthlyToAnnual(HttpSource):
     ) -> contextlib.AbstractContextManager[rasterio.DatasetReader]:
         """Open one monthly file (downloaded, or read by windows), recording its provenance."""
 
-    def assemble(self, city: str, year: int, grid: TargetGrid, scratch: Path) -> Assembled:
+    def assemble(self, city: str, year: int, grid: GeoBox, scratch: Path) -> Assembled:
         """Each variable's months read onto the city window and aggregated to the year."""
         values: dict[str, np.ndarray] = {}
         served: list[dict[str, Any]] = []
@@ -65,7 +69,7 @@ class MonthlyToAnnual(HttpSource):
         year: int,
         month: int,
         city: str,
-        grid: TargetGrid,
+        grid: GeoBox,
         scratch: Path,
         served: list[dict[str, Any]],
     ) -> np.ndarray:

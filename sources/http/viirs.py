@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from odc.geo.geobox import GeoBox
+
 from sources.downloads import redact_url
-from sources.http.base import Assembled, HttpSource, TargetGrid
+from sources.http.base import (
+    Assembled,
+    HttpSource,
+)
 
 
 class VnlAnnual(HttpSource):
     """VIIRS VNL annual average radiance (nW/cm²/sr), background masked to 0."""
 
-    def assemble(self, city: str, year: int, grid: TargetGrid, scratch: Path) -> Assembled:
+    def assemble(self, city: str, year: int, grid: GeoBox, scratch: Path) -> Assembled:
         """The year's composite cut to the city window."""
         variable = self.spec.variables[0]
         url = self.url(variable, year)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from odc.geo.geobox import GeoBox
 from scipy import ndimage
 
 from citycube.items.cog import grid_profile
@@ -30,7 +31,6 @@ from sources.sample.grids import (
 from sources.sample.world import (
     FIRST_YEAR,
     GeneratedItem,
-    NativeGrid,
     SyntheticCity,
     annual_item,
     block_mean,
@@ -60,7 +60,7 @@ class NetcdfGridLayer(OnGrid):
     """NetCDF variable name."""
     data: np.ndarray
     """Values (rows, cols), north row first, float32 with ``fill_value`` where invalid."""
-    grid: NativeGrid
+    grid: GeoBox
     """Where the values are."""
     fill_value: float
     """``_FillValue`` of the variable."""
@@ -174,7 +174,7 @@ def pollutants(city: str) -> tuple[Pollutant, Pollutant]:
 
 
 def _cell_fields(
-    world: SyntheticCity, grid: NativeGrid, year: int, supersample: int
+    world: SyntheticCity, grid: GeoBox, year: int, supersample: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Cell means of (emission density, urban intensity, sea share) and the off-world cells."""
     shape = (grid.height, grid.width)

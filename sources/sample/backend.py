@@ -327,7 +327,7 @@ def stac_item(
     first = generated.layers[0]
     if isinstance(first, RasterLayer):
         crs = CRS.from_user_input(first.grid.crs)
-        bounds = first.grid.bounds
+        bounds = first.grid.boundingbox.bbox
     else:
         if first.crs is None or first.bounds is None:
             raise ValueError(f"the first layer of {generated.item_id} must be spatial")

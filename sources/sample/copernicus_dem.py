@@ -10,16 +10,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import numpy as np
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 
 from sources.sample.grids import lattice_grid
 from sources.sample.world import (
     GeneratedItem,
-    NativeGrid,
     RasterLayer,
     SyntheticCity,
     pixel_grain,
     row_blocks,
+    row_window,
 )
 
 ARC_SECOND = 1 / 3600
@@ -38,7 +39,7 @@ def longitude_spacing(latitude: float) -> float:
     return 10 * ARC_SECOND
 
 
-def dem_grid(world: SyntheticCity) -> NativeGrid:
+def dem_grid(world: SyntheticCity) -> GeoBox:
     """The city window on the GLO-30 lattice (pixel centres on whole arc-seconds)."""
     res_x = longitude_spacing(world.latitude)
     origin = (-180 - res_x / 2, 90 + ARC_SECOND / 2)
@@ -62,7 +63,7 @@ class CopernicusDemGlo30:
         elevation = np.empty((grid.height, grid.width), dtype=np.float32)
         sea = np.empty((grid.height, grid.width), dtype=bool)
         for start, stop in row_blocks(grid.height):
-            pts = world.grid_points(grid.row_window(start, stop))
+            pts = world.grid_points(row_window(grid, start, stop))
             sea[start:stop] = pts.sea
             smooth = pts.elevation
             # Texture never pushes dry land far below its smooth level (polders stay polders).

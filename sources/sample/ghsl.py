@@ -9,6 +9,7 @@ population cells along one edge, so tiles there have only partial support.
 from __future__ import annotations
 
 import numpy as np
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 
 from sources.sample.grids import cell_raster, lattice_grid, supersampled_blocks
@@ -16,7 +17,6 @@ from sources.sample.world import (
     FIRST_YEAR,
     LAST_YEAR,
     GeneratedItem,
-    NativeGrid,
     RasterLayer,
     SyntheticCity,
     annual_item,
@@ -36,7 +36,7 @@ BUILT_V_NODATA = -9999.0
 """GHS-BUILT-V nodata value."""
 
 
-def ghsl_grid(world: SyntheticCity, resolution: float) -> NativeGrid:
+def ghsl_grid(world: SyntheticCity, resolution: float) -> GeoBox:
     """The city window on the GHSL Mollweide lattice at a resolution."""
     crs = CRS.from_user_input(MOLLWEIDE)
     return lattice_grid(world, crs, (resolution, resolution), LATTICE_ORIGIN)
@@ -87,7 +87,7 @@ class GhsPop:
         )
 
 
-def _missing_strip(world: SyntheticCity, grid: NativeGrid) -> np.ndarray:
+def _missing_strip(world: SyntheticCity, grid: GeoBox) -> np.ndarray:
     """Cells without coverage: for some cities a strip along one edge of the extent."""
     rng = world.rng("ghs-pop-strip")
     missing = np.zeros((grid.height, grid.width), dtype=bool)

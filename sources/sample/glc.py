@@ -26,6 +26,7 @@ from sources.sample.world import (
     first_rule_class,
     pixel_grain,
     row_blocks,
+    row_window,
 )
 
 PIXEL_DEGREES = 0.00026949458523585647
@@ -233,7 +234,7 @@ class GlcFcs30d:
         speckle = pixel_grain(world, "glc-speckle", (grid.height, grid.width), reuse=True)
         classes = np.empty((grid.height, grid.width), dtype=np.uint8)
         for start, stop in row_blocks(grid.height):
-            pts = world.grid_points(grid.row_window(start, stop))
+            pts = world.grid_points(row_window(grid, start, stop))
             block = land_cover(world, pts, year, speckle[start:stop])
             classes[start:stop] = np.where(pts.inside, block, np.uint8(NODATA))
         _nodata_patches(world, year, classes)

@@ -13,18 +13,19 @@ from pathlib import Path
 import numpy as np
 import rasterio
 from numpy.typing import DTypeLike
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 
+from citycube.grid.tiles import snapped_grid
 from citycube.items.cog import cog_profile
 from sources.sample.world import (
-    NativeGrid,
     RasterLayer,
     SyntheticCity,
     WorldPoints,
     block_mean,
     product_window,
     row_blocks,
-    snapped_grid,
+    row_window,
     transformer,
 )
 
@@ -37,20 +38,20 @@ def lattice_grid(
     crs: CRS,
     res_xy: tuple[float, float],
     origin_xy: tuple[float, float],
-) -> NativeGrid:
+) -> GeoBox:
     """The city window (extent plus product margin) on a product's global lattice."""
     return snapped_grid(crs, product_window(world, crs), res_xy, origin_xy)
 
 
 def geographic_grid(
     world: SyntheticCity, cell_degrees: float, origin_xy: tuple[float, float] = GLOBAL_ORIGIN
-) -> NativeGrid:
+) -> GeoBox:
     """The city window on a square-cell EPSG:4326 lattice."""
     return lattice_grid(world, CRS.from_epsg(4326), (cell_degrees, cell_degrees), origin_xy)
 
 
 def supersampled_blocks(
-    world: SyntheticCity, grid: NativeGrid, supersample: int, block_rows: int
+    world: SyntheticCity, grid: GeoBox, supersample: int, block_rows: int
 ) -> Iterator[tuple[slice, WorldPoints, np.ndarray]]:
     """(rows, the world at their sub-pixels, cells off the world) for each block of a grid.
 
@@ -58,13 +59,13 @@ def supersampled_blocks(
     there rather than a mean over part of the cell.
     """
     for start, stop in row_blocks(grid.height, block_rows):
-        pts = world.grid_points(grid.row_window(start, stop), supersample)
+        pts = world.grid_points(row_window(grid, start, stop), supersample)
         yield slice(start, stop), pts, block_mean(pts.inside, supersample) < 1
 
 
 def cell_raster(
     world: SyntheticCity,
-    grid: NativeGrid,
+    grid: GeoBox,
     supersample: int,
     block_rows: int,
     cells: Callable[[WorldPoints], np.ndarray],
@@ -79,7 +80,7 @@ def cell_raster(
 
 
 def point_source_cells(
-    world: SyntheticCity, year: int, grid: NativeGrid
+    world: SyntheticCity, year: int, grid: GeoBox
 ) -> Iterator[tuple[int, int, float]]:
     """(row, col, tonne C per year) of the large emitters whose cell lies on the grid."""
     to_grid = transformer(world.crs, grid.crs)
@@ -106,7 +107,7 @@ def rare_cells(
 class OnGrid:
     """Mixin for file layers on a ``grid``: the STAC footprint is the grid's CRS and bounds."""
 
-    grid: NativeGrid
+    grid: GeoBox
 
     @property
     def crs(self) -> CRS:
@@ -116,10 +117,10 @@ class OnGrid:
     @property
     def bounds(self) -> tuple[float, float, float, float]:
         """Bounds of the grid in its CRS."""
-        return self.grid.bounds
+        return self.grid.boundingbox.bbox
 
 
-def projection_fields(grid: NativeGrid) -> dict[str, object]:
+def projection_fields(grid: GeoBox) -> dict[str, object]:
     """STAC ``proj:shape`` and ``proj:transform`` of an asset on a grid."""
     t = grid.transform
     return {

@@ -13,21 +13,22 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
 import numpy as np
+from odc.geo.geobox import GeoBox
 
+from citycube.grid.tiles import snapped_grid
 from sources.sample.world import (
     FIRST_YEAR,
     LAST_YEAR,
     GeneratedItem,
     LinearZoom,
-    NativeGrid,
     RasterLayer,
     SyntheticCity,
     WorldPoints,
     pixel_grain,
     row_blocks,
+    row_window,
     smooth_noise,
     smoothstep,
-    snapped_grid,
     utm_window,
 )
 
@@ -86,7 +87,7 @@ def wrs2_path_row(lat: float, lon: float) -> tuple[int, int]:
     return int(path), int(row)
 
 
-def scene_grid(world: SyntheticCity) -> NativeGrid:
+def scene_grid(world: SyntheticCity) -> GeoBox:
     """The scene's window: city extent plus margin, on the Landsat 30 m UTM lattice."""
     return snapped_grid(
         world.crs,
@@ -317,7 +318,7 @@ class Sky:
 def sky_effects(
     world: SyntheticCity,
     year: int,
-    grid: NativeGrid,
+    grid: GeoBox,
     sensor: Sensor,
     extent_window: tuple[slice, slice],
 ) -> Sky:
@@ -424,7 +425,7 @@ def qa_pixel(
 class Scene:
     """A year's scene: its grid, mission, sky and id, shared by the scene and derived layers."""
 
-    grid: NativeGrid
+    grid: GeoBox
     """The scene's 30 m grid in the city's UTM zone."""
     sensor: Sensor
     """Mission of the year."""
@@ -474,7 +475,7 @@ class LandsatC2L2:
             # One halo row each side so relief shading has no seams between blocks.
             lo, hi = max(start - 1, 0), min(stop + 1, grid.height)
             core = slice(start - lo, stop - lo)
-            pts = world.grid_points(grid.row_window(lo, hi))
+            pts = world.grid_points(row_window(grid, lo, hi))
             rgb = surface_colour(world, pts, year, grain[lo:hi])[:, core]
             block_sky = sky.rows(start, stop)
             block_fill = (fill_mask(world, year, sensor, pts) | ~pts.inside)[core]

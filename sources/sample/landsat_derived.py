@@ -38,6 +38,7 @@ from sources.sample.world import (
     SyntheticCity,
     WorldPoints,
     row_blocks,
+    row_window,
     stable_hash,
 )
 
@@ -104,7 +105,7 @@ class LandsatNdvi:
         )
         ndvi = np.empty((grid.height, grid.width), dtype=np.float32)
         for start, stop in row_blocks(grid.height):
-            pts = world.grid_points(grid.row_window(start, stop))
+            pts = world.grid_points(row_window(grid, start, stop))
             g = grain[start:stop]
             urban, green, bare = ground_cover(world, pts, year)
             total = np.maximum(urban + green + bare, 1e-6)
@@ -206,7 +207,7 @@ class LandsatSurfaceTemperature:
         base = world.traits.base_elevation_m
         bands = np.empty((2, grid.height, grid.width), dtype=np.float32)
         for start, stop in row_blocks(grid.height):
-            pts = world.grid_points(grid.row_window(start, stop))
+            pts = world.grid_points(row_window(grid, start, stop))
             g = grain[start:stop]
             urban, green, bare = ground_cover(world, pts, year)
             wooded = woodedness(pts)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from odc.geo.geobox import GeoBox
 
 from sources.sample.grids import cell_raster, geographic_grid, point_source_cells, rare_cells
 from sources.sample.world import (
     FIRST_YEAR,
     GeneratedItem,
-    NativeGrid,
     RasterLayer,
     SyntheticCity,
     annual_item,
@@ -33,7 +33,7 @@ EARTH_RADIUS_KM = 6371.0088
 """Mean Earth radius for cell areas."""
 
 
-def cell_area_km2(grid: NativeGrid) -> np.ndarray:
+def cell_area_km2(grid: GeoBox) -> np.ndarray:
     """Area of each row's cells on the sphere, km² (column vector)."""
     top = grid.transform.f - np.arange(grid.height) * CELL_DEGREES
     bottom = top - CELL_DEGREES

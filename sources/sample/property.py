@@ -19,19 +19,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 
 from citycube.errors import SourceUnavailableError
+from citycube.grid.tiles import snapped_grid
 from citycube.items.cog import COG_MEDIA_TYPE
 from sources.sample.grids import projection_fields, supersampled_blocks, write_cog
 from sources.sample.world import (
     GeneratedItem,
-    NativeGrid,
     RasterLayer,
     SyntheticCity,
     block_mean,
     smoothstep,
-    snapped_grid,
     utm_window,
     year_span,
 )
@@ -126,7 +126,7 @@ class TaggedCogLayer:
     @property
     def bounds(self) -> tuple[float, float, float, float]:
         """Bounds of the grid in its CRS."""
-        return self.raster.grid.bounds
+        return self.raster.grid.boundingbox.bbox
 
     def write(self, path: Path, tags: dict[str, str]) -> None:
         """Write with the backend's own COG writer, so the file matches every other COG."""
@@ -138,7 +138,7 @@ class TaggedCogLayer:
         return {"raster:bands": self.raster.stac_bands(), **projection_fields(self.raster.grid)}
 
 
-def property_grid(world: SyntheticCity) -> NativeGrid:
+def property_grid(world: SyntheticCity) -> GeoBox:
     """The city extent plus margin on the 250 m lattice of the city's UTM zone."""
     return snapped_grid(world.crs, utm_window(world), (CELL_M, CELL_M), (0.0, 0.0))
 

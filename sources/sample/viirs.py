@@ -11,6 +11,7 @@ product starts in 2012 (Suomi NPP); earlier years are unavailable.
 from __future__ import annotations
 
 import numpy as np
+from odc.geo.geobox import GeoBox
 from scipy import ndimage
 
 from sources.sample.grids import (
@@ -22,7 +23,6 @@ from sources.sample.grids import (
 from sources.sample.world import (
     LAST_YEAR,
     GeneratedItem,
-    NativeGrid,
     RasterLayer,
     SyntheticCity,
     annual_item,
@@ -104,7 +104,7 @@ class ViirsVnl:
 
     @staticmethod
     def _add_point_sources(
-        world: SyntheticCity, year: int, grid: NativeGrid, radiance: np.ndarray
+        world: SyntheticCity, year: int, grid: GeoBox, radiance: np.ndarray
     ) -> None:
         """Ports, plants and refineries: floodlit sites brighter than their surroundings."""
         for row, col, _ in point_source_cells(world, year, grid):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import rasterio
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 from scipy import ndimage
 
@@ -40,7 +41,6 @@ from sources.sample.world import (
     FIRST_YEAR,
     LAST_YEAR,
     GeneratedItem,
-    NativeGrid,
     RasterLayer,
     SyntheticCity,
     annual_item,
@@ -153,7 +153,7 @@ class ClimateFields:
 
 
 def climate_fields(
-    world: SyntheticCity, grid: NativeGrid, year: int, supersample: int = 4
+    world: SyntheticCity, grid: GeoBox, year: int, supersample: int = 4
 ) -> ClimateFields:
     """Evaluate the city's weather on a ~1 km grid (cell means of the world's surface)."""
     shape = (grid.height, grid.width)
@@ -207,7 +207,7 @@ class ScaledCogLayer(OnGrid):
     """File name inside the item directory."""
     raw: np.ndarray
     """Stored integers (rows, cols)."""
-    grid: NativeGrid
+    grid: GeoBox
     """Where the pixels are."""
     nodata: int
     """Raw nodata value."""

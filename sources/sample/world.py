@@ -28,12 +28,12 @@ from typing import Literal, Protocol
 
 import numpy as np
 from affine import Affine
+from odc.geo.geobox import GeoBox
 from pyproj import CRS, Transformer
 from scipy import ndimage
 
 from citycube.catalogue.cities import get_city
-from citycube.grid.tiles import LatticeGrid, city_extent
-from citycube.grid.tiles import snapped_grid as lattice_window
+from citycube.grid.tiles import city_extent
 
 try:  # ISA-L inflates the land mask about five times faster; zlib gives the same bytes.
     from isal import isal_zlib as _inflate
@@ -344,43 +344,28 @@ def city_population(city: str) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class NativeGrid(LatticeGrid):
-    """A product's pixel grid in its native CRS (north-up), with the sample's block helpers."""
+def row_window(grid: GeoBox, start: int, stop: int) -> GeoBox:
+    """Rows [start, stop) of a grid as a grid of their own."""
+    t = grid.transform
+    return GeoBox(
+        (stop - start, grid.width), Affine(t.a, 0, t.c, 0, t.e, t.f + t.e * start), grid.crs
+    )
 
-    def row_window(self, start: int, stop: int) -> NativeGrid:
-        """Rows [start, stop) of the grid as a grid of their own."""
-        t = self.transform
-        return NativeGrid(
-            self.crs, Affine(t.a, 0, t.c, 0, t.e, t.f + t.e * start), self.width, stop - start
-        )
 
-    def refined(self, factor: int) -> NativeGrid:
-        """The same area with each pixel split into factor × factor sub-pixels."""
-        t = self.transform
-        return NativeGrid(
-            self.crs,
-            Affine(t.a / factor, 0, t.c, 0, t.e / factor, t.f),
-            self.width * factor,
-            self.height * factor,
-        )
+def refined(grid: GeoBox, factor: int) -> GeoBox:
+    """The same area with each pixel split into factor × factor sub-pixels."""
+    t = grid.transform
+    return GeoBox(
+        (grid.height * factor, grid.width * factor),
+        Affine(t.a / factor, 0, t.c, 0, t.e / factor, t.f),
+        grid.crs,
+    )
 
 
 def row_blocks(height: int, block_rows: int = BLOCK_ROWS) -> Iterator[tuple[int, int]]:
     """(start, stop) row ranges that cover a grid, so peak memory follows a block, not a city."""
     for start in range(0, height, block_rows):
         yield start, min(start + block_rows, height)
-
-
-def snapped_grid(
-    crs: CRS,
-    bounds: tuple[float, float, float, float],
-    res_xy: tuple[float, float],
-    origin_xy: tuple[float, float],
-) -> NativeGrid:
-    """The smallest grid on a global lattice (origin, pixel size) that contains ``bounds``."""
-    grid = lattice_window(crs, bounds, res_xy, origin_xy)
-    return NativeGrid(grid.crs, grid.transform, grid.width, grid.height)
 
 
 @dataclass(frozen=True)
@@ -393,7 +378,7 @@ class RasterLayer:
     """File name inside the item directory."""
     data: np.ndarray
     """Pixels as (bands, rows, cols) in the file's dtype."""
-    grid: NativeGrid
+    grid: GeoBox
     """Where the pixels are."""
     nodata: float
     """Explicit nodata value of every band."""
@@ -990,9 +975,9 @@ class SyntheticCity:
         """The world's fields at UTM points (arrays that broadcast to one shape)."""
         return WorldPoints(self, x, y)
 
-    def grid_points(self, grid: NativeGrid, supersample: int = 1) -> WorldPoints:
+    def grid_points(self, grid: GeoBox, supersample: int = 1) -> WorldPoints:
         """The world's fields at the pixel centres of a native grid (or its sub-pixels)."""
-        fine = grid.refined(supersample) if supersample > 1 else grid
+        fine = refined(grid, supersample) if supersample > 1 else grid
         x, y = grid_utm_xy(fine, self.crs)
         return WorldPoints(self, x, y)
 
@@ -1205,7 +1190,7 @@ class WorldPoints:
 # --------------------------------------------------------------------------------------------
 
 
-def grid_utm_xy(grid: NativeGrid, utm: CRS, step: int = 16) -> tuple[np.ndarray, np.ndarray]:
+def grid_utm_xy(grid: GeoBox, utm: CRS, step: int = 16) -> tuple[np.ndarray, np.ndarray]:
     """UTM coordinates of a grid's pixel centres.
 
     In the city's own CRS they are two 1-D vectors that broadcast. Otherwise the exact

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import pystac
 import rasterio
+from odc.geo.geobox import GeoBox
 
 from citycube.catalogue.cities import get_city
 from citycube.errors import (
@@ -35,7 +36,6 @@ from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct
 from citycube.items.staging import StagedFiles, install_item
 from sources.downloads import host_slot
 from sources.stac.clearmasks import ClearMaskCache
-from sources.stac.grids import TargetGrid
 from sources.stac.options import StacFamilyOptions
 from sources.stac.pruning import prune_caches
 from sources.stac.reading import (
@@ -197,7 +197,7 @@ class FetchContext:
         self,
         item: pystac.Item,
         asset_key: str,
-        grid: TargetGrid,
+        grid: GeoBox,
         *,
         fill: float,
         nodata: float | None,
@@ -216,7 +216,7 @@ class FetchContext:
         self,
         item: pystac.Item,
         asset_key: str,
-        grid: TargetGrid,
+        grid: GeoBox,
         blocks: Sequence[Block],
         keep: Callable[[Block, AssetRead], None],
         *,

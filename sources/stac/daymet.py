@@ -33,6 +33,7 @@ import xarray as xr
 import zarr.storage
 from affine import Affine
 from fsspec.implementations.http import HTTPFileSystem
+from odc.geo.geobox import GeoBox
 from pyproj import CRS, Transformer
 from zarr.abc.store import Store
 
@@ -43,7 +44,10 @@ from citycube.items.protocol import MISSING_ROLES_KEY
 from citycube.items.staging import StagedFiles
 from sources.retries import parse_retry_after
 from sources.stac.adapter import FetchContext
-from sources.stac.grids import TargetGrid, city_crs, city_window
+from sources.stac.grids import (
+    city_crs,
+    city_window,
+)
 from sources.stac.retrying import TransientError, is_transient_status
 from sources.stac.spec import ZarrSpec
 from sources.stac.writing import PROVENANCE_FILE, Layer, write_cog, write_provenance
@@ -65,7 +69,7 @@ DECODE_ERRORS = (CorruptStoreError, RuntimeError, ValueError, zlib.error, KeyErr
 class StoreWindow:
     """One year's city window of the store's variables, on the store's lattice."""
 
-    grid: TargetGrid
+    grid: GeoBox
     """Where the window's cells are (the product's CRS, the store's lattice)."""
     values: Mapping[str, np.ndarray]
     """Per store variable, (rows, cols) float64, NaN where the store has no value."""
@@ -202,7 +206,7 @@ def check_same_crs(found: CRS, expected: CRS, lon: float, lat: float) -> None:
 
 def lattice_window(
     city: str, crs: CRS, x: np.ndarray, y: np.ndarray, cell: float
-) -> tuple[tuple[int, int], tuple[int, int], TargetGrid]:
+) -> tuple[tuple[int, int], tuple[int, int], GeoBox]:
     """(rows, cols, grid): the store cells covering the city window, and where they are.
 
     ``x`` and ``y`` are the store's cell centres; x must rise and y fall by ``cell`` (a north-up
@@ -229,7 +233,7 @@ def lattice_window(
             f"the store does not reach {city}'s window", reason="outside_source_coverage"
         )
     transform = Affine(cell, 0, left + c0 * cell, 0, -cell, top - r0 * cell)
-    return (r0, r1), (c0, c1), TargetGrid(crs, transform, c1 - c0, r1 - r0)
+    return (r0, r1), (c0, c1), GeoBox((r1 - r0, c1 - c0), transform, crs)
 
 
 def read_window(ctx: FetchContext, href: str, consolidated: bool) -> StoreWindow:

@@ -16,11 +16,15 @@ import numpy as np
 import pystac
 import rasterio
 from affine import Affine
+from odc.geo.geobox import GeoBox
 
 from citycube.errors import SourceReadError, SourceUnavailableError
 from citycube.items.staging import StagedFiles
 from sources.stac.adapter import FetchContext
-from sources.stac.grids import TargetGrid, city_bbox_wgs84, geographic_grid
+from sources.stac.grids import (
+    city_bbox_wgs84,
+    geographic_grid,
+)
 from sources.stac.reading import AssetRead, CorruptAssetError, gdal_env, vsicurl
 from sources.stac.retrying import TransientError, is_transient_gdal_message
 from sources.stac.search import SearchRequest
@@ -64,7 +68,7 @@ def tile_lattice(ctx: FetchContext, item: pystac.Item, asset_key: str) -> Affine
 
 
 def read_tile(
-    ctx: FetchContext, tile: pystac.Item, asset: str, grid: TargetGrid, nodata: float
+    ctx: FetchContext, tile: pystac.Item, asset: str, grid: GeoBox, nodata: float
 ) -> AssetRead:
     """A tile's window on the mosaic grid: from the window cache when kept and whole, else read
     (with the retry policy) and kept; straight from the source when the family keeps nothing."""

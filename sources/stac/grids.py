@@ -12,10 +12,14 @@ lattice.
 from __future__ import annotations
 
 from affine import Affine
+from odc.geo.geobox import GeoBox
 from pyproj import CRS, Transformer
 
 from citycube.catalogue.cities import get_city
-from citycube.grid.tiles import LatticeGrid, city_extent, snapped_grid
+from citycube.grid.tiles import (
+    city_extent,
+    snapped_grid,
+)
 
 PRODUCT_MARGIN_M = 3_000.0
 """Every item covers the city extent plus this margin (as the sample twin's files do)."""
@@ -27,7 +31,6 @@ SOUTHERN_FALSE_NORTHING_M = 10_000_000.0
 """False northing of the southern UTM zones (327xx)."""
 
 
-TargetGrid = LatticeGrid
 """The north-up grid an item's file fills (a window of the product's lattice)."""
 
 
@@ -50,7 +53,7 @@ def city_bbox_wgs84(city: str) -> tuple[float, float, float, float]:
     return (float(west), float(south), float(east), float(north))
 
 
-def landsat_grid(city: str) -> TargetGrid:
+def landsat_grid(city: str) -> GeoBox:
     """The city window on the Landsat 30 m lattice of its UTM zone."""
     crs = city_crs(city)
     corner_y = LANDSAT_CORNER_M
@@ -84,7 +87,7 @@ def y_shift_into(source: CRS, target: CRS) -> float | None:
     return None
 
 
-def geographic_grid(city: str, lattice: Affine) -> TargetGrid:
+def geographic_grid(city: str, lattice: Affine) -> GeoBox:
     """The city window in EPSG:4326 on a tile's lattice (its pixel size and corners)."""
     to_wgs84 = Transformer.from_crs(city_crs(city), "EPSG:4326", always_xy=True)
     bounds = to_wgs84.transform_bounds(*city_window(city), densify_pts=51)

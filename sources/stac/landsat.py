@@ -39,13 +39,17 @@ from typing import Any
 import dask
 import numpy as np
 import pystac
+from odc.geo.geobox import GeoBox
 
 from citycube.errors import SourceUnavailableError
 from citycube.items.staging import StagedFiles
 from sources.stac import pixels
 from sources.stac.adapter import FetchContext
 from sources.stac.clearmasks import ClearMaskCache
-from sources.stac.grids import TargetGrid, city_bbox_wgs84, landsat_grid
+from sources.stac.grids import (
+    city_bbox_wgs84,
+    landsat_grid,
+)
 from sources.stac.reading import AssetRead, Block, grid_blocks
 from sources.stac.records import unsigned
 from sources.stac.search import SearchRequest, cloud_cover, year_interval
@@ -116,7 +120,7 @@ def block_stores(ctx: FetchContext) -> Iterator[BlockStores]:
         )
 
 
-def _mask_key(ctx: FetchContext, item: pystac.Item, grid: TargetGrid) -> dict[str, Any]:
+def _mask_key(ctx: FetchContext, item: pystac.Item, grid: GeoBox) -> dict[str, Any]:
     """What a scene's clear mask on the grid depends on (a block's adds the block)."""
     qa_spec = ctx.spec.qa
     assert qa_spec is not None
@@ -145,7 +149,7 @@ def _year(ctx: FetchContext) -> int:
 
 
 def _cut(
-    grid: TargetGrid, blocks: Sequence[Block], keep: Callable[[Block, AssetRead], None]
+    grid: GeoBox, blocks: Sequence[Block], keep: Callable[[Block, AssetRead], None]
 ) -> tuple[list[Block], Callable[[Block, AssetRead], None]]:
     """What to read and how to keep it: a single block is read alone (a block read again in
     the compositing pass); several are read as the whole window, once, then cut into them."""
@@ -163,7 +167,7 @@ def _cut(
 def _read_masks(
     ctx: FetchContext,
     item: pystac.Item,
-    grid: TargetGrid,
+    grid: GeoBox,
     blocks: Sequence[Block],
     masks: ClearMaskCache,
 ) -> None:
@@ -185,7 +189,7 @@ def _read_windows(
     ctx: FetchContext,
     item: pystac.Item,
     asset_key: str,
-    grid: TargetGrid,
+    grid: GeoBox,
     blocks: Sequence[Block],
     windows: WindowCache,
 ) -> None:
@@ -203,7 +207,7 @@ def _read_windows(
 def keep_scene_blocks(
     ctx: FetchContext,
     item: pystac.Item,
-    grid: TargetGrid,
+    grid: GeoBox,
     blocks: Sequence[Block],
     stores: BlockStores,
 ) -> None:
@@ -234,7 +238,7 @@ def keep_scene_blocks(
 
 
 def _clear_block(
-    ctx: FetchContext, item: pystac.Item, grid: TargetGrid, block: Block, stores: BlockStores
+    ctx: FetchContext, item: pystac.Item, grid: GeoBox, block: Block, stores: BlockStores
 ) -> np.ndarray:
     """A block of the scene's clear mask: loaded, or read again when its file was damaged or
     removed since it was kept."""
@@ -251,7 +255,7 @@ def _window_block(
     ctx: FetchContext,
     item: pystac.Item,
     asset_key: str,
-    grid: TargetGrid,
+    grid: GeoBox,
     block: Block,
     stores: BlockStores,
 ) -> AssetRead:
@@ -268,7 +272,7 @@ def _window_block(
 
 
 def block_observations(
-    ctx: FetchContext, item: pystac.Item, grid: TargetGrid, block: Block, stores: BlockStores
+    ctx: FetchContext, item: pystac.Item, grid: GeoBox, block: Block, stores: BlockStores
 ) -> tuple[list[np.ndarray], int]:
     """The recipe's bands of one scene in one block, physical values, NaN where not clear;
     and the block's count of clear pixels."""
@@ -288,7 +292,7 @@ def block_observations(
 def keep_scenes(
     ctx: FetchContext,
     scenes: Sequence[pystac.Item],
-    grid: TargetGrid,
+    grid: GeoBox,
     blocks: Sequence[Block],
     stores: BlockStores,
 ) -> None:
@@ -331,7 +335,7 @@ class Composite:
 def composite(
     ctx: FetchContext,
     scenes: Sequence[pystac.Item],
-    grid: TargetGrid,
+    grid: GeoBox,
     item_id: str,
     staging: Path,
     tags: Mapping[str, str],

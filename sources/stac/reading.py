@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import rasterio
-from affine import Affine
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 from rasterio.crs import CRS as RioCRS
 from rasterio.enums import Resampling
@@ -26,7 +26,7 @@ from rasterio.errors import RasterioError
 from rasterio.vrt import WarpedVRT
 from rasterio.windows import Window
 
-from sources.stac.grids import TargetGrid, y_shift_into
+from sources.stac.grids import y_shift_into
 from sources.stac.options import StacFamilyOptions
 from sources.stac.redaction import redact_library_logs
 from sources.stac.retrying import TransientError, is_transient_gdal_message
@@ -90,21 +90,16 @@ class Block:
         """The block as a rasterio window of the whole grid."""
         return Window(self.col0, self.row0, self.col1 - self.col0, self.row1 - self.row0)
 
-    def grid_of(self, grid: TargetGrid) -> TargetGrid:
+    def grid_of(self, grid: GeoBox) -> GeoBox:
         """The block as a grid of its own (same lattice, shifted corner)."""
-        return TargetGrid(
-            crs=grid.crs,
-            transform=grid.transform @ Affine.translation(self.col0, self.row0),
-            width=self.col1 - self.col0,
-            height=self.row1 - self.row0,
-        )
+        return grid[self.row0 : self.row1, self.col0 : self.col1]
 
     def as_list(self) -> list[int]:
         """[row0, row1, col0, col1], for cache keys."""
         return [self.row0, self.row1, self.col0, self.col1]
 
 
-def grid_blocks(grid: TargetGrid, block_px: int) -> list[Block]:
+def grid_blocks(grid: GeoBox, block_px: int) -> list[Block]:
     """The grid cut into square blocks of ``block_px`` (the last row and column of blocks
     smaller when the edge does not divide), in row-major order."""
     if block_px < 1:
@@ -145,7 +140,7 @@ def _classified(exc: BaseException) -> Exception:
 
 
 def read_band(
-    href: str, grid: TargetGrid, *, band: int = 1, fill: float = 0, nodata: float | None = None
+    href: str, grid: GeoBox, *, band: int = 1, fill: float = 0, nodata: float | None = None
 ) -> AssetRead:
     """Read one band of ``href`` onto ``grid``; raises TransientError or CorruptAssetError.
 
@@ -162,7 +157,7 @@ def read_band(
 
 def read_band_blocks(
     href: str,
-    grid: TargetGrid,
+    grid: GeoBox,
     blocks: Sequence[Block],
     keep: Callable[[Block, AssetRead], None],
     *,
@@ -191,7 +186,7 @@ def read_band_blocks(
             raise _classified(exc) from None
 
 
-def _same_lattice(transform: rasterio.Affine, grid: TargetGrid, shift: float) -> bool:
+def _same_lattice(transform: rasterio.Affine, grid: GeoBox, shift: float) -> bool:
     """True when the asset's pixels coincide with the grid's (whole-pixel offsets)."""
     t, g = transform, grid.transform
     if not (np.isclose(t.a, g.a) and np.isclose(t.e, g.e) and t.b == 0 and t.d == 0):
@@ -202,7 +197,7 @@ def _same_lattice(transform: rasterio.Affine, grid: TargetGrid, shift: float) ->
 
 
 def _window_read(
-    src: rasterio.io.DatasetReader, grid: TargetGrid, band: int, fill: float, shift: float
+    src: rasterio.io.DatasetReader, grid: GeoBox, band: int, fill: float, shift: float
 ) -> AssetRead:
     """Read the intersection of the grid with the asset as a plain window; the rest is fill."""
     t, g = src.transform, grid.transform
@@ -225,7 +220,7 @@ def _window_read(
 
 def _warped_reads(
     src: rasterio.io.DatasetReader,
-    grid: TargetGrid,
+    grid: GeoBox,
     blocks: Sequence[Block],
     keep: Callable[[Block, AssetRead], None],
     band: int,

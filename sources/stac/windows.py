@@ -29,9 +29,9 @@ import numpy as np
 import pystac
 from filelock import FileLock
 from numcodecs import Blosc
+from odc.geo.geobox import GeoBox
 
 from sources.stac import cachefiles
-from sources.stac.grids import TargetGrid
 from sources.stac.reading import AssetRead
 from sources.stac.records import unsigned
 
@@ -41,7 +41,7 @@ _CODEC = Blosc(cname="zstd", clevel=3, shuffle=Blosc.SHUFFLE)
 """Compression of the values (zstd over shuffled bytes: compact and quick on 16-bit bands)."""
 
 
-def grid_key(grid: TargetGrid) -> dict[str, Any]:
+def grid_key(grid: GeoBox) -> dict[str, Any]:
     """What identifies the target grid in a cache key."""
     return {
         "crs": grid.crs.to_wkt(),
@@ -51,7 +51,7 @@ def grid_key(grid: TargetGrid) -> dict[str, Any]:
 
 
 def window_key(
-    item: pystac.Item, asset_key: str, grid: TargetGrid, fill: float, nodata: float | None
+    item: pystac.Item, asset_key: str, grid: GeoBox, fill: float, nodata: float | None
 ) -> dict[str, Any]:
     """What an item's band window on the grid depends on (a block's adds the block): never
     a token, only the unsigned href."""

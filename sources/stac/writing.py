@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import rasterio
+from odc.geo.geobox import GeoBox
 from rasterio.shutil import copy as rio_copy
 from rasterio.windows import Window
 
@@ -23,7 +24,6 @@ from citycube.items.cog import (
     grid_profile,
     staging_options,
 )
-from sources.stac.grids import TargetGrid
 
 PROVENANCE_FILE = "item.json"
 """The item's STAC Item: source scenes, composite rule, files."""
@@ -65,7 +65,7 @@ def _describe(dst: Any, layer: LayerFile, tags: Mapping[str, str]) -> None:
         dst.update_tags(band, units=layer.units)
 
 
-def write_cog(path: Path, layer: Layer, grid: TargetGrid, tags: Mapping[str, str]) -> None:
+def write_cog(path: Path, layer: Layer, grid: GeoBox, tags: Mapping[str, str]) -> None:
     """A DEFLATE COG with band descriptions and units, as the sample twin writes."""
     profile = cog_profile(
         grid, layer.data.shape[0], layer.data.dtype, layer.nodata, categorical=layer.categorical
@@ -86,9 +86,7 @@ class CogBlocks:
     a write after the close is refused rather than reaching a closed dataset.
     """
 
-    def __init__(
-        self, path: Path, layer: LayerFile, grid: TargetGrid, tags: Mapping[str, str]
-    ) -> None:
+    def __init__(self, path: Path, layer: LayerFile, grid: GeoBox, tags: Mapping[str, str]) -> None:
         self.path = Path(path)
         self.layer = layer
         self.grid = grid
@@ -143,7 +141,7 @@ def write_provenance(
     product: str,
     city: str,
     source_year: int | None,
-    grid: TargetGrid,
+    grid: GeoBox,
     layers: Sequence[LayerFile],
     sources: Sequence[Mapping[str, Any]],
     properties: Mapping[str, Any],
