@@ -29,12 +29,13 @@ from affine import Affine
 from exactextract import exact_extract
 from exactextract.operation import Operation
 from exactextract.raster import NumPyRasterSource, RasterioRasterSource
+from odc.geo.geobox import GeoBox
 from pyproj import CRS, Geod, Transformer
 from rasterio.windows import Window
 
 from benchmarks import BenchConfig, BenchResult, Timing, log, time_repeats
 from citycube.grid.tiles import TileGrid, city_grid
-from citycube.items.rasters import MaskedSource, RasterGrid
+from citycube.items.rasters import MaskedSource
 from citycube.processing.aggregate import (
     DENSIFY_STEP_M,
     GEOGRAPHIC_FRACTION_TOL,
@@ -185,7 +186,7 @@ def file_source(path: Path) -> Iterator[MaskedSource]:
             valid = np.isfinite(values).all(axis=0) & (values != nodata).all(axis=0)
             return values, valid
 
-        grid = RasterGrid(CRS.from_user_input(ds.crs), ds.transform, ds.width, ds.height)
+        grid = GeoBox((ds.height, ds.width), ds.transform, CRS.from_user_input(ds.crs))
         yield MaskedSource(grid, read, ("value",))
 
 

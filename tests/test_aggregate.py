@@ -21,13 +21,14 @@ from affine import Affine
 from exactextract import exact_extract
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from odc.geo.geobox import GeoBox
 from pyproj import CRS, Transformer
 from rasterio.windows import Window
 
 import citycube.processing.aggregate as aggregate
 from citycube.errors import SourceReadError
 from citycube.grid.tiles import TileGrid
-from citycube.items.rasters import MaskedSource, RasterGrid
+from citycube.items.rasters import MaskedSource
 from citycube.processing.aggregate import (
     TileStats,
     aggregate_tiles,
@@ -81,7 +82,7 @@ def file_source(path: Path, reads: list[Window] | None = None) -> MaskedSource:
         values = ds.read(window=window)
         return values, valid_cells(values)
 
-    grid = RasterGrid(CRS.from_user_input(ds.crs), ds.transform, ds.width, ds.height)
+    grid = GeoBox((ds.height, ds.width), ds.transform, CRS.from_user_input(ds.crs))
     return MaskedSource(grid, read, tuple(f"b{i}" for i in range(ds.count)))
 
 
@@ -94,7 +95,7 @@ def array_source(
         rows, cols = window.toslices()
         return values[:, rows, cols], valid[rows, cols]
 
-    grid = RasterGrid(CRS.from_user_input(crs), transform, values.shape[2], values.shape[1])
+    grid = GeoBox((values.shape[1], values.shape[2]), transform, CRS.from_user_input(crs))
     return MaskedSource(grid, read, tuple(f"b{i}" for i in range(len(values))))
 
 

@@ -9,12 +9,13 @@ import pytest
 from affine import Affine
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 from rasterio.windows import Window
 
 from citycube.grid.cells import CellLattice, grouped_medians, median_of_cell_medians
 from citycube.grid.tiles import TileGrid
-from citycube.items.rasters import MaskedSource, RasterGrid
+from citycube.items.rasters import MaskedSource
 from citycube.processing.aggregate import cell_median_tiles
 
 GRID = TileGrid("Boston", "2km", 32619, 300_000.0, 4_700_000.0, 2000, 2, 3)
@@ -81,7 +82,7 @@ def _masked_source(values: np.ndarray, valid: np.ndarray, transform: Affine) -> 
         return values[None, rows, cols], valid[rows, cols]
 
     height, width = values.shape
-    grid = RasterGrid(CRS.from_epsg(32619), transform, width, height)
+    grid = GeoBox((height, width), transform, CRS.from_epsg(32619))
     return MaskedSource(grid=grid, read=read, band_names=("v",))
 
 

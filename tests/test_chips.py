@@ -32,7 +32,7 @@ from citycube.cube.chips_zarr import ChipStoreWriter
 from citycube.cube.release import Release
 from citycube.errors import CubeWriteError
 from citycube.grid.tiles import PixelGrid, Tile, city_grid, city_grids, pixel_grid
-from citycube.items.rasters import MaskedSource, RasterGrid
+from citycube.items.rasters import MaskedSource, raster_grid
 from citycube.processing.chips import (
     blocks,
     row_bands,
@@ -95,7 +95,7 @@ def masked_source(
             valid &= np.all(values != nodata, axis=0)
         return values, valid
 
-    return MaskedSource(RasterGrid.of(path), read, names)
+    return MaskedSource(raster_grid(path), read, names)
 
 
 def utm_transform(resolution: float, x0: float = X_MIN, y0: float = Y_MAX) -> Affine:

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 import rasterio
-from affine import Affine
 from odc.geo.crs import CRS as GeoCRS
+from odc.geo.geobox import GeoBox
 from pyproj import CRS, Transformer
 from rasterio.crs import CRS as RioCRS
 from rasterio.windows import Window
@@ -49,8 +49,7 @@ _rio_cache: dict[tuple[str, str], RioCRS] = {}
 def _crs_key(crs: CRS | GeoCRS) -> tuple[str, str]:
     """The definition a CRS was made from: one input string always makes the same CRS, and
     rendering the WKT for a key cost more than most of what the caches save."""
-    if isinstance(crs, GeoCRS):  # a GeoBox's CRS wraps the pyproj one
-        crs = crs.proj
+    crs = pyproj_crs(crs)
     return ("srs", crs.srs) if crs.srs else ("wkt", crs.to_wkt())
 
 
@@ -68,17 +67,17 @@ def _memo(cache: dict, key: tuple, compute: Callable[[], _T]) -> _T:
     return value
 
 
-def crs_epsg(crs: CRS) -> int | None:
+def crs_epsg(crs: CRS | GeoCRS) -> int | None:
     """``crs.to_epsg()``, memoised per CRS definition."""
     return _memo(_epsg_cache, _crs_key(crs), crs.to_epsg)
 
 
-def crs_text(crs: CRS) -> str:
+def crs_text(crs: CRS | GeoCRS) -> str:
     """``crs.to_string()``, memoised per CRS definition."""
-    return _memo(_text_cache, _crs_key(crs), crs.to_string)
+    return _memo(_text_cache, _crs_key(crs), pyproj_crs(crs).to_string)
 
 
-def is_epsg(crs: CRS, epsg: int) -> bool:
+def is_epsg(crs: CRS | GeoCRS, epsg: int) -> bool:
     """Whether ``crs`` is EPSG:``epsg`` (by code, or equal without one), memoised."""
     return _memo(
         _same_as_epsg_cache,
@@ -87,7 +86,7 @@ def is_epsg(crs: CRS, epsg: int) -> bool:
     )
 
 
-def transformer(src: CRS | str, dst: CRS | str) -> Transformer:
+def transformer(src: CRS | GeoCRS | str, dst: CRS | GeoCRS | str) -> Transformer:
     """An ``always_xy`` Transformer from ``src`` to ``dst``, built once per pair of CRSs.
 
     pyproj Transformers are thread-safe (since pyproj 3.1), so one instance can be shared.
@@ -99,7 +98,7 @@ def transformer(src: CRS | str, dst: CRS | str) -> Transformer:
     )
 
 
-def rio_crs(crs: CRS | str) -> RioCRS:
+def rio_crs(crs: CRS | GeoCRS | str) -> RioCRS:
     """The rasterio (GDAL) form of a CRS, built once per CRS definition.
 
     A CRS without an EPSG code whose PROJ string describes the very same CRS (pyproj compares
@@ -109,7 +108,7 @@ def rio_crs(crs: CRS | str) -> RioCRS:
     """
     if isinstance(crs, str):
         return _memo(_rio_cache, ("text", crs), lambda: RioCRS.from_user_input(crs))
-    return _memo(_rio_cache, _crs_key(crs), lambda: _gdal_form(crs))
+    return _memo(_rio_cache, _crs_key(crs), lambda: _gdal_form(pyproj_crs(crs)))
 
 
 def _gdal_form(crs: CRS) -> RioCRS:
@@ -122,47 +121,29 @@ def _gdal_form(crs: CRS) -> RioCRS:
     return RioCRS.from_user_input(crs.to_wkt())
 
 
-def _user_key(crs: CRS | str) -> tuple[str, str]:
+def _user_key(crs: CRS | GeoCRS | str) -> tuple[str, str]:
     return ("text", crs) if isinstance(crs, str) else _crs_key(crs)
 
 
-@dataclass(frozen=True)
-class RasterGrid:
-    """Where a raster's cells are: CRS, transform and shape."""
+def pyproj_crs(crs: CRS | GeoCRS) -> CRS:
+    """The pyproj CRS behind a GeoBox's CRS (the object it was made from, so caches keyed by
+    its definition keep hitting)."""
+    return crs.proj if isinstance(crs, GeoCRS) else crs
 
-    crs: CRS
-    """Coordinate reference system of the cells."""
-    transform: Affine
-    """Affine transform of the cell corners (north-up, no rotation)."""
-    width: int
-    """Columns."""
-    height: int
-    """Rows."""
 
-    @property
-    def res(self) -> tuple[float, float]:
-        """(x, y) cell size, positive."""
-        return (abs(self.transform.a), abs(self.transform.e))
+def grid_key(grid: GeoBox) -> str:
+    """A stable text key of a raster's cells, for caching per-grid results (coverage weights)."""
+    t = grid.transform
+    return (
+        f"{crs_text(grid.crs)}|{t.a:.12g},{t.b:.12g},{t.c:.12g},"
+        f"{t.d:.12g},{t.e:.12g},{t.f:.12g}|{grid.width}x{grid.height}"
+    )
 
-    @property
-    def bounds(self) -> tuple[float, float, float, float]:
-        """(xmin, ymin, xmax, ymax)."""
-        t = self.transform
-        return (t.c, t.f + t.e * self.height, t.c + t.a * self.width, t.f)
 
-    def key(self) -> str:
-        """A stable text key for caching per-grid results (e.g. coverage weights)."""
-        t = self.transform
-        return (
-            f"{crs_text(self.crs)}|{t.a:.12g},{t.b:.12g},{t.c:.12g},"
-            f"{t.d:.12g},{t.e:.12g},{t.f:.12g}|{self.width}x{self.height}"
-        )
-
-    @classmethod
-    def of(cls, path: str | Path) -> RasterGrid:
-        """The grid of a raster file."""
-        with open_raster(path) as ds:
-            return cls(CRS.from_user_input(ds.crs), ds.transform, ds.width, ds.height)
+def raster_grid(path: str | Path) -> GeoBox:
+    """Where a raster file's cells are."""
+    with open_raster(path) as ds:
+        return GeoBox((ds.height, ds.width), ds.transform, CRS.from_user_input(ds.crs))
 
 
 ReadWindow = Callable[[Window], tuple[np.ndarray, np.ndarray]]
@@ -173,8 +154,8 @@ ReadWindow = Callable[[Window], tuple[np.ndarray, np.ndarray]]
 class MaskedSource:
     """A source raster on its native grid plus a reader that applies the validity rules."""
 
-    grid: RasterGrid
-    """The native grid."""
+    grid: GeoBox
+    """The native grid (north-up, no rotation)."""
     read: ReadWindow
     """Window reader returning values and the validity mask."""
     band_names: tuple[str, ...]

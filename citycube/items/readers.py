@@ -7,6 +7,7 @@ from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import rasterio
+from odc.geo.geobox import GeoBox
 from pyproj import CRS
 from rasterio.windows import Window
 
@@ -14,7 +15,7 @@ from citycube.catalogue.modalities import ModalitySpec
 from citycube.catalogue.products import load_products
 from citycube.errors import SourceReadError
 from citycube.items.protocol import SourceItem
-from citycube.items.rasters import MaskedSource, RasterGrid, open_raster, read_checked
+from citycube.items.rasters import MaskedSource, open_raster, read_checked
 from citycube.items.staging import repair_hint
 
 
@@ -130,7 +131,7 @@ def open_masked_source(
                 valid &= (qa_values & qa_mask) == 0
             return values, valid
 
-        grid = RasterGrid(crs, data.transform, data.width, data.height)
+        grid = GeoBox((data.height, data.width), data.transform, crs)
         if names is None:  # the fields the city's first-choice product serves from this role
             names = tuple(
                 f.name

@@ -41,6 +41,7 @@ import shapely
 from exactextract import exact_extract
 from exactextract.feature import JSONFeature, JSONFeatureSource
 from exactextract.raster import NumPyRasterSource
+from odc.geo.geobox import GeoBox
 from pyproj import CRS, Geod, Transformer
 from rasterio.windows import Window
 from scipy import sparse
@@ -50,7 +51,14 @@ from citycube.grid.cells import CellLattice, median_of_cell_medians
 from citycube.grid.tiles import TileGrid
 from citycube.io.atomic import atomic_path
 from citycube.io.scratch import remove_dead_leftovers
-from citycube.items.rasters import MaskedSource, RasterGrid, crs_text, is_epsg, transformer
+from citycube.items.rasters import (
+    MaskedSource,
+    crs_text,
+    grid_key,
+    is_epsg,
+    pyproj_crs,
+    transformer,
+)
 
 __all__ = [
     "BLOCK_HEIGHT_M",
@@ -289,11 +297,11 @@ def _tile_blocks(grid: TileGrid, block_rows: int, block_cols: int) -> Iterator[_
             )
 
 
-def _check_north_up(raster: RasterGrid) -> None:
+def _check_north_up(raster: GeoBox) -> None:
     t = raster.transform
     if t.b != 0 or t.d != 0 or t.a <= 0 or t.e >= 0:
         raise SourceReadError(
-            f"source grid {raster.key()} is rotated or not north-up; warp it to a north-up "
+            f"source grid {grid_key(raster)} is rotated or not north-up; warp it to a north-up "
             "grid in its native CRS before aggregation"
         )
 
@@ -308,7 +316,7 @@ def _read_masked(source: MaskedSource, window: Window) -> tuple[np.ndarray, np.n
     expected = (len(source.band_names), int(window.height), int(window.width))
     if values.shape != expected or valid.shape != expected[1:]:
         raise SourceReadError(
-            f"reader of {source.grid.key()} returned values {values.shape} and mask "
+            f"reader of {grid_key(source.grid)} returned values {values.shape} and mask "
             f"{valid.shape} for a window of {expected}; it must return (bands, rows, cols)"
         )
     valid = np.asarray(valid, dtype=bool) & np.isfinite(values).all(axis=0)
@@ -541,12 +549,12 @@ class _CoverageFile:
             self._new.writestr(member, self._old.read(member))
 
 
-def _cache_file(cache_dir: Path, raster: RasterGrid, grid: TileGrid) -> Path:
+def _cache_file(cache_dir: Path, raster: GeoBox, grid: TileGrid) -> Path:
     """The file of one (source grid, tile grid) pair's coverage weights, every block in it."""
     identity = "|".join(
         [
             f"v{_CACHE_FORMAT}",
-            raster.key(),
+            grid_key(raster),
             f"EPSG:{grid.epsg}",
             f"{grid.x_min!r},{grid.y_max!r},{grid.tile_size},{grid.n_rows}x{grid.n_cols}",
             f"densify={DENSIFY_STEP_M!r}",
@@ -654,7 +662,7 @@ def _geographic_subrows(lat_top: float, lat_bottom: float, cell_h_deg: float, e2
 
 
 def _projected_rings(
-    raster: RasterGrid, grid: TileGrid, block: _Block, to_source: Transformer
+    raster: GeoBox, grid: TileGrid, block: _Block, to_source: Transformer
 ) -> np.ndarray:
     """The block's densified tile outlines in the source CRS."""
     rings_utm = _tile_rings(grid, block.tiles(grid))
@@ -670,7 +678,7 @@ def _projected_rings(
 
 
 def _cell_window(
-    raster: RasterGrid, rings: np.ndarray, margin: int = 0
+    raster: GeoBox, rings: np.ndarray, margin: int = 0
 ) -> tuple[int, int, int, int] | None:
     """(row_off, row_end, col_off, col_end) of the source cells under ``rings``, or None.
 
@@ -740,7 +748,7 @@ class _BandGrid:
 
 
 def _band_grid(
-    raster: RasterGrid, grid: TileGrid, block: _Block, to_source: Transformer
+    raster: GeoBox, grid: TileGrid, block: _Block, to_source: Transformer
 ) -> _BandGrid | None:
     """The grid of source cells under the block's whole row of tiles (all columns)."""
     band = _Block(block.row0, block.row1, 0, grid.n_cols)
@@ -752,12 +760,13 @@ def _band_grid(
     t = raster.transform
     cell_w, cell_h = t.a, -t.e
     top = t.f - row_off * cell_h
-    if raster.crs.is_geographic:
-        ellipsoid = raster.crs.ellipsoid
+    crs = pyproj_crs(raster.crs)
+    if crs.is_geographic:
+        ellipsoid = crs.ellipsoid
         e2 = 1 - (ellipsoid.semi_minor_metre / ellipsoid.semi_major_metre) ** 2
         subrows = _geographic_subrows(top, top - height * cell_h, cell_h, e2)
         edges = top - np.arange(height * subrows + 1) * (cell_h / subrows)
-        subrow_area = _band_cell_areas(edges, cell_w, raster.crs)
+        subrow_area = _band_cell_areas(edges, cell_w, crs)
         row_cell_area = subrow_area.reshape(height, subrows).sum(axis=1)
     else:
         subrows = 1
@@ -775,7 +784,7 @@ _outlines: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _block_outlines(
-    raster: RasterGrid, grid: TileGrid, block: _Block, to_source: Transformer
+    raster: GeoBox, grid: TileGrid, block: _Block, to_source: Transformer
 ) -> tuple[np.ndarray, np.ndarray]:
     """The block's tile outlines in the source CRS and each tile's area measured there.
 
@@ -783,12 +792,13 @@ def _block_outlines(
     products) share them: projecting the outlines and measuring each on the ellipsoid was a
     third of a source's first-year coverage cost. Kept for the last ``_OUTLINES_KEPT`` blocks.
     """
-    key = (grid, block, raster.crs.srs, raster.crs.to_wkt())
+    crs = pyproj_crs(raster.crs)
+    key = (grid, block, crs.srs, crs.to_wkt())
     if key in _outlines:
         return _outlines[key]
     rings = _projected_rings(raster, grid, block, to_source)
-    if raster.crs.is_geographic:
-        ellipsoid = raster.crs.ellipsoid
+    if crs.is_geographic:
+        ellipsoid = crs.ellipsoid
         geod = Geod(a=ellipsoid.semi_major_metre, b=ellipsoid.semi_minor_metre)
         tile_area = np.array(
             [abs(geod.polygon_area_perimeter(r[:-1, 0], r[:-1, 1])[0]) for r in rings]
@@ -803,7 +813,7 @@ def _block_outlines(
 
 
 def _block_coverage(
-    raster: RasterGrid,
+    raster: GeoBox,
     grid: TileGrid,
     block: _Block,
     to_source: Transformer,
