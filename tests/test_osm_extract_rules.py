@@ -144,7 +144,7 @@ def test_an_extract_far_from_the_city_is_refused_naming_the_file(tmp_path: Path)
     west, south, _, north = window_wgs84(CITY)
     strip = written(tmp_path, "strip.osh.pbf", bbox=(west, south, west + 0.02, north))
     roads = family(tmp_path, history={CITY: strip})["osm_roads"]
-    with pytest.raises(SourceUnavailableError, match="strip.osh.pbf covers no tile"):
+    with pytest.raises(SourceUnavailableError, match=r"strip\.osh\.pbf covers no tile"):
         roads.fetch(CITY, 2020, tmp_path / "sources")
     # Processing marks every tile unavailable with that reason, never 0.
     release = Release(tmp_path / "data", "t")
