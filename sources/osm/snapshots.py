@@ -23,11 +23,13 @@ from citycube.catalogue.modalities import load_catalogue
 from citycube.errors import SourceReadError, SourceUnavailableError
 from citycube.items.staging import StagedFiles
 from citycube.processing.classify import OSM_FUNCTION_TAG_COLUMNS
+from sources.downloads import redact_url
 from sources.osm.base import (
     WGS84,
     Extract,
     OsmSource,
     digest_of,
+    is_url,
     item_tags,
     ref_name,
     snapshot_time,
@@ -253,9 +255,11 @@ class _Snapshots(OsmSource):
             "provenance_file": "sources.json",
         }
         record = self.provenance(extract, city, year, at, counts, len(frame))
+        record["extract_history"] = verdict.history
         record["history_basis"] = verdict.basis
         record["extract_bbox"] = extract.info.bbox
-        record["boundary"] = self.options.boundary.get(city)
+        boundary = self.options.boundary.get(city)
+        record["boundary"] = redact_url(boundary) if boundary and is_url(boundary) else boundary
         write_provenance(staging, record)
         return StagedFiles(files={"data": name, "coverage": COVERAGE_FILE}, extra=extra)
 
