@@ -26,6 +26,11 @@ V_X = 615_005.0
 
 AMSTERDAM_BOX = (4.4, 52.1, 5.3, 52.6)
 """A header bounding box (west, south, east, north) around all of Amsterdam's window."""
+EDGE_X = 625_000.0
+"""A partial extract's box ends at the longitude of this easting (at the city's middle)."""
+EDGE_LON = round(TO_WGS84.transform(EDGE_X, 5_800_000.0)[0], 7)
+WEST_HALF = (4.4, 52.1, EDGE_LON, 52.6)
+"""A header box holding the western part of Amsterdam only."""
 
 
 def ts(text: str) -> datetime:

@@ -27,16 +27,19 @@ from citycube.items.protocol import SourceSet
 from citycube.processing.compute import process_partition
 from sources.osm import osm_adapters
 from sources.osm.base import OsmSource, window_wgs84
-from tests.osm_fixtures import H_Y, V_X, History, amsterdam_history, square
+from tests.osm_fixtures import (
+    EDGE_LON,
+    H_Y,
+    V_X,
+    WEST_HALF,
+    History,
+    amsterdam_history,
+    square,
+)
 
 CITY = "Amsterdam"
 CAT = load_catalogue()
 TO_LONLAT = Transformer.from_crs("EPSG:32631", "EPSG:4326", always_xy=True)
-EDGE_X = 625_000.0
-"""The partial extract's box ends at the longitude of this easting (at the city's middle)."""
-EDGE_LON = round(TO_LONLAT.transform(EDGE_X, 5_800_000.0)[0], 7)
-WEST_HALF = (4.4, 52.1, EDGE_LON, 52.6)
-"""A header box holding the western part of the city only."""
 
 
 def family(tmp_path: Path, **options: Any) -> dict[str, OsmSource]:
