@@ -24,6 +24,15 @@ V_X = 615_005.0
 """Easting of the north-south road (a pixel centre in 2 km tile column 2)."""
 
 
+AMSTERDAM_BOX = (4.4, 52.1, 5.3, 52.6)
+"""A header bounding box (west, south, east, north) around all of Amsterdam's window."""
+EDGE_X = 625_000.0
+"""A partial extract's box ends at the longitude of this easting (at the city's middle)."""
+EDGE_LON = round(TO_WGS84.transform(EDGE_X, 5_800_000.0)[0], 7)
+WEST_HALF = (4.4, 52.1, EDGE_LON, 52.6)
+"""A header box holding the western part of Amsterdam only."""
+
+
 def ts(text: str) -> datetime:
     """A UTC timestamp from 'YYYY-MM-DD' or 'YYYY-MM-DDTHH:MM:SS'."""
     value = datetime.fromisoformat(text)
@@ -83,10 +92,19 @@ class History:
             )
         )
 
-    def write(self, path: Path, history: bool = True, stamp: str | None = None) -> Path:
-        """Write a PBF, sorted by type, id and version as OSM files are."""
+    def write(
+        self,
+        path: Path,
+        history: bool = True,
+        stamp: str | None = None,
+        bbox: tuple[float, float, float, float] | None = AMSTERDAM_BOX,
+    ) -> Path:
+        """Write a PBF, sorted by type, id and version as OSM files are; ``history`` sets the
+        header's HistoricalInformation flag, ``bbox`` its bounding box (None: no box)."""
         header = osmium.io.Header()
         header.has_multiple_object_versions = history
+        if bbox is not None:
+            header.add_box(osmium.osm.Box(*bbox))
         if stamp:
             header.set("osmosis_replication_timestamp", stamp)
             header.set("timestamp", stamp)

@@ -2,11 +2,13 @@
 cut from an OpenStreetMap full-history file by the ``osm`` family, every other product from the
 sample.
 
-The server holds one history PBF written with pyosmium (``tests/osm_fixtures.py``); the
-source-set file points Amsterdam's history at it and names no file for Boston. The cube's RD
-values are the road fractions worked out by hand from the history's geometry, POI's change where
-the history changes a building's tags, both carry the osm family's provenance, Boston is
-unavailable (never zero), and the history is downloaded once for every snapshot and product.
+The server holds one history PBF written with pyosmium (``tests/osm_fixtures.py``) and the
+same history under a header box holding only the city's western part; the source-set file
+points Amsterdam's roads at the first, its buildings at the second, and names no file for
+Boston. The cube's RD values are the road fractions worked out by hand from the history's
+geometry, POI's change where the history changes a building's tags and are unavailable east of
+the buildings file's box (never zero), both carry the osm family's provenance, Boston is
+unavailable (never zero), and each file is downloaded once for every snapshot.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pytest
+from pyproj import Transformer
 
 from citycube.cube.chips import open_chips
 from citycube.grid.tiles import city_grid
 from tests.e2e_builds import run_build, write_source_set
 from tests.faulty_http_server import FaultyServer
-from tests.osm_fixtures import H_Y, V_X, amsterdam_history
+from tests.osm_fixtures import EDGE_LON, H_Y, V_X, WEST_HALF, amsterdam_history
 
 pytestmark = pytest.mark.e2e
 
@@ -35,6 +39,8 @@ ASSETS = (
     "modalities/poi,cube"
 )
 HISTORY = "extracts/amsterdam.osh.pbf"
+WEST = "extracts/amsterdam-west.osh.pbf"
+"""The same history, its header box ending at ``EDGE_LON``: the buildings file."""
 BUILDINGS_X, BUILDINGS_Y = 620_000.0, 5_802_000.0
 """South-west corner of the history's first building (``amsterdam_history``), UTM 31N."""
 
@@ -43,8 +49,12 @@ BUILDINGS_X, BUILDINGS_Y = 620_000.0, 5_802_000.0
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultyServer]:
     path = tmp_path_factory.mktemp("osh") / "amsterdam.osh.pbf"
     amsterdam_history().write(path, stamp="2024-06-01T00:00:00Z")
+    west = amsterdam_history().write(
+        path.with_name("west.osh.pbf"), stamp="2024-06-01T00:00:00Z", bbox=WEST_HALF
+    )
     with FaultyServer() as running:
         running.add(HISTORY, path.read_bytes())
+        running.add(WEST, west.read_bytes())
         yield running
 
 
@@ -59,6 +69,7 @@ def build(tmp_path_factory: pytest.TempPathFactory, server: FaultyServer) -> dic
             "sample": {"seed": 0},
             "osm": {
                 "history": {CITY: server.url(HISTORY)},
+                "buildings": {CITY: server.url(WEST)},
                 "cache_dir": str(root / "downloads"),
                 "attempts": 2,
                 "wait_initial_s": 0.01,
@@ -134,6 +145,32 @@ def test_snapshots_follow_the_history_and_carry_the_osm_provenance(
         assert tuple(got) == classes, year
 
 
+def test_poi_tiles_east_of_the_buildings_file_are_unavailable_never_zero(
+    build: dict[str, Any],
+) -> None:
+    """Share of each tile's 10 m pixel centres west of the buildings file's east edge, by
+    pyproj: a tile wholly inside is available, one under 98 % is outside the coverage."""
+    to_lonlat = Transformer.from_crs("EPSG:32631", "EPSG:4326", always_xy=True)
+    for year in YEARS:
+        rows = _rows(build["database"], CITY, "POI", year)
+        assert len(rows) == 152
+        counts = {"inside": 0, "outside": 0}
+        for scale in ("2km", "5km"):
+            grid = city_grid(CITY, scale)
+            offsets = np.arange(5.0, grid.tile_size, 10.0)
+            for tile in grid.tiles():
+                xs, ys = np.meshgrid(tile.bounds[0] + offsets, tile.bounds[1] + offsets)
+                share = float((to_lonlat.transform(xs, ys)[0] <= EDGE_LON).mean())
+                value, available, reason, *_ = rows[tile.tile_id]
+                if share == 1.0:
+                    counts["inside"] += 1
+                    assert available and reason is None and value is not None, tile.tile_id
+                elif share < 0.978:
+                    counts["outside"] += 1
+                    assert (value, available, reason) == (None, False, "outside_source_coverage")
+        assert counts["inside"] >= 40 and counts["outside"] >= 40, counts
+
+
 def test_a_city_without_a_history_file_is_unavailable_never_zero(build: dict[str, Any]) -> None:
     for modality in ("RD", "POI"):
         for year in YEARS:
@@ -148,6 +185,7 @@ def test_the_history_is_downloaded_once_and_the_release_names_the_osm_family(
     build: dict[str, Any], server: FaultyServer
 ) -> None:
     assert len(server.requests_for(HISTORY)) == 1
+    assert len(server.requests_for(WEST)) == 1
     meta = json.loads((build["release"] / "release.json").read_text(encoding="utf-8"))
     assert meta["source_set"] == "osm-loopback"
     assert meta["sources"]["osm_roads"]["source_id"] == "osm:osm_roads"

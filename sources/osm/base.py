@@ -78,6 +78,8 @@ class Extract:
     """Bytes."""
     info: ExtractInfo = field(repr=False)
     """What its header says."""
+    name: str = ""
+    """The served or configured file name, for messages."""
 
 
 class OsmSource(SourceProduct):
@@ -200,17 +202,38 @@ class OsmSource(SourceProduct):
                 )
             source, digest, size = str(path), None, path.stat().st_size
         try:
-            name = PurePosixPath(urlsplit(ref).path).name if is_url(ref) else Path(ref).name
-            info = extract_info(path, name)
+            info = extract_info(path)
         except ExtractError as exc:
             raise self.damaged(ref, path, city, year, exc) from None
-        return Extract(path, source, digest, size, info)
+        return Extract(path, source, digest, size, info, ref_name(ref))
+
+    def local_file(self, ref: str, what: str, city: str, year: int) -> Path:
+        """A small side file (a boundary polygon): downloaded (cached) for a URL, checked for a
+        path."""
+        label = self.label(city, year)
+        if is_url(ref):
+            try:
+                return self.manager.fetch(ref).path
+            except SourceFetchError as exc:
+                raise SourceFetchError(
+                    f"{label}: {what} {redact_url(ref)}: {exc.message}",
+                    transient=exc.transient,
+                    status=exc.status,
+                ) from None
+        path = Path(ref)
+        if not path.is_file():
+            raise SourceFetchError(
+                f"{label}: {what} {path} does not exist; fix the osm options of the source-set "
+                "file",
+                transient=False,
+            )
+        return path
 
     def damaged(
         self, ref: str, path: Path, city: str, year: int, exc: Exception
     ) -> SourceReadError:
         """The error for an extract libosmium cannot read; a downloaded copy is forgotten."""
-        name = PurePosixPath(urlsplit(ref).path).name if is_url(ref) else Path(ref).name
+        name = ref_name(ref)
         try:
             with open(path, "rb") as handle:
                 html = handle.read(512).lstrip().lower().startswith((b"<!doctype", b"<html"))
@@ -231,36 +254,42 @@ class OsmSource(SourceProduct):
             f"{what}, and fetch again"
         )
 
-    def time_filter(self, extract: Extract, city: str, year: int) -> datetime | None:
+    def time_filter(self, extract: Extract, history: bool, city: str, year: int) -> datetime | None:
         """The moment to filter a history file at, or None for a dated extract that serves it.
 
-        A history file that ends before the snapshot cannot show it; a dated extract serves a
-        snapshot only when its own date is within ``dated_extract_days`` of it.
+        ``history`` is what the file's content says (see ``history_of``). A history file that
+        ends before the snapshot cannot show it; a dated extract serves a snapshot only when
+        its own date is within ``dated_extract_days`` of it.
         """
         at = snapshot_time(year)
         stamp = extract.info.timestamp
-        if extract.info.history:
+        if history:
             if stamp is not None and stamp < at:
                 raise SourceUnavailableError(
-                    f"{self.label(city, year)}: history file {extract.path.name} ends at "
+                    f"{self.label(city, year)}: history file {extract.name} ends at "
                     f"{stamp.isoformat()}, before the snapshot",
                     reason="source_year_missing",
                 )
             return at
         if stamp is None:
             raise SourceReadError(
-                f"{self.label(city, year)}: {extract.path.name} is a dated (non-history) extract "
+                f"{self.label(city, year)}: {extract.name} is a dated (non-history) extract "
                 "without a timestamp in its header, so the date it shows is unknown; use a "
                 "history file or an extract with its replication timestamp"
             )
         if abs(stamp - at) > timedelta(days=self.options.dated_extract_days):
             raise SourceUnavailableError(
-                f"{self.label(city, year)}: dated extract {extract.path.name} shows "
+                f"{self.label(city, year)}: dated extract {extract.name} shows "
                 f"{stamp.isoformat()}, more than {self.options.dated_extract_days} days from the "
                 "snapshot; use a history file or an extract of that date",
                 reason="source_year_missing",
             )
         return None
+
+
+def ref_name(ref: str) -> str:
+    """The file name of an extract reference (URL or path)."""
+    return PurePosixPath(urlsplit(ref).path).name if is_url(ref) else Path(ref).name
 
 
 def item_tags(source: OsmSource, city: str, year: int) -> dict[str, str]:

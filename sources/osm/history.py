@@ -30,7 +30,11 @@ from shapely.ops import linemerge
 T = TypeVar("T")
 
 HISTORY_SUFFIXES = (".osh.pbf", ".osh")
-"""File names conventionally used for history files (the header flag is checked too)."""
+"""File names conventionally used for history files. A name never decides: a file so named
+whose content is not history is refused (see ``OsmSource.history_of``)."""
+
+Bounds = tuple[float, float, float, float]
+"""(west, south, east, north) in degrees."""
 
 
 @dataclass(frozen=True)
@@ -40,9 +44,12 @@ class ExtractInfo:
     path: Path
     """The local file."""
     history: bool
-    """True for a history file (several versions per object, deletions kept)."""
+    """True when the header declares history (the PBF ``HistoricalInformation`` feature:
+    several versions per object, deletions kept)."""
     timestamp: datetime | None
     """The moment the data were taken (replication timestamp), if the header gives one."""
+    bbox: Bounds | None = None
+    """The bounding box the header declares (the area the extract was cut to), if any."""
 
 
 class ExtractError(Exception):
@@ -64,10 +71,11 @@ def pbf(path: Path) -> osmium.io.File:
     return osmium.io.File(str(path), "pbf")
 
 
-def extract_info(path: Path, name: str = "") -> ExtractInfo:
-    """Read an extract's header: history or not, and its data timestamp.
+def extract_info(path: Path) -> ExtractInfo:
+    """Read an extract's header: declared history, data timestamp and bounding box.
 
-    ``name`` (the served or configured file name) counts for the ``.osh.pbf`` convention.
+    The file name is not consulted: cached downloads are named by their digest, and a name is
+    only a claim (the planet's full history is published as ``history-….osm.pbf``).
     """
     try:
         reader = osmium.io.Reader(pbf(path), osmium.osm.NOTHING)
@@ -75,12 +83,45 @@ def extract_info(path: Path, name: str = "") -> ExtractInfo:
             header = reader.header()
             multiple = bool(header.has_multiple_object_versions)
             stamp = header.get("osmosis_replication_timestamp") or header.get("timestamp")
+            box = header.box()
+            bbox = None
+            if box.valid():
+                bbox = (
+                    float(box.bottom_left.lon),
+                    float(box.bottom_left.lat),
+                    float(box.top_right.lon),
+                    float(box.top_right.lat),
+                )
         finally:
             reader.close()
     except RuntimeError as exc:
         raise ExtractError(str(exc)) from None
-    history = multiple or (name or str(path)).endswith(HISTORY_SUFFIXES)
-    return ExtractInfo(Path(path), history, _parse_time(stamp))
+    return ExtractInfo(Path(path), multiple, _parse_time(stamp), bbox)
+
+
+_KIND = {"n": "node", "w": "way", "r": "relation"}
+
+
+def several_versions(path: Path) -> str | None:
+    """The first sign that a file holds history, or None: a way or relation met twice (several
+    versions of one object) or a deleted version (``visible=false``, which only history files
+    keep). Nodes are not scanned: they are most of a file, and a history of any mapped area
+    has several versions of its ways.
+
+    The scan stops at the first sign, so only a file without history is read to its end.
+    """
+    seen: set[tuple[str, int]] = set()
+    try:
+        for obj in _processor(path, osmium.osm.WAY | osmium.osm.RELATION):
+            key = (obj.type_str(), obj.id)
+            if not obj.visible:
+                return f"{_KIND[key[0]]} {obj.id} has a deleted version"
+            if key in seen:
+                return f"{_KIND[key[0]]} {obj.id} has several versions"
+            seen.add(key)
+    except RuntimeError as exc:
+        raise ExtractError(str(exc)) from None
+    return None
 
 
 def _processor(
@@ -151,6 +192,9 @@ class Counts:
     """Node references without a visible node at the snapshot."""
     dropped: int = 0
     """Features whose geometry could not be built from the nodes present."""
+    merged: int = 0
+    """``building=*`` ways left out because a building multipolygon they are an outer member
+    of stands for them (each building is counted once)."""
 
 
 def _way_payload(keys: frozenset[str]) -> Callable[[Any], WayState]:
@@ -229,6 +273,10 @@ def building_polygons(
 ) -> tuple[list[tuple[int, dict[str, str], shapely.Geometry]], Counts]:
     """Buildings at the snapshot: closed ways and multipolygon relations with ``building=*``.
 
+    Each building is counted once: a ``building=*`` way that is an outer member (role
+    ``outer`` or empty) of a building multipolygon is left out when that relation's polygon
+    can be built, since the relation (with its inner rings and its own tags) is the building;
+    when it cannot be built, the way stands alone. An inner member is a building of its own.
     Relations get negative ids (the osm2pgsql convention), so ids of ways and relations never
     collide in one column. Geometries are WGS84 polygons (a relation may give a MultiPolygon).
     """
@@ -242,9 +290,24 @@ def building_polygons(
     nodes = node_locations_at(path, {ref for w in ways.values() for ref in w.refs}, at)
     out: list[tuple[int, dict[str, str], shapely.Geometry]] = []
     missing = dropped = 0
+    shapes: list[tuple[int, dict[str, str], shapely.Geometry]] = []
+    outer_members: set[int] = set()
+    for rid in sorted(relations):
+        relation = relations[rid]
+        shape, lost = _multipolygon(relation, ways, nodes)
+        missing += lost
+        if shape is None:
+            dropped += 1
+            continue
+        shapes.append((-rid, relation.tags, shape))
+        outer_members |= {wid for wid, role in relation.ways if role != "inner"}
+    merged = 0
     for wid in sorted(candidates["w"]):
         way = ways.get(wid)
         if way is None or not is_building(way.tags):
+            continue
+        if wid in outer_members:
+            merged += 1
             continue
         coords = [nodes[ref] for ref in way.refs if ref in nodes]
         missing += len(way.refs) - len(coords)
@@ -259,15 +322,8 @@ def building_polygons(
             dropped += 1
             continue
         out.append((wid, way.tags, polygon))
-    for rid in sorted(relations):
-        relation = relations[rid]
-        shape, lost = _multipolygon(relation, ways, nodes)
-        missing += lost
-        if shape is None:
-            dropped += 1
-            continue
-        out.append((-rid, relation.tags, shape))
-    return out, Counts(missing, dropped)
+    out.extend(shapes)
+    return out, Counts(missing, dropped, merged)
 
 
 def _multipolygon(

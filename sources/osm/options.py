@@ -82,6 +82,13 @@ class OsmFamilyOptions(DownloadOptions):
         "dated extracts with {year}, {yy} (two digits) — '…/city-{yy}0101.osm.pbf'. Default: "
         "the city's `history` file.",
     )
+    boundary: dict[str, str] = Field(
+        default_factory=dict,
+        description="City -> boundary polygon of its extracts (a .poly file in the Osmosis "
+        "polygon filter format, as extract providers publish beside each extract), URL or "
+        "path. What an extract covers is its header's bounding box, narrowed to this polygon; "
+        "tiles outside it are unavailable, never zero.",
+    )
     first_year: int = Field(
         default=2006,
         ge=2000,

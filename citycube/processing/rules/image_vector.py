@@ -78,5 +78,11 @@ def tile_results(job: RuleInput) -> pd.DataFrame:
             if progress:
                 progress(summaries.progress(modality.code, city, row_stop, col_stop))
     return pd.DataFrame(
-        summary_rows(modality, summaries.ordered(), categorical), columns=RESULT_COLUMNS
+        summary_rows(
+            modality,
+            summaries.ordered(),
+            categorical,
+            invalid_means_uncovered=layer.coverage is not None,
+        ),
+        columns=RESULT_COLUMNS,
     )

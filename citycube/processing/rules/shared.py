@@ -225,13 +225,22 @@ def summary_rows(
     modality: ModalitySpec,
     summaries: Sequence[tuple[Tile, TilePixelSummary]],
     categorical: bool,
+    invalid_means_uncovered: bool = False,
 ) -> list[dict]:
+    """One row per tile and field; a tile under the valid-pixel threshold is unavailable.
+
+    ``invalid_means_uncovered``: the only invalid pixels are those outside the source's
+    coverage (a vector item with a coverage file), so such a tile lies outside what the
+    source reports on (``outside_source_coverage``) rather than holding bad pixels.
+    """
     rows = []
     for tile, summary in summaries:
         fraction = summary.valid_pixels / summary.total_pixels
         ok = meets(fraction, modality.validity.min_valid_fraction)
         reason = None
-        if not ok:
+        if not ok and invalid_means_uncovered:
+            reason = "outside_source_coverage"
+        elif not ok:
             reason = "no_valid_pixels" if summary.valid_pixels == 0 else "insufficient_valid_pixels"
         for i, f in enumerate(modality.fields):
             if categorical:
