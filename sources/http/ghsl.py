@@ -23,11 +23,11 @@ from sources.http.base import (
     Assembled,
     HttpSource,
 )
-from sources.http.spec import TileGrid
+from sources.http.spec import FileTiling
 
 
 def tiles_covering(
-    bounds: tuple[float, float, float, float], grid: TileGrid
+    bounds: tuple[float, float, float, float], grid: FileTiling
 ) -> list[tuple[int, int]]:
     """(row, col) of every tile, numbered from 1, that a box in the product CRS touches."""
     xmin, ymin, xmax, ymax = bounds

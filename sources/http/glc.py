@@ -37,13 +37,13 @@ from sources.http.base import (
     HttpSource,
 )
 from sources.http.ghsl import tiles_covering
-from sources.http.spec import TileGrid, Variable
+from sources.http.spec import FileTiling, Variable
 
 NO_SOURCE = -1
 """Marks item cells no tile covers while tiles are placed (raw values are 0-255)."""
 
 
-def tile_name(row: int, col: int, grid: TileGrid) -> str:
+def tile_name(row: int, col: int, grid: FileTiling) -> str:
     """The name of tile (row, col), counted from 1 at the north-west: its north-west corner."""
     west = tile_west(col, grid)
     north = round(grid.origin_xy[1] - (row - 1) * grid.tile_size)
@@ -61,7 +61,7 @@ def zone_name(west: int) -> str:
     return f"W{start}-W{start + 5}"
 
 
-def tile_west(col: int, grid: TileGrid) -> int:
+def tile_west(col: int, grid: FileTiling) -> int:
     """West edge of the tiles of column ``col`` (counted from 1) in whole degrees."""
     return round(grid.origin_xy[0] + (col - 1) * grid.tile_size)
 

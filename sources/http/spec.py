@@ -92,8 +92,9 @@ class MonthlyAggregation(StrEnum):
     """Mean over the year's days: each month weighs by its length (temperatures, fluxes)."""
 
 
-class TileGrid(BaseModel):
-    """A regular grid of tiles in the product CRS, numbered from the north-west corner."""
+class FileTiling(BaseModel):
+    """How a product is cut into files: a regular grid of file tiles in the product CRS, numbered
+    from the north-west corner (not a pixel grid: each file has its own lattice)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     origin_xy: tuple[float, float] = Field(description="Upper-left corner (x, y) of tile R1_C1.")
@@ -175,7 +176,7 @@ class HttpProductSpec(BaseModel):
     packing: Packing = Field(description="How a file wraps its GeoTIFF.")
     access: Access = Field(default=Access.download, description="Whole files or windows.")
     tiling: Tiling = Field(default=Tiling.none, description="Global files or a tile grid.")
-    tile_grid: TileGrid | None = Field(default=None, description="Required for tiled products.")
+    tile_grid: FileTiling | None = Field(default=None, description="Required for tiled products.")
     native_crs: str = Field(description="CRS of the served files.")
     resolution: float = Field(gt=0, description="Cell size in CRS units.")
     lattice_origin: tuple[float, float] = Field(
