@@ -72,7 +72,6 @@ class BuildServices:
         self.daemon: subprocess.Popen[bytes] | None = None
         self.daemon_started = 0.0
         """time.time() of the running daemon's start (its first look)."""
-        self.restarts = 0
         self.first_started = 0.0
         self.noted: set[str] = set()
 
@@ -156,7 +155,6 @@ class BuildServices:
 
     def restart_daemon(self) -> None:
         """A look at the backfills now: a new daemon (after the old one's end)."""
-        self.restarts += 1
         self.start_daemon()
 
     def note_heartbeats(self, instance: object) -> None:

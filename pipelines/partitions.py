@@ -46,15 +46,6 @@ def city_year_key(city: str, year: int) -> dg.MultiPartitionKey:
     return dg.MultiPartitionKey({CITY: city, YEAR: str(year)})
 
 
-def period_key(temporal: Temporal, city: str, period: int | None) -> str:
-    """The partition key of a city's source period."""
-    if temporal == Temporal.STATIC:
-        return city
-    if temporal == Temporal.EPOCH:
-        return dg.MultiPartitionKey({CITY: city, EPOCH: str(period)})
-    return city_year_key(city, int(period or 0))
-
-
 def split_key(partitions: PartitionsDef, key: str) -> tuple[str, int | None]:
     """(city, year or epoch) of a partition key; the period is None for city partitions."""
     if isinstance(partitions, dg.MultiPartitionsDefinition):

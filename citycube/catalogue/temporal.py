@@ -130,16 +130,3 @@ def period_of(temporal: Temporal, year: int) -> int | None:
 def period_label(period: int | None) -> str:
     """File label of a source period: the year, or 'static'."""
     return "static" if period is None else str(period)
-
-
-def years_of_period(temporal: Temporal, period: int | None) -> list[int]:
-    """The calendar years a source period serves."""
-    if temporal == Temporal.STATIC:
-        return list(CALENDAR)
-    if period is None:
-        raise ValueError(f"{temporal} periods are years, not 'static'")
-    if temporal == Temporal.EPOCH:
-        if period not in EPOCHS:
-            raise UnknownYearError(f"{period} is not an epoch start; epochs start in {EPOCHS}")
-        return [y for y in CALENDAR if epoch_of(y) == period]
-    return [check_year(period)]

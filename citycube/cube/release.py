@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -863,12 +862,6 @@ def release_metadata(
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **(extra or {}),
     }
-
-
-def scratch_dir(near: Path) -> Path:
-    """A temporary directory on the same filesystem as ``near`` (so renames are atomic)."""
-    near.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=".tmp-", dir=near))
 
 
 def build_connection(release: Release) -> duckdb.DuckDBPyConnection:

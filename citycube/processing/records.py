@@ -21,7 +21,6 @@ a value. Outside it a tile is unavailable with a reason, never zero.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -410,8 +409,3 @@ def tile_cell_medians(placed: PlacedRecords, grid: TileGrid, cell_m: int) -> np.
     tiles, medians = median_of_cell_medians(lattice, cells, values)
     out[tiles] = medians
     return out
-
-
-def ingest_metadata(ingest: RecordIngest | None) -> str:
-    """The ingest counts as JSON for a derived file's metadata."""
-    return json.dumps(ingest.as_dict() if ingest else {}, sort_keys=True)

@@ -99,7 +99,8 @@ class VectorLayer:
     """One vector item, read block by block: only the features under a block are ever held.
 
     Opening checks what can be checked without the features (readable, native CRS, layer and
-    columns present); :func:`features_in` then asks the file's spatial index for one block.
+    columns present); :func:`_source_features_in` then asks the file's spatial index for one
+    block.
     """
 
     path: Path
@@ -143,14 +144,6 @@ def open_vector_layer(
     )
 
 
-def features_in(
-    layer: VectorLayer, bounds: tuple[float, float, float, float]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Geometries (city CRS) and burn values of the features meeting ``bounds`` (city CRS)."""
-    geometry, values = _source_features_in(layer, bounds)
-    return _to_crs(geometry, layer.source_crs, layer.city_crs), values
-
-
 @dataclass(frozen=True)
 class PlainPolygons:
     """2-D polygons without holes, as one coordinate array: what a footprint layer is.
@@ -177,7 +170,8 @@ class PlainPolygons:
 def _source_features_in(
     layer: VectorLayer, bounds: tuple[float, float, float, float], plain: bool = False
 ) -> tuple[np.ndarray | PlainPolygons, np.ndarray]:
-    """Like :func:`features_in`, but the geometries stay in the source CRS (not yet projected).
+    """Geometries (source CRS, not yet projected) and burn values of the features meeting
+    ``bounds`` (city CRS).
 
     With ``plain``, a block whose features are all polygons without holes comes back as
     :class:`PlainPolygons` (no shapely objects); any other block as shapely geometries.

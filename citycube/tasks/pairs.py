@@ -22,7 +22,6 @@ from citycube.catalogue.modalities import Catalogue
 
 if TYPE_CHECKING:
     import duckdb
-    import pandas as pd
 
 TABLE_ORDER: tuple[str, ...] = (
     "OPT", "DEM", "NDVI", "HF", "BV", "LC", "LU", "POI", "RD",
@@ -209,11 +208,6 @@ def route_count_long(counts: np.ndarray, order: Sequence[str]) -> pa.Table:
             "pairs": pa.array(counts[off], pa.int64()),
         }
     )
-
-
-def route_count_frame(table: pa.Table) -> pd.DataFrame:
-    """The Table 14 form as a frame indexed by source label (for printing and plots)."""
-    return table.drop_columns(["source_code"]).to_pandas().set_index("source")
 
 
 def write_route_heatmap(counts: np.ndarray, labels: Sequence[str], path: Path) -> Path:
