@@ -79,8 +79,8 @@ def build_report_assets(
         kinds={"python", "csv"},
     )
     def paper_comparison(cube: CubeResource) -> dg.MaterializeResult:
-        """Seed 000's Tables 10 and 11 beside the release's availability, and every documented
-        departure from the paper with its reason (schemas/paper.yaml)."""
+        """AgenticCity-Bench's Tables 10 and 11 beside the release's availability, and every
+        documented departure from the paper with its reason (schemas/paper.yaml)."""
         from citycube.reports.paper import write_paper_comparison
 
         paths = write_paper_comparison(cube.release(), catalogue)

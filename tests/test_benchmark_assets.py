@@ -227,6 +227,31 @@ def test_training_mean_reference_scores_end_to_end(materialised: Release, tmp_pa
     assert pq.read_table(out).num_rows == sum(1 for _, t in rows if t == "POP")
 
 
+def test_gps_is_scored_in_the_log_domain_it_is_stored_in(materialised: Release) -> None:
+    """GPS is published as log(1 + points/km²): its log1p NMSE takes log1p once, not twice."""
+    from citycube.tasks.evaluate import score, training_stats
+    from citycube.tasks.metrics import nmse
+
+    table = score(materialised, CAT, stats=training_stats(materialised, CAT), targets=["GPS"])
+    rows = {r["source"]: r for r in table.to_pylist()}
+    source = sorted(rows)[0]
+    with duckdb.connect(str(materialised.duckdb_file), read_only=True) as con:
+        train = con.execute(
+            "SELECT value FROM observations JOIN splits USING (tile_id) "
+            "WHERE split = 'train' AND modality = 'GPS' AND available"
+        ).fetchnumpy()["value"]
+        reference = con.execute(
+            "SELECT o.value FROM translation_instances i JOIN observations o "
+            "ON o.tile_id = i.tile_id AND o.year = i.year AND o.modality = i.target "
+            "WHERE i.split = 'test' AND i.source = ? AND i.target = 'GPS'",
+            [source],
+        ).fetchnumpy()["value"]
+    low, high = np.percentile(np.clip(train, 0, None), [1, 99])
+    expected = nmse(np.clip(reference, 0, None), np.full(len(reference), train.mean()), (low, high))
+    assert rows[source]["metric"] == "log1p_nmse"
+    assert rows[source]["score"] == pytest.approx(expected)
+
+
 def test_nearest_tile_reference_scores_end_to_end(materialised: Release, tmp_path: Path) -> None:
     from citycube.tasks.evaluate import NearestTilePredictor, score, training_stats
     from citycube.tasks.metrics import log1p_nmse, percentile_range

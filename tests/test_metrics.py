@@ -59,6 +59,17 @@ def test_log1p_variants_compare_log1p_values() -> None:
     assert log1p_nmse(y, p, (0.0, 4.0)) == pytest.approx(100 * 4 / 16)
 
 
+def test_log1p_metrics_clip_every_value_at_zero_first() -> None:
+    """One rule in every log1p path: a negative prediction scores as 0, never as NaN."""
+    y = [0.0, math.e - 1, math.e**2 - 1]
+    clipped = log1p_nmse(y, [0.0, 0.0, 0.0], (0.0, 2.0))
+    assert log1p_nmse(y, [-2.0, -0.5, 0.0], (0.0, 2.0)) == pytest.approx(clipped)
+    assert math.isfinite(log1p_nmae(y, [-2.0, 1.0, 1.0], (0.0, 2.0)))
+    assert percentile_range([-3.0, 0.0, math.e - 1], log1p=True) == pytest.approx(
+        percentile_range([0.0, 0.0, math.e - 1], log1p=True)
+    )
+
+
 def test_an_empty_range_is_refused() -> None:
     with pytest.raises(ValueError, match="empty"):
         nmae([1.0], [2.0], (5.0, 5.0))

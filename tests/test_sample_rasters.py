@@ -193,7 +193,7 @@ def test_surface_temperature_record_has_holes(backend: SampleBackend, tmp_path: 
 
 
 def test_property_city_years(backend: SampleBackend, tmp_path: Path) -> None:
-    # Seed 000 Table 8's property cities plus Shanghai; 232 city-years as in Table 10.
+    # AgenticCity-Bench Table 8's property cities plus Shanghai; 232 city-years as in Table 10.
     table_8 = {"Boston", "Busan", "CapeTown", "DC", "London", "Lyon", "NYC", "SanFrancisco"}
     table_8 |= {"Singapore", "Sydney", "Tokyo"}
     assert set(PROPERTY_RECORDS) == table_8 | {"Shanghai"}

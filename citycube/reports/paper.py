@@ -74,7 +74,7 @@ class Departure(BaseModel):
 
 
 class PaperTables(BaseModel):
-    """Seed 000's availability tables and the release's documented departures."""
+    """AgenticCity-Bench's availability tables and the release's documented departures."""
 
     model_config = _STRICT
     calendar: Calendar
@@ -339,7 +339,7 @@ def comparison_markdown(
     lines = [
         report_heading("Paper vs release: availability", availability).rstrip(),
         "",
-        f"Seed 000 reports {paper.overall.available:,} of {paper.overall.possible:,} "
+        f"AgenticCity-Bench reports {paper.overall.available:,} of {paper.overall.possible:,} "
         "(city, year, modality) combinations available. " + note,
         "",
         expected_note,

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from citycube.catalogue.modalities import Catalogue, Kind
 from citycube.cube.release import Release
 from citycube.tasks.loader import InstanceLoader, ModalityValue
-from citycube.tasks.metrics import Metric, metric_for, skeleton
+from citycube.tasks.metrics import Metric, log_domain, metric_for, skeleton
 
 RANGE_CHIPS = 64
 """Training chips sampled per image modality for its pixel percentile range and mean."""
@@ -108,7 +108,7 @@ def training_stats(
             continue
         for name, values in found.items():  # a field absent from training is not scored
             ranges[(spec.code, name)] = _percentiles(values)
-            log_ranges[(spec.code, name)] = _percentiles(np.log1p(np.clip(values, 0, None)))
+            log_ranges[(spec.code, name)] = _percentiles(log_domain(spec.code, values))
         means[spec.code] = np.array(
             [found[f.name].mean() if f.name in found else np.nan for f in spec.fields]
         )
@@ -141,7 +141,7 @@ def training_stats(
         )
         for name, p in zip(names, pooled, strict=True):
             ranges[(spec.code, name)] = _percentiles(p)
-            log_ranges[(spec.code, name)] = _percentiles(np.log1p(np.clip(p, 0, None)))
+            log_ranges[(spec.code, name)] = _percentiles(log_domain(spec.code, p))
         means[spec.code] = np.array([p.mean() for p in pooled])
         if spec.kind == Kind.CATEGORICAL_IMAGE:
             ids, counts = np.unique(pooled[0].astype(np.int64), return_counts=True)
@@ -166,6 +166,7 @@ class _Pool:
     """Running sums of one route's errors, whatever the metric."""
 
     metric: Metric
+    target: str
     instances: int = 0
     unpredicted: int = 0
     sq: dict[str, float] = field(default_factory=dict)
@@ -182,7 +183,7 @@ class _Pool:
             keep = np.isfinite(yi)  # a non-finite prediction shows as a NaN score
             yi, pi = yi[keep], pi[keep]
             if self.metric in (Metric.LOG1P_NMAE, Metric.LOG1P_NMSE):
-                yi, pi = np.log1p(np.clip(yi, 0, None)), np.log1p(np.clip(pi, 0, None))
+                yi, pi = log_domain(self.target, yi), log_domain(self.target, pi)
             err = yi - pi
             self.sq[name] = self.sq.get(name, 0.0) + float(np.sum(err**2))
             self.ab[name] = self.ab.get(name, 0.0) + float(np.sum(np.abs(err)))
@@ -310,7 +311,7 @@ def score(
             key = (row["city"], row["scale"], row["tile_id"], row["year"])
             predicted = predictor(source, code, key)
             prediction = None if predicted is None else np.asarray(predicted)
-        pool = pools.setdefault((row["source"], code), _Pool(metric))
+        pool = pools.setdefault((row["source"], code), _Pool(metric, code))
         pool.instances += 1
         if prediction is None:  # the predictor has no answer: the route scores NaN
             pool.unpredicted += 1
@@ -376,7 +377,8 @@ def score_matrix_markdown(table: pa.Table, order: Sequence[str]) -> str:
 
 
 class NearestTilePredictor:
-    """Seed 000's nearest-tile reference: the target of the nearest training instance.
+    """The project's own nearest-tile reference (AgenticCity-Bench has no such baseline): the
+    target of the nearest training instance.
 
     For a test instance of route source → target, the candidates are the training instances of
     the same route and scale (so a chip has the shape the reference has). Each key's source is

@@ -3,8 +3,10 @@
 NMAE and NMSE divide by the target field's 1st–99th percentile range of the training split
 (squared for NMSE) and are reported ×100 as percentages; multi-field targets macro-average
 NMSE over their fields. The log1p variants compare ``log1p`` of reference and prediction and
-normalise by the percentile range of ``log1p`` of the training values. MSE, macro mIoU and
-clDice stay on their native scales.
+normalise by the percentile range of ``log1p`` of the training values; they serve targets that
+cannot be negative, so every value (reference, prediction, training) is clipped at 0 before
+``log1p`` (:func:`log1p_scale`, the one rule): a prediction of −2 scores as a prediction of 0,
+never as NaN. MSE, macro mIoU and clDice stay on their native scales.
 """
 
 from __future__ import annotations
@@ -48,11 +50,13 @@ TARGET_METRICS: Mapping[str, Metric] = {
     "NTL": Metric.LOG1P_NMSE,
     "GPS": Metric.LOG1P_NMSE,
 }
-"""Seed 000 Table 2's metric per target. POI is not scored in the paper's tables; as a
+"""AgenticCity-Bench Table 2's metric per target. POI is not scored in the paper's tables; as a
 categorical map it would take macro mIoU (``metric_for``)."""
 
-HIGHER_IS_BETTER = frozenset({Metric.MACRO_MIOU, Metric.CLDICE})
-"""Metrics where a larger value is a better prediction."""
+STORED_AS_LOG1P = frozenset({"GPS"})
+"""Targets whose published value is already log1p of the quantity (GPS: log(1 + points/km²),
+AgenticCity-Bench Table 12): their log1p metrics read the stored value as the log domain, so
+log1p is applied once, not twice."""
 
 PERCENTILES = (1.0, 99.0)
 """The training-distribution range that normalises NMAE and NMSE."""
@@ -77,6 +81,20 @@ def _pair(reference: ArrayLike, prediction: ArrayLike) -> tuple[np.ndarray, np.n
     return y, p
 
 
+def log1p_scale(values: ArrayLike) -> np.ndarray:
+    """``log1p`` of values clipped at 0: the log domain of the log1p metrics (their targets are
+    non-negative, so a negative value, a prediction's or a rounding's, counts as 0)."""
+    return np.log1p(np.clip(np.asarray(values, dtype=np.float64), 0.0, None))
+
+
+def log_domain(target: str, values: ArrayLike) -> np.ndarray:
+    """A log1p-scored target's values in the log domain: :func:`log1p_scale`, or, for a target
+    stored as log1p already, the stored value clipped at 0 (the same rule, applied once)."""
+    if target in STORED_AS_LOG1P:
+        return np.clip(np.asarray(values, dtype=np.float64), 0.0, None)
+    return log1p_scale(values)
+
+
 def percentile_range(training_values: ArrayLike, *, log1p: bool = False) -> tuple[float, float]:
     """(p01, p99) of the finite training values (of ``log1p`` of them for log1p metrics)."""
     values = np.asarray(training_values, dtype=np.float64).ravel()
@@ -84,7 +102,7 @@ def percentile_range(training_values: ArrayLike, *, log1p: bool = False) -> tupl
     if values.size == 0:
         raise ValueError("no finite training values to take a percentile range from")
     if log1p:
-        values = np.log1p(values)
+        values = log1p_scale(values)
     low, high = np.percentile(values, PERCENTILES)
     return float(low), float(high)
 
@@ -120,7 +138,7 @@ def log1p_nmae(
 ) -> float:
     """NMAE of ``log1p`` values; ``log1p_range`` is ``percentile_range(train, log1p=True)``."""
     y, p = _pair(reference, prediction)
-    return nmae(np.log1p(y), np.log1p(p), log1p_range)
+    return nmae(log1p_scale(y), log1p_scale(p), log1p_range)
 
 
 def log1p_nmse(
@@ -128,7 +146,7 @@ def log1p_nmse(
 ) -> float:
     """NMSE of ``log1p`` values; ``log1p_range`` is ``percentile_range(train, log1p=True)``."""
     y, p = _pair(reference, prediction)
-    return nmse(np.log1p(y), np.log1p(p), log1p_range)
+    return nmse(log1p_scale(y), log1p_scale(p), log1p_range)
 
 
 def macro_nmse(
@@ -231,7 +249,7 @@ def cldice(reference: ArrayLike, prediction: ArrayLike) -> float:
 
 
 # ------------------------------------------------------------------------------ forecasting
-# Seed 000 App. D: LST and carbon are judged by MAE in their units, property by MAPE (local
+# AgenticCity-Bench App. D: LST and carbon are judged by MAE in their units, property by MAPE (local
 # currencies differ, so errors are compared as percentages); RMSE and R² supplement them. R²
 # takes the reference mean of the evaluated group itself.
 

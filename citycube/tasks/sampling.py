@@ -4,8 +4,11 @@
   evenly as their available pairs allow (max-min fair): a route with fewer pairs than the even
   share gives all it has, the rest goes to the others. Train and validation use these quotas.
 - **Target-anchored test.** For each target, test keys (city, scale, tile, year) are drawn as
-  anchors and every source offered at an anchor is scored on it, so within a target every
-  source shares the same references. The per-target totals are balanced the same way.
+  anchors and every source offered at an anchor is scored on it: two sources of a target share
+  a reference wherever both are offered, but a source absent at an anchor (some are present at
+  only a minority of their target's anchors) is not scored there, so routes of one target are
+  compared on overlapping, not identical, reference sets. The per-target totals are balanced
+  the same way.
 - **Diversity for categorical targets.** A key whose target chip holds a single class is kept
   at ``SINGLE_CLASS_WEIGHT`` times the rate of a diverse one (weighted sampling without
   replacement), never dropped.

@@ -1,7 +1,7 @@
 """The sample's per-city calendar: how many years each product with gaps holds in each city.
 
-Seed 000 reports availability twice, per modality (Table 10, city-years of 416) and per city
-(Table 11, (year, modality) combinations of 468). The sample's products follow their sources'
+AgenticCity-Bench reports availability twice, per modality (Table 10, city-years of 416) and per
+city (Table 11, (year, modality) combinations of 468). The sample's products follow their sources'
 calendars, and most of those leave no choice: OPT, DEM, NDVI, BV, LC, LU, WTH and POP serve
 every year (8 × 26 = 208 per city), CO2 every year but 2025 (25), AQ the 15 years with both
 NO2 and PM2.5, and PROP and ELEC the years of each city's records. What Table 11 leaves of a
