@@ -8,6 +8,7 @@ its publication, and the published views, files and the instance loader are chec
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import dagster as dg
@@ -184,6 +185,27 @@ def test_loader_resolves_chips_and_fields(materialised: Release) -> None:
     weather = loader[numbers[0]].target
     assert weather.fields[0] == "tmin_c" and weather.values.shape == (6,)
     assert np.isfinite(weather.values).all()
+
+
+def test_each_instance_carries_its_grid_context(materialised: Release) -> None:
+    """The paper's model is f(x, c): city, year, scale and the tile's place come with x."""
+    from citycube.grid.tiles import city_grid
+
+    loader = InstanceLoader(materialised, split="test")
+    numeric = {m.code for m in CAT.modalities if not m.is_image}  # only LC has chips here
+    rows = loader.instances.to_pylist()
+    item = loader[next(i for i, r in enumerate(rows) if {r["source"], r["target"]} <= numeric)]
+    city, scale, tile_id, _ = item.key
+    context = item.context
+    assert (context.city, context.scale, context.tile_id, context.year) == item.key
+    tile = next(t for t in city_grid(city, scale).tiles() if t.tile_id == tile_id)
+    assert (context.row, context.col) == (tile.row, tile.col)
+    lon_min, lat_min, lon_max, lat_max = context.bounds_wgs84
+    lon, lat = context.centre_wgs84
+    assert lon_min < lon < lon_max and lat_min < lat < lat_max
+    side_deg = 2.0 if scale == "2km" else 5.0
+    assert 0 < lat_max - lat_min < side_deg / 100  # about 0.018° a side for 2 km
+    assert json.dumps(context.centre_wgs84)  # plain numbers, ready for a model's input
 
 
 def test_rebuilt_database_keeps_the_views(materialised: Release, tmp_path: Path) -> None:

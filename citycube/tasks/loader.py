@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from citycube.catalogue.modalities import Catalogue, load_catalogue
 from citycube.cube.release import Release
+from citycube.items.rasters import transformer
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,27 @@ class ModalityValue:
 
 
 @dataclass(frozen=True)
+class GridContext:
+    """Where and when an instance is: the context c of the paper's f(x, c) (AgenticCity-Bench
+    App. C), with the tile's WGS84 bounds and centre so a model needs no grid of its own."""
+
+    city: str
+    year: int
+    scale: str
+    tile_id: str
+    row: int
+    """Tile row in its city grid, 0 at the north edge."""
+    col: int
+    """Tile column, 0 at the west edge."""
+    epsg: int
+    """The city's UTM zone."""
+    bounds_wgs84: tuple[float, float, float, float]
+    """(lon_min, lat_min, lon_max, lat_max) of the tile's (densified) outline."""
+    centre_wgs84: tuple[float, float]
+    """(lon, lat) of the tile's UTM centre."""
+
+
+@dataclass(frozen=True)
 class Instance:
     """A translation instance with its source and target resolved."""
 
@@ -52,6 +74,8 @@ class Instance:
     """What the model is given."""
     target: ModalityValue
     """What it must produce."""
+    context: GridContext
+    """City, year, scale and the tile's position."""
 
 
 @lru_cache(maxsize=64)
@@ -116,6 +140,15 @@ class InstanceLoader:
                   ON o.tile_id = n.tile_id AND o.year = n.year AND o.modality = n.modality
                 """
             ).fetchall()
+            tiles = con.execute(
+                """
+                SELECT tile_id, "row", col, epsg, lon_min, lat_min, lon_max, lat_max,
+                       (utm_xmin + utm_xmax) / 2, (utm_ymin + utm_ymax) / 2
+                FROM tiles
+                WHERE tile_id IN (SELECT DISTINCT tile_id FROM _needed)
+                """
+            ).fetchall()
+        self._tiles = {t[0]: _tile_place(*t) for t in tiles}
         self._chips = {(t, y, m): (s, r, c, h, w) for t, y, m, s, r, c, h, w in chips}
         self._numbers: dict[tuple[str, int, str], dict[str, float]] = {}
         for t, y, m, f, v in numbers:
@@ -133,7 +166,16 @@ class InstanceLoader:
             key=key,
             source=self.resolve(row["tile_id"], row["year"], row["source"]),
             target=self.resolve(row["tile_id"], row["year"], row["target"]),
+            context=self.context(*key),
         )
+
+    def context(self, city: str, scale: str, tile_id: str, year: int) -> GridContext:
+        """The grid context of a key."""
+        place = self._tiles.get(tile_id)
+        if place is None:
+            raise KeyError(f"tile {tile_id} is not in the release's tiles table")
+        row, col, epsg, bounds, centre = place
+        return GridContext(city, year, scale, tile_id, row, col, epsg, bounds, centre)
 
     def __iter__(self) -> Iterator[Instance]:
         for i in range(len(self)):
@@ -158,3 +200,19 @@ class InstanceLoader:
         names = tuple(f.name for f in spec.fields)
         values = np.array([found.get(n, np.nan) for n in names], dtype=np.float64)
         return ModalityValue(modality, names, values, None)
+
+
+def _tile_place(
+    tile_id: str,
+    row: int,
+    col: int,
+    epsg: int,
+    lon_min: float,
+    lat_min: float,
+    lon_max: float,
+    lat_max: float,
+    x_centre: float,
+    y_centre: float,
+) -> tuple[int, int, int, tuple[float, float, float, float], tuple[float, float]]:
+    lon, lat = transformer(f"EPSG:{epsg}", "EPSG:4326").transform(x_centre, y_centre)
+    return row, col, epsg, (lon_min, lat_min, lon_max, lat_max), (float(lon), float(lat))
