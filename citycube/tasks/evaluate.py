@@ -533,7 +533,3 @@ class NearestTilePredictor:
                 warnings.simplefilter("ignore", RuntimeWarning)
                 self._means[target] = np.nanmean(np.array(rows), axis=0)
         return self._means[target]
-
-
-PREDICTORS = ("training_mean", "nearest_tile")
-"""Reference predictors ``citycube evaluate`` scores."""

@@ -75,8 +75,6 @@ BOOTSTRAP_REPLICATES = 10_000
 FULL_SUPPORT = 1.0 - 1e-9
 """Valid fraction at or above which a tile's support counts as complete."""
 
-BASELINES = ("last_year", "ten_year_mean")
-"""Reference methods scored with every evaluation: period −1's value and the mean of −10…−1."""
 METRICS = ("mae", "mape", "rmse", "r2")
 """Metrics of each evaluation group, in reporting order."""
 
@@ -968,10 +966,6 @@ def write_baseline_scores(release: Release) -> tuple[pa.Table, dict[str, Path]]:
     scores = score_release(release, files=files)
     stem = files.scores("parquet").with_suffix("")
     return scores, write_scores(scores, stem, release)
-
-
-FORECAST_VIEWS = ("forecast_cases", "forecast_targets", "forecast_eligibility", "forecast_scores")
-"""The forecasting track's views in ``cube.duckdb`` (each once its file exists)."""
 
 
 def create_forecast_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:

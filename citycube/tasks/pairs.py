@@ -30,9 +30,6 @@ TABLE_ORDER: tuple[str, ...] = (
 """Modality order of AgenticCity-Bench Table 14 (rows and columns); bit i of a mask is
 modality i."""
 
-KEY_COLUMNS: tuple[str, ...] = ("city", "scale", "tile_id", "year")
-"""What a translation instance is matched on (besides its two modalities)."""
-
 PAIR_INDEX_SCHEMA = pa.schema(
     [
         pa.field("city", pa.string(), nullable=False),

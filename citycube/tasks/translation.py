@@ -352,17 +352,6 @@ def _sql_path(path: Path) -> str:
     return "'" + str(path.resolve()).replace("'", "''") + "'"
 
 
-VIEW_NAMES = (
-    "translation_pairs",
-    "translation_routes",
-    "translation_route_counts",
-    "splits",
-    "translation_instances",
-    "translation_instance_routes",
-)
-"""The benchmark's views in ``cube.duckdb`` (each once its file exists)."""
-
-
 def create_views(con: duckdb.DuckDBPyConnection, folder: Path, order: Iterable[str]) -> list[str]:
     """Views over the benchmark files present now in ``folder`` (a snapshot's benchmark
     folder); the names created.
