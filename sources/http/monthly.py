@@ -10,7 +10,6 @@ from __future__ import annotations
 import calendar
 import contextlib
 from abc import abstractmethod
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +75,3 @@ class MonthlyToAnnual(HttpSource):
         url = self.url(variable, year, mm=month)
         with self.open_month(url, city, year, scratch, served) as ds:
             return self.read_served(ds, variable, grid, url, city, year)
-
-
-@contextlib.contextmanager
-def no_context(value: Any) -> Iterator[Any]:
-    """A context manager that yields ``value`` (for uniform ``with`` blocks)."""
-    yield value
