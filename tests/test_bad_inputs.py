@@ -227,6 +227,17 @@ def _garble_values(path: Path) -> None:
     frame.to_csv(path, index=False)
 
 
+def _frame(edit: Callable[[pd.DataFrame], pd.DataFrame]) -> Callable[[Path], None]:
+    def rewrite(path: Path) -> None:
+        edit(pd.read_csv(path)).to_csv(path, index=False)
+
+    return rewrite
+
+
+def _swap_lon_lat(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.rename(columns={"lon": "lat", "lat": "lon"})
+
+
 def _drop_column(column: str) -> Callable[[Path], None]:
     def drop(path: Path) -> None:
         pd.read_csv(path).drop(columns=[column]).to_csv(path, index=False)
@@ -285,6 +296,8 @@ class BadFile:
     """Fragments the message holds besides the code, the partition and the source."""
     extra: dict[str, str] = field(default_factory=dict)
     """Item metadata replacing the sample's (e.g. declared record counts)."""
+    drop_extra: tuple[str, ...] = ()
+    """Item metadata removed from the sample's (e.g. the declared record count)."""
 
 
 ODIAC, LANDSAT, ELEC, ROADS, GPS = (
@@ -436,6 +449,63 @@ BAD_FILES: dict[str, BadFile] = {
     "csv_is_binary": BadFile(
         "ELEC", BOS, ELEC, "data", _content(bytes(range(256)) * 8), SourceReadError, (FIX,)
     ),
+    # Records that would reach no tile, or the wrong ones: refused, never summed into zeros
+    "csv_rows_of_another_year": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _frame(lambda f: f.assign(year=2019)),
+        SourceReadError,
+        ("line 2 carries year 2019, not 2020: 15052 of 15052 records", FIX),
+    ),
+    "csv_lon_lat_swapped": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _frame(_swap_lon_lat),
+        SourceReadError,
+        ("records outside Boston's reporting area", "first: line 2 at lon 42.", "swapped", FIX),
+    ),
+    "csv_every_row_twice": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _frame(lambda f: pd.concat([f, f])),
+        SourceReadError,
+        ("line 15054 repeats building_id 'BOSTON-", "of line 2: 15052 records are dup", FIX),
+        extra={"records": "30104", "blank_values": "734"},
+    ),
+    "csv_in_wh_not_kwh": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _frame(lambda f: f.assign(kwh=f["kwh"] * 1000)),
+        SourceReadError,
+        ("kWh/year, outside the plausible 0–1e+09 kWh/year of a point record", FIX),
+    ),
+    "csv_in_wh_of_small_buildings": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _frame(lambda f: f.assign(kwh=f["kwh"].clip(upper=9e5) * 1000)),
+        SourceReadError,
+        ("has a median record of 9.", "outside the plausible 1000–1e+07 kWh/year", FIX),
+    ),
+    "csv_cut_with_its_declared_count_removed": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _csv(lambda lines: lines[: len(lines) * 2 // 3]),
+        SourceReadError,
+        ("declares no record count ('records')", FIX),
+        drop_extra=("records", "blank_values"),
+    ),
     "geojson_self_intersecting": BadFile(
         "ELEC",
         BOS,
@@ -522,7 +592,8 @@ def _broken_item(case: BadFile, good: SourceItem, folder: Path) -> SourceItem:
         files[role] = folder / Path(path).name
         shutil.copy(path, files[role])
     case.damage(files[case.role])
-    return replace(good, files=files, extra={**good.extra, **case.extra}, fingerprint="")
+    extra = {k: v for k, v in {**good.extra, **case.extra}.items() if k not in case.drop_extra}
+    return replace(good, files=files, extra=extra, fingerprint="")
 
 
 @pytest.mark.parametrize("name", sorted(BAD_FILES))
@@ -705,3 +776,67 @@ def test_a_failed_fetch_names_the_source_city_and_year(tmp_path: Path) -> None:
         "https://example.org/odiac.tif answered 503; retry later"
     )
     assert raised.value.transient  # still retried by the source assets' policy
+
+
+# --------------------------------------------------------------------------------------------
+# Normalised records (the form every records connector writes): checked at the door as well
+
+
+def _normalised_item(folder: Path, rows: list[dict], drop: tuple[str, ...] = ()) -> SourceItem:
+    """A point records item of Boston 2020 whose declared coverage is the 4 km box of
+    ``tests.test_record_forms``; ``drop`` removes declared metadata."""
+    from tests.test_record_forms import SMALL_BOX, utm_to_wgs84, write_item
+
+    coverage = gpd.GeoDataFrame(geometry=[utm_to_wgs84(SMALL_BOX)], crs=4326)
+    item = write_item(folder, "point", rows, tables={"coverage": coverage})
+    return replace(item, extra={k: v for k, v in item.extra.items() if k not in drop})
+
+
+def _in_box(dx: float, dy: float) -> object:
+    import shapely
+
+    from tests.test_record_forms import X0, Y1
+
+    return shapely.Point(X0 + dx, Y1 - dy)
+
+
+@pytest.mark.parametrize(
+    ("rows", "drop", "says"),
+    [
+        (
+            [{"geometry": _in_box(500, 500), "value": 5e4, "year": 2019}],
+            (),
+            "row 1 carries year 2019, not 2020: 1 of 1 records",
+        ),
+        (
+            [
+                {"geometry": _in_box(500, 500), "value": 5e4},
+                {"geometry": _in_box(30_000, 30_000), "value": 5e4},
+            ],
+            (),
+            "has 1 of 2 usable records outside Boston's declared coverage (coverage.geojson)",
+        ),
+        (
+            [{"geometry": _in_box(500, 500), "value": 5e4 * 1e6}],
+            (),
+            "row 1 holds 5e+10 kWh/year, outside the plausible 0–1e+09 kWh/year",
+        ),
+        (
+            [{"geometry": _in_box(500, 500), "value": 5e4}],
+            ("records",),
+            "declares no record count ('records')",
+        ),
+    ],
+    ids=["another-year", "outside-coverage", "in-mwh", "count-removed"],
+)
+def test_normalised_records_outside_their_year_area_or_unit_are_refused(
+    tmp_path: Path, rows: list[dict], drop: tuple[str, ...], says: str
+) -> None:
+    from citycube.processing.records import place_records
+
+    item = _normalised_item(tmp_path / "item", rows, drop)
+    with pytest.raises(SourceReadError) as raised:
+        place_records(item, 32619, 2020)
+    message = str(raised.value)
+    assert message.startswith(f"[CC201] {item.files['data']} ") and says in message
+    assert FIX in message
