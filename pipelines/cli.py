@@ -209,17 +209,18 @@ def evaluate(args: argparse.Namespace) -> int:
         NearestTilePredictor,
         score,
         score_matrix_markdown,
+        target_codes,
         write_scores,
     )
     from citycube.tasks.pairs import modality_order
     from citycube.tasks.translation import BenchmarkFiles
 
+    catalogue = load_catalogue()
+    targets = target_codes(args.targets, catalogue) if args.targets is not None else None
     release = Release(Path(args.data).resolve(), args.release)
     if not BenchmarkFiles.published(release).instances.exists():
         print(f"no translation instances in {release.root}; run `make run` first", file=sys.stderr)
         return 2
-    catalogue = load_catalogue()
-    targets = [t.strip() for t in args.targets.split(",")] if args.targets else None
     predictor = (
         NearestTilePredictor(release, catalogue) if args.predictor == "nearest_tile" else None
     )

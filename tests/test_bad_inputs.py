@@ -731,6 +731,17 @@ def test_bad_build_arguments_are_refused_before_anything_is_written(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_unknown_evaluation_targets_are_named_with_the_valid_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    command = ["--data", str(tmp_path / "data"), "evaluate", "--targets", "BOGUS,XYZ"]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "[CC103] unknown target(s) BOGUS, XYZ; choose target codes from " in err
+    assert "POP" in err and "LC" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_data_root_that_cannot_be_written_is_refused(
     tmp_path: Path, not_writable: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
