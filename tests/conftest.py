@@ -57,8 +57,10 @@ class LocalFilesProduct(SourceProduct):
         synthetic: bool = True,
         source_id: str | None = None,
         version: str = "t1",
+        extra: dict[str, str] | None = None,
     ) -> None:
         self.items = items
+        self.extra = extra or {}
         self.info = SourceInfo(
             product_id=product_id,
             source_id=source_id or f"test:{product_id}",
@@ -83,18 +85,23 @@ class LocalFilesProduct(SourceProduct):
             source_id=self.info.source_id,
             version=self.info.version,
             synthetic=self.info.synthetic,
+            extra=dict(self.extra),
         )
 
 
 def LocalFilesBackend(
-    items: dict[tuple[str, str, int | None], dict[str, Path]], *, synthetic: bool = True
+    items: dict[tuple[str, str, int | None], dict[str, Path]],
+    *,
+    synthetic: bool = True,
+    extra: dict[str, dict[str, str]] | None = None,
 ) -> SourceSet:
-    """A source set of hand-made files: {(product, city, year): {role: path}}."""
+    """A source set of hand-made files: {(product, city, year): {role: path}}; ``extra``:
+    item metadata by product (e.g. a records file's declared counts)."""
     by_product: dict[str, dict[tuple[str, int | None], dict[str, Path]]] = {}
     for (product, city, year), files in items.items():
         by_product.setdefault(product, {})[(city, year)] = files
     adapters = [
-        LocalFilesProduct(product, files, synthetic=synthetic)
+        LocalFilesProduct(product, files, synthetic=synthetic, extra=(extra or {}).get(product))
         for product, files in by_product.items()
     ]
     return SourceSet(adapters, name="local-test")

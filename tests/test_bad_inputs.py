@@ -56,6 +56,8 @@ SAMPLE_ITEMS = {
     "osm_gps_traces": (AMS, YEAR),
     "city_property": (BOS, YEAR),
     "worldbank_indicators": (BOS, None),
+    "ghs_pop": (AMS, YEAR),
+    "chelsa": (AMS, YEAR),
 }
 """Sample items the broken files are made from: one per format the engine reads."""
 
@@ -354,6 +356,33 @@ BAD_FILES: dict[str, BadFile] = {
         _raster(lambda a: a.astype(np.complex64)),
         SourceReadError,
         ("holds complex64 values, not real numbers", FIX),
+    ),
+    "tif_rewritten_as_uint8": BadFile(
+        "CO2",
+        AMS,
+        ODIAC,
+        "data",
+        _raster(lambda a: np.clip(a, 0, 255).astype(np.uint8), nodata=None),
+        SourceReadError,
+        ("band 1 holds uint8 pixels but odiac is published as float32 or float64", FIX),
+    ),
+    "tif_with_another_nodata": BadFile(
+        "POP",
+        AMS,
+        "ghs_pop",
+        "data",
+        _raster(lambda a: np.where(a == -200, -1, a), nodata=-1),
+        SourceReadError,
+        ("declares nodata -1 but ghs_pop is published with nodata -200", FIX),
+    ),
+    "scaled_integers_without_their_scale": BadFile(
+        "WTH",
+        AMS,
+        "chelsa",
+        "tas",
+        _raster(),
+        SourceReadError,
+        ("holds uint16 pixels without the scale and offset chelsa stores", FIX),
     ),
     "tif_missing": BadFile(
         "CO2", AMS, ODIAC, "data", lambda p: p.unlink(), SourceReadError, ("does not exist", FIX)

@@ -40,6 +40,23 @@ class RecordChecks(BaseModel):
     )
 
 
+class RasterSchema(BaseModel):
+    """What a raster file of the product holds, checked before any pixel is aggregated: a file
+    rewritten in another type (float values cut to uint8) or with another nodata reads as data
+    otherwise."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dtypes: tuple[str, ...] = Field(
+        description="The pixel types the product is published in (numpy names)."
+    )
+    nodata: float | None = Field(
+        None, description="The nodata value; a file declaring another one is refused."
+    )
+    scaled: bool = Field(
+        False, description="The file stores scaled integers and must declare scale and offset."
+    )
+
+
 class ProductSpec(BaseModel):
     """A source product and its native form."""
 
@@ -52,6 +69,9 @@ class ProductSpec(BaseModel):
     coverage: str = Field(description="Temporal coverage, as published.")
     format: Literal["raster", "vector", "points", "records", "table"] = Field(
         "raster", description="How the engine reads it."
+    )
+    raster: RasterSchema | None = Field(
+        None, description="Raster products: the pixel type and nodata a file must have."
     )
     records: RecordChecks | None = Field(
         None, description="Record products: the key and plausible values checked at ingest."
