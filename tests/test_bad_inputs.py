@@ -247,6 +247,18 @@ def _drop_column(column: str) -> Callable[[Path], None]:
     return drop
 
 
+def _worldbank_values(edit: Callable[[object], object]) -> Callable[[Path], None]:
+    """Rewrite every value of a World Bank API v2 JSON response."""
+
+    def rewrite(path: Path) -> None:
+        meta, records = json.loads(path.read_text(encoding="utf-8"))
+        for record in records:
+            record["value"] = edit(record["value"])
+        path.write_text(json.dumps([meta, records]), encoding="utf-8")
+
+    return rewrite
+
+
 def _geojson(*geometries: dict) -> Callable[[Path], None]:
     features = [{"type": "Feature", "properties": {}, "geometry": g} for g in geometries]
     return _content(json.dumps({"type": "FeatureCollection", "features": features}).encode())
@@ -609,6 +621,15 @@ BAD_FILES: dict[str, BadFile] = {
         _content(b""),
         SourceReadError,
         ("is not a World Bank API v2 JSON response", FIX),
+    ),
+    "json_values_as_text": BadFile(
+        "PROP",
+        BOS,
+        "worldbank_indicators",
+        "cpi",
+        _worldbank_values(lambda v: None if v is None else f"{v * 1000:,.1f}"),
+        SourceReadError,
+        ("record 2 (AUS 2024) has value '155,577.0', not a number", FIX),
     ),
 }
 
