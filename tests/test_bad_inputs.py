@@ -683,6 +683,28 @@ def test_a_broken_source_file_is_refused_and_nothing_else_is_lost(
     assert sorted(os.listdir(tmp_path)) == [*outside, "incoming"]
 
 
+@pytest.mark.parametrize("name", ["/etc/passwd", "../../../../../../etc/passwd"])
+def test_an_item_record_naming_a_file_outside_its_item_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    """A completion record is data on disk: one pointing at any other file is not trusted
+    (the file would be read as the item's, and a refusal would advise deleting it)."""
+    sources = load_source_set(None)
+    dest = tmp_path / "data" / "sources"
+    item = sources.fetch("odiac", AMS, YEAR, dest)
+    folder = Path(item.files["data"]).parent
+    record = json.loads((folder / "_complete.json").read_text())
+    record["files"]["data"] = name
+    record["checksums"][name] = record["checksums"].pop(Path(item.files["data"]).name)
+    (folder / "_complete.json").write_text(json.dumps(record))
+
+    again = sources.fetch("odiac", AMS, YEAR, dest)
+    assert Path(again.files["data"]).resolve().is_relative_to(dest.resolve())
+    assert again.files["data"] == item.files["data"]
+    assert f"naming files outside its directory ({name})" in caplog.text
+    assert "the record is refused and the item made again" in caplog.text
+
+
 # --------------------------------------------------------------------------------------------
 # Names and places: refused before any file is touched
 
