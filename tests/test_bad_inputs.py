@@ -42,6 +42,9 @@ from pipelines.cli import main
 from sources import load_source_set
 from tests.conftest import LocalFilesProduct
 
+pytestmark = pytest.mark.bad_input("clear")
+"""Every case is refused with a coded error naming its cause, unless marked 'handled'."""
+
 CAT = load_catalogue()
 AMS, BOS, YEAR = "Amsterdam", "Boston", 2020
 FIX = "re-run its source asset"
@@ -683,6 +686,7 @@ def test_a_broken_source_file_is_refused_and_nothing_else_is_lost(
     assert sorted(os.listdir(tmp_path)) == [*outside, "incoming"]
 
 
+@pytest.mark.bad_input("handled")
 @pytest.mark.parametrize("name", ["/etc/passwd", "../../../../../../etc/passwd"])
 def test_an_item_record_naming_a_file_outside_its_item_is_refused(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str
