@@ -802,14 +802,24 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
-    args = parser().parse_args(argv)
     from citycube.errors import CityCubeError
 
     try:
+        args = parser().parse_args(argv)  # loads the libraries: Ctrl-C may come here
         return int(args.func(args))
     except CityCubeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before a build hands stopping to its own handler
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+
+
+INTERRUPTED = (
+    "stopped by Ctrl-C; files are written whole or not at all, so run the same command again "
+    "to finish"
+)
+"""What an interrupted command says instead of a traceback."""
 
 
 if __name__ == "__main__":

@@ -818,6 +818,44 @@ def test_unknown_evaluation_targets_are_named_with_the_valid_ones(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ctrl_c_in_the_first_seconds_of_a_build_says_so_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the build command is still loading its libraries (before the build's own
+    stop handler is installed) ends it with a message and exit 130, not a traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    data = tmp_path / "data"
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "CITYCUBE_DATA": str(data)}
+    command = [sys.executable, "-m", "pipelines.cli", "--data", str(data), "build"]
+    process = subprocess.Popen(
+        [*command, "--cities", AMS, "--years", "2020"],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        maps = Path(f"/proc/{process.pid}/maps")
+        deadline = time.monotonic() + 60
+        # the command's own imports (pyarrow, duckdb) are under way: main() is running
+        while "pyarrow" not in maps.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "stopped by Ctrl-C; files are written whole or not at all" in err
+    assert not data.exists()
+
+
 def test_a_data_root_that_cannot_be_written_is_refused(
     tmp_path: Path, not_writable: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
