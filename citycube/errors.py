@@ -167,6 +167,12 @@ class DatabaseBusyError(CityCubeError):
     code = "CC304"
 
 
+class DatabaseCorruptError(CityCubeError):
+    """A release database cannot be read: damaged blocks, cut short, or not a DuckDB file."""
+
+    code = "CC308"
+
+
 class BuildBusyError(CityCubeError):
     """Another build is building the same release, or drives the same Dagster instance."""
 

@@ -856,6 +856,65 @@ def test_ctrl_c_in_the_first_seconds_of_a_build_says_so_without_a_traceback(
     assert not data.exists()
 
 
+def _damage_database(how: str) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        size = path.stat().st_size
+        if how == "cut":
+            with open(path, "r+b") as handle:
+                handle.truncate(size // 3)
+            return
+        with open(path, "r+b") as handle:
+            handle.seek({"header": 0, "block": 4096}[how])
+            handle.write(bytes(range(256)) * 16)
+
+    return damage
+
+
+@pytest.mark.parametrize("how", ["header", "block", "cut"])
+def test_a_damaged_release_database_is_called_damaged_not_busy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    import duckdb
+
+    database = Release(tmp_path / "data", "t").duckdb_file
+    database.parent.mkdir(parents=True)
+    with duckdb.connect(str(database)) as con:
+        con.execute("CREATE TABLE tiles AS SELECT '2km' AS scale, range AS i FROM range(100000)")
+    _damage_database(how)(database)
+    assert main(["--data", str(tmp_path / "data"), "--release", "t", "summary"]) == 2
+    err = capsys.readouterr().err
+    assert f"[CC308] cannot read {database} (" in err and "Traceback" not in err
+    assert "damaged, cut short or not a DuckDB database. Rebuild the release" in err
+    assert "another process" not in err
+
+
+def test_a_release_database_another_process_holds_is_called_busy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import subprocess
+    import sys
+
+    import duckdb
+
+    database = Release(tmp_path / "data", "t").duckdb_file
+    database.parent.mkdir(parents=True)
+    duckdb.connect(str(database)).close()
+    hold = f"import duckdb, sys; c = duckdb.connect({str(database)!r}); print(1, flush=True); "
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold + "sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "1"
+        assert main(["--data", str(tmp_path / "data"), "--release", "t", "summary"]) == 2
+    finally:
+        holder.communicate("", timeout=30)
+    err = capsys.readouterr().err
+    assert f"[CC304] cannot open {database} (" in err and "another process holds it" in err
+
+
 def test_a_data_root_that_cannot_be_written_is_refused(
     tmp_path: Path, not_writable: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
