@@ -167,8 +167,9 @@ class DatabaseBusyError(CityCubeError):
     code = "CC304"
 
 
-class DatabaseCorruptError(CityCubeError):
-    """A release database cannot be read: damaged blocks, cut short, or not a DuckDB file."""
+class CorruptReleaseError(CityCubeError):
+    """A release's database or chip store cannot be read: damaged blocks or refs, cut short, or
+    not in its format. Not a lock (``DatabaseBusyError``), not a write (``CubeWriteError``)."""
 
     code = "CC308"
 

@@ -915,6 +915,39 @@ def test_a_release_database_another_process_holds_is_called_busy(
     assert f"[CC304] cannot open {database} (" in err and "another process holds it" in err
 
 
+@pytest.mark.parametrize(
+    ("ref", "says"),
+    [
+        (b"\x00garbage", "cannot serialize ref json"),
+        (b'{"snapshot":"ZZZZZZZZZZZZZZZZZZZG"}', "not found"),
+    ],
+    ids=["garbled-ref", "ref-to-a-missing-snapshot"],
+)
+def test_a_chip_store_with_a_damaged_ref_is_called_damaged_by_readers_and_gc(
+    tmp_path: Path, ref: bytes, says: str
+) -> None:
+    """What `render` and `gc` meet: a damaged ref is neither a traceback nor a write error."""
+    from datetime import UTC, datetime
+
+    from citycube.cube.chips import open_chips
+    from citycube.cube.chips_icechunk import collect_store_garbage
+    from citycube.errors import CorruptReleaseError
+    from tests.test_icechunk_chips import _write
+
+    store = tmp_path / "chips" / "LC" / AMS / "2020.icechunk"
+    _write(store, 1)
+    (store / "refs" / "branch.main" / "ref.json").write_bytes(ref)
+    with pytest.raises(CorruptReleaseError) as read, open_chips(store) as chips:
+        chips["data"].values  # noqa: B018  (reading is what fails)
+    with pytest.raises(CorruptReleaseError) as collected:
+        collect_store_garbage(store, datetime.now(UTC))
+    for raised in (read, collected):
+        message = str(raised.value)
+        assert message.startswith(f"[CC308] the chip store {store} is damaged: ")
+        assert says in message and "Rebuild its partition" in message
+        assert "read-only or full disk" not in message
+
+
 def test_a_data_root_that_cannot_be_written_is_refused(
     tmp_path: Path, not_writable: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from citycube.errors import CityCubeError, DatabaseBusyError, DatabaseCorruptError
+from citycube.errors import CityCubeError, CorruptReleaseError, DatabaseBusyError
 
 _LOCKED = ("Could not set lock", "Conflicting lock")
 
@@ -22,7 +22,7 @@ def database_error(path: Path, exc: Exception) -> CityCubeError:
             f"cannot open {path} ({first}): another process holds it (a `duckdb` shell or a "
             "running build); close it and run the command again"
         )
-    return DatabaseCorruptError(
+    return CorruptReleaseError(
         f"cannot read {path} ({first}): the database file is damaged, cut short or not a DuckDB "
         "database. Rebuild the release (`citycube build` with the same --release), or restore "
         "the file from a copy; `citycube verify` tells which other files differ from the "
