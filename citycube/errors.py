@@ -91,6 +91,12 @@ class UnknownAssetError(CityCubeError):
     code = "CC107"
 
 
+class InputFileError(CityCubeError):
+    """A file given to a command (forecast predictions) is not what the command reads."""
+
+    code = "CC108"
+
+
 class SourceUnavailableError(CityCubeError):
     """The source does not cover the request (a year or area it never published)."""
 

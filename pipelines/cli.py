@@ -248,23 +248,37 @@ def read_predictions(path: Path) -> dict[str, tuple[list[str], list[float]]]:
     Columns: ``case_id`` (a paper-form case id or a case key), ``prediction`` (or ``value``),
     and optionally ``method`` (several methods in one file; else the file's stem names it).
     """
+    import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from citycube.errors import CityCubeError
+    from citycube.errors import InputFileError
 
     parquet = path.suffix.lower() == ".parquet"
-    table = pq.read_table(path) if parquet else pacsv.read_csv(path)
+    try:
+        table = pq.read_table(path) if parquet else pacsv.read_csv(path)
+    except (pa.ArrowException, OSError) as exc:
+        what = "Parquet" if parquet else "CSV"
+        raise InputFileError(f"cannot read {path} as {what} ({exc}); write it again") from None
     names = set(table.column_names)
     ids = "case_id" if "case_id" in names else "case_key" if "case_key" in names else None
     values = "prediction" if "prediction" in names else "value" if "value" in names else None
     if ids is None or values is None:
-        raise CityCubeError(
+        raise InputFileError(
             f"{path} needs columns case_id (or case_key) and prediction (or value); it has "
             f"{', '.join(table.column_names)}"
         )
     case_ids = [str(v) for v in table[ids].to_pylist()]
-    numbers = [float("nan") if v is None else float(v) for v in table[values].to_pylist()]
+    numbers = []
+    for row, value in enumerate(table[values].to_pylist()):
+        try:
+            numbers.append(float("nan") if value is None else float(value))
+        except (TypeError, ValueError):
+            where = f"row {row + 1}" if parquet else f"line {row + 2}"
+            raise InputFileError(
+                f"{path} {where}, column {values!r}: {value!r} is not a number; predictions "
+                "are plain numbers in the target's unit (a blank for no prediction)"
+            ) from None
     methods = (
         [str(m) for m in table["method"].to_pylist()]
         if "method" in names

@@ -948,6 +948,30 @@ def test_a_chip_store_with_a_damaged_ref_is_called_damaged_by_readers_and_gc(
         assert "read-only or full disk" not in message
 
 
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("case_id,prediction\nA_1,2.5\nA_2,about 3\n", "line 3, column 'prediction': 'about 3'"),
+        ('case_key,value\nk1,1\nk2,"1,234.5"\n', "line 3, column 'value': '1,234.5'"),
+        ("case_id,prediction\nA_1,2.5,9\n", "cannot read {path} as CSV (CSV parse error"),
+    ],
+    ids=["words", "thousands-separator", "ragged"],
+)
+def test_a_forecast_predictions_file_with_text_names_the_file_and_column(
+    tmp_path: Path, text: str, says: str
+) -> None:
+    from citycube.errors import InputFileError
+    from pipelines.cli import read_predictions
+
+    path = tmp_path / "mine.csv"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(InputFileError) as raised:
+        read_predictions(path)
+    message = str(raised.value)
+    assert message.startswith(f"[CC108] {path} ") or message.startswith("[CC108] cannot read")
+    assert says.format(path=path) in message
+
+
 def test_a_data_root_that_cannot_be_written_is_refused(
     tmp_path: Path, not_writable: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
