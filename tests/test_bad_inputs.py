@@ -710,6 +710,77 @@ def test_an_item_record_naming_a_file_outside_its_item_is_refused(
 
 
 # --------------------------------------------------------------------------------------------
+# A full disk: said as such, whatever library met it
+
+
+def test_a_full_disk_while_installing_a_source_says_no_space_left(tmp_path: Path) -> None:
+    """The kernel's own ENOSPC (writes to /dev/full), met by Arrow inside an item's writer."""
+    from citycube.errors import DiskFullError
+    from citycube.items.staging import StagedFiles, install_item
+
+    final = tmp_path / "data" / "sources" / "odiac" / AMS / "2020"
+
+    def writer(staging: Path) -> StagedFiles:
+        (staging / "values.parquet").symlink_to("/dev/full")
+        pd.DataFrame({"value": np.arange(100_000.0)}).to_parquet(staging / "values.parquet")
+        return StagedFiles({"data": "values.parquet"})
+
+    with pytest.raises(DiskFullError) as raised:
+        install_item(final, {"version": "1"}, writer)
+    message = str(raised.value)
+    assert message.startswith(f"[CC309] no space left on / (writing {final}); nothing of the")
+    assert "Free space there" in message and "run the same command again" in message
+    assert list(final.parent.iterdir()) == []  # no item, no staging folder left
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KiB tmpfs (mounting needs root: skipped otherwise)."""
+    import subprocess
+
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)])
+    if done.returncode != 0:
+        pytest.skip("this machine does not let tests mount a tmpfs")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_file_system_says_no_space_left_whatever_library_met_it(
+    full_disk: Path,
+) -> None:
+    """A real full file system: the sample family installing an item, and GDAL writing a
+    GeoTIFF (which words it 'TIFFAppendToStrip:Write error', without an errno)."""
+    from citycube.errors import CubeWriteError, DiskFullError
+
+    sources = load_source_set(None)
+    with open(full_disk / "filler", "wb") as filler:  # leave one page
+        filler.write(b"x" * (512 * 1024 - 4 * 1024))
+    with pytest.raises(DiskFullError) as raised:
+        sources.fetch("odiac", AMS, YEAR, full_disk / "sources")
+    message = str(raised.value)
+    assert f"no space left on {full_disk} (writing {full_disk / 'sources'}" in message
+
+    tif = full_disk / "quicklook.tif"
+    profile = {"driver": "GTiff", "width": 256, "height": 256, "count": 1, "dtype": "float32"}
+    with (
+        pytest.raises(rasterio.errors.RasterioIOError) as gdal,
+        rasterio.open(tif, "w", **profile) as ds,
+    ):
+        ds.write(np.random.default_rng(0).random((1, 256, 256), np.float32))
+    assert "Write error" in str(gdal.value.__context__ or gdal.value)  # GDAL's own words
+    error = CubeWriteError.writing(tif, gdal.value)
+    assert isinstance(error, DiskFullError) and str(error).startswith(
+        f"[CC309] no space left on {full_disk} (writing {tif}); the previous version"
+    )
+
+
+# --------------------------------------------------------------------------------------------
 # Names and places: refused before any file is touched
 
 

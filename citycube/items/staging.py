@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from citycube.errors import DiskFullError, no_space_left
 from citycube.io.atomic import atomic_path, replace_dir_atomic, write_text_atomic
 from citycube.io.digest import file_sha256, file_state
 from citycube.io.scratch import owned_name, remove_dead_leftovers
@@ -243,12 +244,22 @@ def install_item(
     existing = installed_item(final, identity)
     if existing is not None:
         return existing
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_dead_leftovers(final)
-    staging = owned_name(final)
-    staging.mkdir()
     try:
-        staged = write(staging)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_leftovers(final)
+        staging = owned_name(final)
+        staging.mkdir()
+    except OSError as exc:
+        if no_space_left(final.parent, exc):
+            raise DiskFullError.at(final, "nothing of the item was installed") from exc
+        raise
+    try:
+        try:
+            staged = write(staging)
+        except Exception as exc:  # GDAL, OGR, Arrow and Python each word a full disk their way
+            if no_space_left(staging, exc):
+                raise DiskFullError.at(final, "nothing of the item was installed") from exc
+            raise
         missing = [name for name in staged.files.values() if not (staging / name).exists()]
         if missing:
             raise RuntimeError(f"the writer of {final} did not write {missing}")
