@@ -768,6 +768,7 @@ def test_a_full_file_system_says_no_space_left_whatever_library_met_it(
 
     tif = full_disk / "quicklook.tif"
     profile = {"driver": "GTiff", "width": 256, "height": 256, "count": 1, "dtype": "float32"}
+    profile |= {"crs": "EPSG:32631", "transform": Affine(25, 0, 600_000, 0, -25, 5_800_000)}
     with (
         pytest.raises(rasterio.errors.RasterioIOError) as gdal,
         rasterio.open(tif, "w", **profile) as ds,
