@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,6 +93,12 @@ class UnknownAssetError(CityCubeError):
     code = "CC107"
 
 
+class InputFileError(CityCubeError):
+    """A file given to a command (forecast predictions) is not what the command reads."""
+
+    code = "CC108"
+
+
 class SourceUnavailableError(CityCubeError):
     """The source does not cover the request (a year or area it never published)."""
 
@@ -152,7 +160,11 @@ class CubeWriteError(CityCubeError):
 
     @classmethod
     def writing(cls, path: Path, exc: Exception) -> CubeWriteError:
-        """A failed write of ``path``: why, and what to change (the old version is kept)."""
+        """A failed write of ``path``: why, and what to change (the old version is kept).
+
+        A full disk is told as such (``DiskFullError``), whatever library met it."""
+        if no_space_left(path, exc):
+            return DiskFullError.at(path, "the previous version, if any, is unchanged")
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return cls(
             f"could not write {path} ({why}); the previous version, if any, is unchanged. Make "
@@ -161,10 +173,71 @@ class CubeWriteError(CityCubeError):
         )
 
 
+class DiskFullError(CubeWriteError):
+    """A write failed because the file system it goes to has no space left."""
+
+    code = "CC309"
+
+    @classmethod
+    def at(cls, path: Path, kept: str) -> DiskFullError:
+        """The error for a write of ``path``; ``kept`` says what stays as it was."""
+        return cls(
+            f"no space left on {_mount_point(Path(path))} (writing {path}); {kept}. Free space "
+            "there (`citycube gc` deletes unreferenced chunks and old snapshots) or point the "
+            "data root at a larger disk, and run the same command again"
+        )
+
+
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE_TEXT = ("No space left on device", "database or disk is full", "Disk quota exceeded")
+LOW_SPACE_BYTES = 1 << 20
+"""Below this many free bytes a failed write is put down to a full disk: GDAL and OGR report
+one as 'TIFFAppendToStrip:Write error' or 'cannot rollback', without an errno."""
+
+
+def no_space_left(path: Path, exc: BaseException) -> bool:
+    """True when ``exc`` (or an exception it came from) is a full disk: an ENOSPC or EDQUOT
+    errno, a library's own words for it, or any failure while ``path``'s file system has less
+    than ``LOW_SPACE_BYTES`` free."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _NO_SPACE_ERRNOS:
+            return True
+        if any(text in str(current) for text in _NO_SPACE_TEXT):
+            return True
+        current = current.__cause__ or current.__context__
+    for folder in (Path(path), *Path(path).parents):
+        try:
+            stats = os.statvfs(folder)
+        except OSError:
+            continue
+        return stats.f_bavail * stats.f_frsize < LOW_SPACE_BYTES
+    return False
+
+
+def _mount_point(path: Path) -> Path:
+    """The mount point of the file system ``path`` is (or would be) on."""
+    folder = Path(os.path.abspath(path))
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    while not os.path.ismount(folder) and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
 class DatabaseBusyError(CityCubeError):
     """A release database is locked by another process (a DuckDB shell, a running build)."""
 
     code = "CC304"
+
+
+class CorruptReleaseError(CityCubeError):
+    """A release's database or chip store cannot be read: damaged blocks or refs, cut short, or
+    not in its format. Not a lock (``DatabaseBusyError``), not a write (``CubeWriteError``)."""
+
+    code = "CC308"
 
 
 class BuildBusyError(CityCubeError):

@@ -209,17 +209,18 @@ def evaluate(args: argparse.Namespace) -> int:
         NearestTilePredictor,
         score,
         score_matrix_markdown,
+        target_codes,
         write_scores,
     )
     from citycube.tasks.pairs import modality_order
     from citycube.tasks.translation import BenchmarkFiles
 
+    catalogue = load_catalogue()
+    targets = target_codes(args.targets, catalogue) if args.targets is not None else None
     release = Release(Path(args.data).resolve(), args.release)
     if not BenchmarkFiles.published(release).instances.exists():
         print(f"no translation instances in {release.root}; run `make run` first", file=sys.stderr)
         return 2
-    catalogue = load_catalogue()
-    targets = [t.strip() for t in args.targets.split(",")] if args.targets else None
     predictor = (
         NearestTilePredictor(release, catalogue) if args.predictor == "nearest_tile" else None
     )
@@ -247,23 +248,37 @@ def read_predictions(path: Path) -> dict[str, tuple[list[str], list[float]]]:
     Columns: ``case_id`` (a paper-form case id or a case key), ``prediction`` (or ``value``),
     and optionally ``method`` (several methods in one file; else the file's stem names it).
     """
+    import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from citycube.errors import CityCubeError
+    from citycube.errors import InputFileError
 
     parquet = path.suffix.lower() == ".parquet"
-    table = pq.read_table(path) if parquet else pacsv.read_csv(path)
+    try:
+        table = pq.read_table(path) if parquet else pacsv.read_csv(path)
+    except (pa.ArrowException, OSError) as exc:
+        what = "Parquet" if parquet else "CSV"
+        raise InputFileError(f"cannot read {path} as {what} ({exc}); write it again") from None
     names = set(table.column_names)
     ids = "case_id" if "case_id" in names else "case_key" if "case_key" in names else None
     values = "prediction" if "prediction" in names else "value" if "value" in names else None
     if ids is None or values is None:
-        raise CityCubeError(
+        raise InputFileError(
             f"{path} needs columns case_id (or case_key) and prediction (or value); it has "
             f"{', '.join(table.column_names)}"
         )
     case_ids = [str(v) for v in table[ids].to_pylist()]
-    numbers = [float("nan") if v is None else float(v) for v in table[values].to_pylist()]
+    numbers = []
+    for row, value in enumerate(table[values].to_pylist()):
+        try:
+            numbers.append(float("nan") if value is None else float(value))
+        except (TypeError, ValueError):
+            where = f"row {row + 1}" if parquet else f"line {row + 2}"
+            raise InputFileError(
+                f"{path} {where}, column {values!r}: {value!r} is not a number; predictions "
+                "are plain numbers in the target's unit (a blank for no prediction)"
+            ) from None
     methods = (
         [str(m) for m in table["method"].to_pylist()]
         if "method" in names
@@ -801,14 +816,24 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
-    args = parser().parse_args(argv)
     from citycube.errors import CityCubeError
 
     try:
+        args = parser().parse_args(argv)  # loads the libraries: Ctrl-C may come here
         return int(args.func(args))
     except CityCubeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before a build hands stopping to its own handler
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+
+
+INTERRUPTED = (
+    "stopped by Ctrl-C; files are written whole or not at all, so run the same command again "
+    "to finish"
+)
+"""What an interrupted command says instead of a traceback."""
 
 
 if __name__ == "__main__":

@@ -57,8 +57,10 @@ class LocalFilesProduct(SourceProduct):
         synthetic: bool = True,
         source_id: str | None = None,
         version: str = "t1",
+        extra: dict[str, str] | None = None,
     ) -> None:
         self.items = items
+        self.extra = extra or {}
         self.info = SourceInfo(
             product_id=product_id,
             source_id=source_id or f"test:{product_id}",
@@ -83,18 +85,23 @@ class LocalFilesProduct(SourceProduct):
             source_id=self.info.source_id,
             version=self.info.version,
             synthetic=self.info.synthetic,
+            extra=dict(self.extra),
         )
 
 
 def LocalFilesBackend(
-    items: dict[tuple[str, str, int | None], dict[str, Path]], *, synthetic: bool = True
+    items: dict[tuple[str, str, int | None], dict[str, Path]],
+    *,
+    synthetic: bool = True,
+    extra: dict[str, dict[str, str]] | None = None,
 ) -> SourceSet:
-    """A source set of hand-made files: {(product, city, year): {role: path}}."""
+    """A source set of hand-made files: {(product, city, year): {role: path}}; ``extra``:
+    item metadata by product (e.g. a records file's declared counts)."""
     by_product: dict[str, dict[tuple[str, int | None], dict[str, Path]]] = {}
     for (product, city, year), files in items.items():
         by_product.setdefault(product, {})[(city, year)] = files
     adapters = [
-        LocalFilesProduct(product, files, synthetic=synthetic)
+        LocalFilesProduct(product, files, synthetic=synthetic, extra=(extra or {}).get(product))
         for product, files in by_product.items()
     ]
     return SourceSet(adapters, name="local-test")
@@ -160,3 +167,41 @@ def materialize_keys(
         tags=tags,
         raise_on_error=raise_on_error,
     )
+
+
+BAD_INPUT_KINDS = ("clear", "handled")
+"""How the bad-input suite's cases end: refused with a clear coded error, or handled (the
+input absorbed without loss, e.g. an untrusted item made again)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Carry each bad-input case's kind into its reports (they cross xdist workers)."""
+    for item in items:
+        marker = item.get_closest_marker("bad_input")
+        if marker is not None:
+            kind = marker.args[0] if marker.args else ""
+            if kind not in BAD_INPUT_KINDS:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: bad_input kind {kind!r} is not one of {BAD_INPUT_KINDS}"
+                )
+            item.user_properties.append(("bad_input", kind))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Count the bad-input cases that ran, by kind and outcome."""
+    counts: dict[tuple[str, str], int] = {}
+    for outcome in ("passed", "failed", "error", "skipped"):
+        for report in terminalreporter.stats.get(outcome, []):
+            kind = dict(getattr(report, "user_properties", ())).get("bad_input")
+            if kind is None or (report.when != "call" and outcome == "passed"):
+                continue
+            counts[(kind, outcome)] = counts.get((kind, outcome), 0) + 1
+    if not counts:
+        return
+    parts = []
+    for kind in BAD_INPUT_KINDS:
+        outcomes = {o: n for (k, o), n in counts.items() if k == kind}
+        detail = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items()))
+        parts.append(f"{sum(outcomes.values())} {kind} ({detail or 'none run'})")
+    total = sum(counts.values())
+    terminalreporter.write_sep("-", f"bad-input cases: {total} = " + " + ".join(parts))

@@ -42,6 +42,9 @@ from pipelines.cli import main
 from sources import load_source_set
 from tests.conftest import LocalFilesProduct
 
+pytestmark = pytest.mark.bad_input("clear")
+"""Every case is refused with a coded error naming its cause, unless marked 'handled'."""
+
 CAT = load_catalogue()
 AMS, BOS, YEAR = "Amsterdam", "Boston", 2020
 FIX = "re-run its source asset"
@@ -56,6 +59,8 @@ SAMPLE_ITEMS = {
     "osm_gps_traces": (AMS, YEAR),
     "city_property": (BOS, YEAR),
     "worldbank_indicators": (BOS, None),
+    "ghs_pop": (AMS, YEAR),
+    "chelsa": (AMS, YEAR),
 }
 """Sample items the broken files are made from: one per format the engine reads."""
 
@@ -227,11 +232,34 @@ def _garble_values(path: Path) -> None:
     frame.to_csv(path, index=False)
 
 
+def _frame(edit: Callable[[pd.DataFrame], pd.DataFrame]) -> Callable[[Path], None]:
+    def rewrite(path: Path) -> None:
+        edit(pd.read_csv(path)).to_csv(path, index=False)
+
+    return rewrite
+
+
+def _swap_lon_lat(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.rename(columns={"lon": "lat", "lat": "lon"})
+
+
 def _drop_column(column: str) -> Callable[[Path], None]:
     def drop(path: Path) -> None:
         pd.read_csv(path).drop(columns=[column]).to_csv(path, index=False)
 
     return drop
+
+
+def _worldbank_values(edit: Callable[[object], object]) -> Callable[[Path], None]:
+    """Rewrite every value of a World Bank API v2 JSON response."""
+
+    def rewrite(path: Path) -> None:
+        meta, records = json.loads(path.read_text(encoding="utf-8"))
+        for record in records:
+            record["value"] = edit(record["value"])
+        path.write_text(json.dumps([meta, records]), encoding="utf-8")
+
+    return rewrite
 
 
 def _geojson(*geometries: dict) -> Callable[[Path], None]:
@@ -285,6 +313,8 @@ class BadFile:
     """Fragments the message holds besides the code, the partition and the source."""
     extra: dict[str, str] = field(default_factory=dict)
     """Item metadata replacing the sample's (e.g. declared record counts)."""
+    drop_extra: tuple[str, ...] = ()
+    """Item metadata removed from the sample's (e.g. the declared record count)."""
 
 
 ODIAC, LANDSAT, ELEC, ROADS, GPS = (
@@ -341,6 +371,33 @@ BAD_FILES: dict[str, BadFile] = {
         _raster(lambda a: a.astype(np.complex64)),
         SourceReadError,
         ("holds complex64 values, not real numbers", FIX),
+    ),
+    "tif_rewritten_as_uint8": BadFile(
+        "CO2",
+        AMS,
+        ODIAC,
+        "data",
+        _raster(lambda a: np.clip(a, 0, 255).astype(np.uint8), nodata=None),
+        SourceReadError,
+        ("band 1 holds uint8 pixels but odiac is published as float32 or float64", FIX),
+    ),
+    "tif_with_another_nodata": BadFile(
+        "POP",
+        AMS,
+        "ghs_pop",
+        "data",
+        _raster(lambda a: np.where(a == -200, -1, a), nodata=-1),
+        SourceReadError,
+        ("declares nodata -1 but ghs_pop is published with nodata -200", FIX),
+    ),
+    "scaled_integers_without_their_scale": BadFile(
+        "WTH",
+        AMS,
+        "chelsa",
+        "tas",
+        _raster(),
+        SourceReadError,
+        ("holds uint16 pixels without the scale and offset chelsa stores", FIX),
     ),
     "tif_missing": BadFile(
         "CO2", AMS, ODIAC, "data", lambda p: p.unlink(), SourceReadError, ("does not exist", FIX)
@@ -436,6 +493,63 @@ BAD_FILES: dict[str, BadFile] = {
     "csv_is_binary": BadFile(
         "ELEC", BOS, ELEC, "data", _content(bytes(range(256)) * 8), SourceReadError, (FIX,)
     ),
+    # Records that would reach no tile, or the wrong ones: refused, never summed into zeros
+    "csv_rows_of_another_year": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _frame(lambda f: f.assign(year=2019)),
+        SourceReadError,
+        ("line 2 carries year 2019, not 2020: 15052 of 15052 records", FIX),
+    ),
+    "csv_lon_lat_swapped": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _frame(_swap_lon_lat),
+        SourceReadError,
+        ("records outside Boston's reporting area", "first: line 2 at lon 42.", "swapped", FIX),
+    ),
+    "csv_every_row_twice": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _frame(lambda f: pd.concat([f, f])),
+        SourceReadError,
+        ("line 15054 repeats building_id 'BOSTON-", "of line 2: 15052 records are dup", FIX),
+        extra={"records": "30104", "blank_values": "734"},
+    ),
+    "csv_in_wh_not_kwh": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _frame(lambda f: f.assign(kwh=f["kwh"] * 1000)),
+        SourceReadError,
+        ("kWh/year, outside the plausible 0–1e+09 kWh/year of a point record", FIX),
+    ),
+    "csv_in_wh_of_small_buildings": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _frame(lambda f: f.assign(kwh=f["kwh"].clip(upper=9e5) * 1000)),
+        SourceReadError,
+        ("has a median record of 9.", "outside the plausible 1000–1e+07 kWh/year", FIX),
+    ),
+    "csv_cut_with_its_declared_count_removed": BadFile(
+        "ELEC",
+        BOS,
+        ELEC,
+        "data",
+        _csv(lambda lines: lines[: len(lines) * 2 // 3]),
+        SourceReadError,
+        ("declares no record count ('records')", FIX),
+        drop_extra=("records", "blank_values"),
+    ),
     "geojson_self_intersecting": BadFile(
         "ELEC",
         BOS,
@@ -511,6 +625,15 @@ BAD_FILES: dict[str, BadFile] = {
         SourceReadError,
         ("is not a World Bank API v2 JSON response", FIX),
     ),
+    "json_values_as_text": BadFile(
+        "PROP",
+        BOS,
+        "worldbank_indicators",
+        "cpi",
+        _worldbank_values(lambda v: None if v is None else f"{v * 1000:,.1f}"),
+        SourceReadError,
+        ("record 2 (AUS 2024) has value '155,577.0', not a number", FIX),
+    ),
 }
 
 
@@ -522,7 +645,8 @@ def _broken_item(case: BadFile, good: SourceItem, folder: Path) -> SourceItem:
         files[role] = folder / Path(path).name
         shutil.copy(path, files[role])
     case.damage(files[case.role])
-    return replace(good, files=files, extra={**good.extra, **case.extra}, fingerprint="")
+    extra = {k: v for k, v in {**good.extra, **case.extra}.items() if k not in case.drop_extra}
+    return replace(good, files=files, extra=extra, fingerprint="")
 
 
 @pytest.mark.parametrize("name", sorted(BAD_FILES))
@@ -560,6 +684,101 @@ def test_a_broken_source_file_is_refused_and_nothing_else_is_lost(
     assert {k: after.get(k) for k in before} == before
     assert [k for k in after.keys() - before.keys() if not k.startswith("cache/")] == []
     assert sorted(os.listdir(tmp_path)) == [*outside, "incoming"]
+
+
+@pytest.mark.bad_input("handled")
+@pytest.mark.parametrize("name", ["/etc/passwd", "../../../../../../etc/passwd"])
+def test_an_item_record_naming_a_file_outside_its_item_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    """A completion record is data on disk: one pointing at any other file is not trusted
+    (the file would be read as the item's, and a refusal would advise deleting it)."""
+    sources = load_source_set(None)
+    dest = tmp_path / "data" / "sources"
+    item = sources.fetch("odiac", AMS, YEAR, dest)
+    folder = Path(item.files["data"]).parent
+    record = json.loads((folder / "_complete.json").read_text())
+    record["files"]["data"] = name
+    record["checksums"][name] = record["checksums"].pop(Path(item.files["data"]).name)
+    (folder / "_complete.json").write_text(json.dumps(record))
+
+    again = sources.fetch("odiac", AMS, YEAR, dest)
+    assert Path(again.files["data"]).resolve().is_relative_to(dest.resolve())
+    assert again.files["data"] == item.files["data"]
+    assert f"naming files outside its directory ({name})" in caplog.text
+    assert "the record is refused and the item made again" in caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# A full disk: said as such, whatever library met it
+
+
+def test_a_full_disk_while_installing_a_source_says_no_space_left(tmp_path: Path) -> None:
+    """The kernel's own ENOSPC (writes to /dev/full), met by Arrow inside an item's writer."""
+    from citycube.errors import DiskFullError
+    from citycube.items.staging import StagedFiles, install_item
+
+    final = tmp_path / "data" / "sources" / "odiac" / AMS / "2020"
+
+    def writer(staging: Path) -> StagedFiles:
+        (staging / "values.parquet").symlink_to("/dev/full")
+        pd.DataFrame({"value": np.arange(100_000.0)}).to_parquet(staging / "values.parquet")
+        return StagedFiles({"data": "values.parquet"})
+
+    with pytest.raises(DiskFullError) as raised:
+        install_item(final, {"version": "1"}, writer)
+    message = str(raised.value)
+    assert message.startswith(f"[CC309] no space left on / (writing {final}); nothing of the")
+    assert "Free space there" in message and "run the same command again" in message
+    assert list(final.parent.iterdir()) == []  # no item, no staging folder left
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KiB tmpfs (mounting needs root: skipped otherwise)."""
+    import subprocess
+
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)])
+    if done.returncode != 0:
+        pytest.skip("this machine does not let tests mount a tmpfs")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_file_system_says_no_space_left_whatever_library_met_it(
+    full_disk: Path,
+) -> None:
+    """A real full file system: the sample family installing an item, and GDAL writing a
+    GeoTIFF (which words it 'TIFFAppendToStrip:Write error', without an errno)."""
+    from citycube.errors import CubeWriteError, DiskFullError
+
+    sources = load_source_set(None)
+    with open(full_disk / "filler", "wb") as filler:  # leave one page
+        filler.write(b"x" * (512 * 1024 - 4 * 1024))
+    with pytest.raises(DiskFullError) as raised:
+        sources.fetch("odiac", AMS, YEAR, full_disk / "sources")
+    message = str(raised.value)
+    assert f"no space left on {full_disk} (writing {full_disk / 'sources'}" in message
+
+    tif = full_disk / "quicklook.tif"
+    profile = {"driver": "GTiff", "width": 256, "height": 256, "count": 1, "dtype": "float32"}
+    profile |= {"crs": "EPSG:32631", "transform": Affine(25, 0, 600_000, 0, -25, 5_800_000)}
+    with (
+        pytest.raises(rasterio.errors.RasterioIOError) as gdal,
+        rasterio.open(tif, "w", **profile) as ds,
+    ):
+        ds.write(np.random.default_rng(0).random((1, 256, 256), np.float32))
+    assert "Write error" in str(gdal.value.__context__ or gdal.value)  # GDAL's own words
+    error = CubeWriteError.writing(tif, gdal.value)
+    assert isinstance(error, DiskFullError) and str(error).startswith(
+        f"[CC309] no space left on {full_disk} (writing {tif}); the previous version"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -660,6 +879,171 @@ def test_bad_build_arguments_are_refused_before_anything_is_written(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_unknown_evaluation_targets_are_named_with_the_valid_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    command = ["--data", str(tmp_path / "data"), "evaluate", "--targets", "BOGUS,XYZ"]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "[CC103] unknown target(s) BOGUS, XYZ; choose target codes from " in err
+    assert "POP" in err and "LC" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_in_the_first_seconds_of_a_build_says_so_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the build command is still loading its libraries (before the build's own
+    stop handler is installed) ends it with a message and exit 130, not a traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    data = tmp_path / "data"
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "CITYCUBE_DATA": str(data)}
+    command = [sys.executable, "-m", "pipelines.cli", "--data", str(data), "build"]
+    process = subprocess.Popen(
+        [*command, "--cities", AMS, "--years", "2020"],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        maps = Path(f"/proc/{process.pid}/maps")
+        deadline = time.monotonic() + 60
+        # the command's own imports (pyarrow, duckdb) are under way: main() is running
+        while "pyarrow" not in maps.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "stopped by Ctrl-C; files are written whole or not at all" in err
+    assert not data.exists()
+
+
+def _damage_database(how: str) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        size = path.stat().st_size
+        if how == "cut":
+            with open(path, "r+b") as handle:
+                handle.truncate(size // 3)
+            return
+        with open(path, "r+b") as handle:
+            handle.seek({"header": 0, "block": 4096}[how])
+            handle.write(bytes(range(256)) * 16)
+
+    return damage
+
+
+@pytest.mark.parametrize("how", ["header", "block", "cut"])
+def test_a_damaged_release_database_is_called_damaged_not_busy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    import duckdb
+
+    database = Release(tmp_path / "data", "t").duckdb_file
+    database.parent.mkdir(parents=True)
+    with duckdb.connect(str(database)) as con:
+        con.execute("CREATE TABLE tiles AS SELECT '2km' AS scale, range AS i FROM range(100000)")
+    _damage_database(how)(database)
+    assert main(["--data", str(tmp_path / "data"), "--release", "t", "summary"]) == 2
+    err = capsys.readouterr().err
+    assert f"[CC308] cannot read {database} (" in err and "Traceback" not in err
+    assert "damaged, cut short or not a DuckDB database. Rebuild the release" in err
+    assert "another process" not in err
+
+
+def test_a_release_database_another_process_holds_is_called_busy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import subprocess
+    import sys
+
+    import duckdb
+
+    database = Release(tmp_path / "data", "t").duckdb_file
+    database.parent.mkdir(parents=True)
+    duckdb.connect(str(database)).close()
+    hold = f"import duckdb, sys; c = duckdb.connect({str(database)!r}); print(1, flush=True); "
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold + "sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "1"
+        assert main(["--data", str(tmp_path / "data"), "--release", "t", "summary"]) == 2
+    finally:
+        holder.communicate("", timeout=30)
+    err = capsys.readouterr().err
+    assert f"[CC304] cannot open {database} (" in err and "another process holds it" in err
+
+
+@pytest.mark.parametrize(
+    ("ref", "says"),
+    [
+        (b"\x00garbage", "cannot serialize ref json"),
+        (b'{"snapshot":"ZZZZZZZZZZZZZZZZZZZG"}', "not found"),
+    ],
+    ids=["garbled-ref", "ref-to-a-missing-snapshot"],
+)
+def test_a_chip_store_with_a_damaged_ref_is_called_damaged_by_readers_and_gc(
+    tmp_path: Path, ref: bytes, says: str
+) -> None:
+    """What `render` and `gc` meet: a damaged ref is neither a traceback nor a write error."""
+    from datetime import UTC, datetime
+
+    from citycube.cube.chips import open_chips
+    from citycube.cube.chips_icechunk import collect_store_garbage
+    from citycube.errors import CorruptReleaseError
+    from tests.test_icechunk_chips import _write
+
+    store = tmp_path / "chips" / "LC" / AMS / "2020.icechunk"
+    _write(store, 1)
+    (store / "refs" / "branch.main" / "ref.json").write_bytes(ref)
+    with pytest.raises(CorruptReleaseError) as read, open_chips(store) as chips:
+        chips["data"].values  # noqa: B018  (reading is what fails)
+    with pytest.raises(CorruptReleaseError) as collected:
+        collect_store_garbage(store, datetime.now(UTC))
+    for raised in (read, collected):
+        message = str(raised.value)
+        assert message.startswith(f"[CC308] the chip store {store} is damaged: ")
+        assert says in message and "Rebuild its partition" in message
+        assert "read-only or full disk" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("case_id,prediction\nA_1,2.5\nA_2,about 3\n", "line 3, column 'prediction': 'about 3'"),
+        ('case_key,value\nk1,1\nk2,"1,234.5"\n', "line 3, column 'value': '1,234.5'"),
+        ("case_id,prediction\nA_1,2.5,9\n", "cannot read {path} as CSV (CSV parse error"),
+    ],
+    ids=["words", "thousands-separator", "ragged"],
+)
+def test_a_forecast_predictions_file_with_text_names_the_file_and_column(
+    tmp_path: Path, text: str, says: str
+) -> None:
+    from citycube.errors import InputFileError
+    from pipelines.cli import read_predictions
+
+    path = tmp_path / "mine.csv"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(InputFileError) as raised:
+        read_predictions(path)
+    message = str(raised.value)
+    assert message.startswith(f"[CC108] {path} ") or message.startswith("[CC108] cannot read")
+    assert says.format(path=path) in message
+
+
 def test_a_data_root_that_cannot_be_written_is_refused(
     tmp_path: Path, not_writable: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -705,3 +1089,67 @@ def test_a_failed_fetch_names_the_source_city_and_year(tmp_path: Path) -> None:
         "https://example.org/odiac.tif answered 503; retry later"
     )
     assert raised.value.transient  # still retried by the source assets' policy
+
+
+# --------------------------------------------------------------------------------------------
+# Normalised records (the form every records connector writes): checked at the door as well
+
+
+def _normalised_item(folder: Path, rows: list[dict], drop: tuple[str, ...] = ()) -> SourceItem:
+    """A point records item of Boston 2020 whose declared coverage is the 4 km box of
+    ``tests.test_record_forms``; ``drop`` removes declared metadata."""
+    from tests.test_record_forms import SMALL_BOX, utm_to_wgs84, write_item
+
+    coverage = gpd.GeoDataFrame(geometry=[utm_to_wgs84(SMALL_BOX)], crs=4326)
+    item = write_item(folder, "point", rows, tables={"coverage": coverage})
+    return replace(item, extra={k: v for k, v in item.extra.items() if k not in drop})
+
+
+def _in_box(dx: float, dy: float) -> object:
+    import shapely
+
+    from tests.test_record_forms import X0, Y1
+
+    return shapely.Point(X0 + dx, Y1 - dy)
+
+
+@pytest.mark.parametrize(
+    ("rows", "drop", "says"),
+    [
+        (
+            [{"geometry": _in_box(500, 500), "value": 5e4, "year": 2019}],
+            (),
+            "row 1 carries year 2019, not 2020: 1 of 1 records",
+        ),
+        (
+            [
+                {"geometry": _in_box(500, 500), "value": 5e4},
+                {"geometry": _in_box(30_000, 30_000), "value": 5e4},
+            ],
+            (),
+            "has 1 of 2 usable records outside Boston's declared coverage (coverage.geojson)",
+        ),
+        (
+            [{"geometry": _in_box(500, 500), "value": 5e4 * 1e6}],
+            (),
+            "row 1 holds 5e+10 kWh/year, outside the plausible 0–1e+09 kWh/year",
+        ),
+        (
+            [{"geometry": _in_box(500, 500), "value": 5e4}],
+            ("records",),
+            "declares no record count ('records')",
+        ),
+    ],
+    ids=["another-year", "outside-coverage", "in-mwh", "count-removed"],
+)
+def test_normalised_records_outside_their_year_area_or_unit_are_refused(
+    tmp_path: Path, rows: list[dict], drop: tuple[str, ...], says: str
+) -> None:
+    from citycube.processing.records import place_records
+
+    item = _normalised_item(tmp_path / "item", rows, drop)
+    with pytest.raises(SourceReadError) as raised:
+        place_records(item, 32619, 2020)
+    message = str(raised.value)
+    assert message.startswith(f"[CC201] {item.files['data']} ") and says in message
+    assert FIX in message

@@ -33,6 +33,7 @@ from citycube.cube.release import (
     write_parquet_atomic,
     write_tiles,
 )
+from citycube.errors import UnknownModalityError
 from citycube.grid.tiles import city_grid, pixel_grid
 from citycube.tasks.loader import InstanceLoader
 from citycube.tasks.translation import BenchmarkFiles
@@ -247,6 +248,12 @@ def test_training_mean_reference_scores_end_to_end(materialised: Release, tmp_pa
     args = ["--data", str(materialised.data_root), "--release", materialised.version]
     assert main([*args, "evaluate", "--targets", "POP", "--out", str(out)]) == 0
     assert pq.read_table(out).num_rows == sum(1 for _, t in rows if t == "POP")
+    # a target no instance has is refused, not scored as nothing
+    with pytest.raises(UnknownModalityError, match=r"no test instance of .* has target\(s\) X"):
+        score(materialised, CAT, stats=stats, targets=["POP", "X"])
+    out.unlink()
+    assert main([*args, "evaluate", "--targets", "BOGUS,XYZ", "--out", str(out)]) == 2
+    assert not out.exists()
 
 
 def test_gps_is_scored_in_the_log_domain_it_is_stored_in(materialised: Release) -> None:

@@ -458,7 +458,8 @@ def test_electricity_outside_coverage_is_unavailable_not_zero(
     csv = tmp_path / "elec.csv"
     pd.DataFrame(records).to_csv(csv, index=False)
     backend = LocalFilesBackend(
-        {("city_electricity", CITY, 2016): {"data": csv, "coverage": coverage}}
+        {("city_electricity", CITY, 2016): {"data": csv, "coverage": coverage}},
+        extra={"city_electricity": {"records": "3", "blank_values": "1"}},
     )
     process_partition(CAT.get("ELEC"), CAT, CITY, 2016, backend, release)
     rows = _rows(release, 2016, "ELEC")
@@ -603,10 +604,16 @@ def test_zero_electricity_stays_available(tmp_path: Path, release: Release) -> N
     gpd.GeoDataFrame(geometry=[Polygon(ring)], crs=4326).to_file(coverage)
     x0, _, _, y1 = grid.tile(0, 0).bounds
     lon, lat = _wgs84(x0 + 500, y1 - 500)
+    # two ordinary buildings elsewhere keep the city's median record plausible
+    bx, by, _, _ = grid.tile(2, 2).bounds
+    far_lon, far_lat = _wgs84(bx + 1000, by + 1000)
+    records = [(lon, lat, 0.0), (far_lon, far_lat, 5e4), (far_lon, far_lat, 6e4)]
+    frame = pd.DataFrame([{"lon": x, "lat": y, "year": 2016, "kwh": kwh} for x, y, kwh in records])
     csv = tmp_path / "elec.csv"
-    pd.DataFrame([{"lon": lon, "lat": lat, "year": 2016, "kwh": 0.0}]).to_csv(csv, index=False)
+    frame.to_csv(csv, index=False)
     backend = LocalFilesBackend(
-        {("city_electricity", CITY, 2016): {"data": csv, "coverage": coverage}}
+        {("city_electricity", CITY, 2016): {"data": csv, "coverage": coverage}},
+        extra={"city_electricity": {"records": "3", "blank_values": "0"}},
     )
     process_partition(CAT.get("ELEC"), CAT, CITY, 2016, backend, release)
     rows = _rows(release, 2016, "ELEC")

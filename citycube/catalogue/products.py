@@ -12,6 +12,50 @@ from pyproj import CRS
 from citycube.catalogue.cities import get_city
 from citycube.errors import SpecError
 
+RecordForm = Literal["point", "parcel", "postcode", "admin_unit"]
+"""The spatial forms a record can take (``citycube.items.records_form.SpatialForm``)."""
+
+
+class PlausibleValues(BaseModel):
+    """What a record's value may be in the product's unit, so a file in another unit (Wh
+    for kWh: ×1000) is refused rather than summed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    record: tuple[float, float] = Field(description="Every record's value lies within [low, high].")
+    median: tuple[float, float] = Field(
+        description="The median of a city-year's records lies within [low, high]."
+    )
+
+
+class RecordChecks(BaseModel):
+    """Checks a records file of the product passes before its values reach any tile."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    unit: str = Field(description="The unit of a record's value, as the ranges read.")
+    key: str | None = Field(
+        None, description="A column of the CSV layout that names each record once per year."
+    )
+    plausible: dict[RecordForm, PlausibleValues] = Field(
+        default_factory=dict, description="Plausible values by spatial form (none: unchecked)."
+    )
+
+
+class RasterSchema(BaseModel):
+    """What a raster file of the product holds, checked before any pixel is aggregated: a file
+    rewritten in another type (float values cut to uint8) or with another nodata reads as data
+    otherwise."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dtypes: tuple[str, ...] = Field(
+        description="The pixel types the product is published in (numpy names)."
+    )
+    nodata: float | None = Field(
+        None, description="The nodata value; a file declaring another one is refused."
+    )
+    scaled: bool = Field(
+        False, description="The file stores scaled integers and must declare scale and offset."
+    )
+
 
 class ProductSpec(BaseModel):
     """A source product and its native form."""
@@ -25,6 +69,12 @@ class ProductSpec(BaseModel):
     coverage: str = Field(description="Temporal coverage, as published.")
     format: Literal["raster", "vector", "points", "records", "table"] = Field(
         "raster", description="How the engine reads it."
+    )
+    raster: RasterSchema | None = Field(
+        None, description="Raster products: the pixel type and nodata a file must have."
+    )
+    records: RecordChecks | None = Field(
+        None, description="Record products: the key and plausible values checked at ingest."
     )
 
     def expected_crs(self, city: str) -> CRS:

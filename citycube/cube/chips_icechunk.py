@@ -48,7 +48,12 @@ import zarr
 from zarr.buffer import default_buffer_prototype
 
 from citycube.cube.chips_zarr import ICECHUNK_SUFFIX, ChipStoreWriter, remove_other_formats
-from citycube.errors import ChipsNotFoundError, CubeWriteError, ReleaseImmutableError
+from citycube.errors import (
+    ChipsNotFoundError,
+    CorruptReleaseError,
+    CubeWriteError,
+    ReleaseImmutableError,
+)
 from citycube.grid.tiles import PixelGrid
 
 DRAFT_BRANCH = "main"
@@ -90,27 +95,38 @@ def open_repository(path: Path) -> icechunk.Repository:
         )
     try:
         return icechunk.Repository.open(_storage(path))
-    except icechunk.IcechunkError as exc:
-        raise ChipsNotFoundError(
-            f"{path} is not a readable icechunk repository ({exc}); rebuild its partition"
-        ) from exc
+    except icechunk.IcechunkError as exc:  # a folder is there, but not a repository it reads
+        raise damaged_store(path, exc) from exc
+
+
+def damaged_store(path: Path, exc: Exception) -> CorruptReleaseError:
+    """The error for a chip store whose refs, snapshots or manifests cannot be read."""
+    first = next((line.strip(" x|") for line in str(exc).splitlines() if line.strip(" x|")), "")
+    return CorruptReleaseError(
+        f"the chip store {path} is damaged: {first or type(exc).__name__}. Rebuild its "
+        "partition (materialise its derived asset again) or restore the store from a copy"
+    )
 
 
 def icechunk_session(path: Path, ref: str | None = None) -> icechunk.Session:
     """A read-only session of the store at ``ref``: a tag or a branch name.
 
     Without ``ref``: the ``published`` branch when the release has been published, else
-    ``main`` (a store no database has published yet).
+    ``main`` (a store no database has published yet). A ref or snapshot that cannot be read
+    is a damaged store (``CorruptReleaseError``), not a missing one.
     """
     repo = open_repository(path)
-    branches = set(repo.list_branches())
-    if ref is None:
-        ref = PUBLISHED_BRANCH if PUBLISHED_BRANCH in branches else DRAFT_BRANCH
-    if ref in branches:
-        return repo.readonly_session(branch=ref)
-    tags = set(repo.list_tags())
-    if ref in tags:
-        return repo.readonly_session(tag=ref)
+    try:
+        branches = set(repo.list_branches())
+        if ref is None:
+            ref = PUBLISHED_BRANCH if PUBLISHED_BRANCH in branches else DRAFT_BRANCH
+        tags = set(repo.list_tags())
+        if ref in branches or ref in tags:
+            snapshot = repo.lookup_branch(ref) if ref in branches else repo.lookup_tag(ref)
+            repo.lookup_snapshot(snapshot)  # the commit the ref names must be there
+            return repo.readonly_session(snapshot_id=snapshot)
+    except icechunk.IcechunkError as exc:
+        raise damaged_store(path, exc) from exc
     raise ChipsNotFoundError(
         f"the chip store {path} has no branch or tag {ref!r} (branches: "
         f"{', '.join(sorted(branches))}; tags: {', '.join(sorted(tags)) or 'none'}); a release "
@@ -133,6 +149,8 @@ def open_icechunk_chips(path: Path, ref: str | None = None) -> xr.Dataset:
         raise ChipsNotFoundError(
             f"the chip store {path} has no committed chips; rebuild its partition"
         ) from exc
+    except icechunk.IcechunkError as exc:  # a snapshot or manifest the refs point at is gone
+        raise damaged_store(path, exc) from exc
 
 
 class IcechunkChipWriter(ChipStoreWriter):
@@ -387,6 +405,13 @@ def collect_store_garbage(path: Path, older_than: datetime) -> StoreGarbage:
     reader still on a recent commit is not cut off.
     """
     repo = open_repository(path)
+    try:  # read every head first: a damaged ref is a damaged store, not a failed write
+        heads = [repo.lookup_branch(b) for b in repo.list_branches()]
+        heads += [repo.lookup_tag(t) for t in repo.list_tags()]
+        for snapshot in heads:
+            repo.lookup_snapshot(snapshot)
+    except icechunk.IcechunkError as exc:
+        raise damaged_store(path, exc) from exc
     try:
         expired = repo.expire_snapshots(older_than)
         summary = repo.garbage_collect(older_than)

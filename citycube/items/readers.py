@@ -80,6 +80,37 @@ def _require_real_bands(ds: rasterio.DatasetReader, bands: Sequence[int]) -> Non
             )
 
 
+def check_raster_schema(ds: rasterio.DatasetReader, item: SourceItem, bands: Sequence[int]) -> None:
+    """Refuse a file whose pixel type, nodata or scaling is not what its product declares
+    (``schemas/sources.yaml``): float values rewritten as uint8 lose their magnitude, scaled
+    integers without their scale read tenfold, and both would pass as valid pixels."""
+    spec = load_products().get(item.product)
+    schema = spec.raster if spec is not None else None
+    if schema is None:
+        return
+    for band in bands:
+        dtype = ds.dtypes[band - 1]
+        if dtype not in schema.dtypes:
+            raise SourceReadError(
+                f"{ds.name} band {band} holds {dtype} pixels but {item.product} is published as "
+                f"{' or '.join(schema.dtypes)}: the file was rewritten in another type or is "
+                f"not that product's; {repair_hint(ds.name)}"
+            )
+        kind = np.dtype(dtype).kind
+        unscaled = ds.scales[band - 1] == 1 and ds.offsets[band - 1] == 0
+        if schema.scaled and kind in "iu" and unscaled:
+            raise SourceReadError(
+                f"{ds.name} band {band} holds {dtype} pixels without the scale and offset "
+                f"{item.product} stores its values with, so they are not physical values; "
+                f"{repair_hint(ds.name)}"
+            )
+    if schema.nodata is not None and ds.nodata is not None and ds.nodata != schema.nodata:
+        raise SourceReadError(
+            f"{ds.name} declares nodata {ds.nodata:g} but {item.product} is published with "
+            f"nodata {schema.nodata:g}: the file was rewritten; {repair_hint(ds.name)}"
+        )
+
+
 @contextmanager
 def open_masked_source(
     item: SourceItem,
@@ -107,6 +138,7 @@ def open_masked_source(
                 f"{repair_hint(data.name)}"
             )
         _require_real_bands(data, bands)
+        check_raster_schema(data, item, bands)
         qa = None
         if modality.validity.qa_invalid_bits:
             qa = stack.enter_context(open_raster(item.href("qa")))

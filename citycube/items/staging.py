@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from citycube.errors import DiskFullError, no_space_left
 from citycube.io.atomic import atomic_path, replace_dir_atomic, write_text_atomic
 from citycube.io.digest import file_sha256, file_state
 from citycube.io.scratch import owned_name, remove_dead_leftovers
@@ -77,7 +78,9 @@ def repair_hint(path: str | Path) -> str:
     for folder in Path(path).parents:
         if (folder / COMPLETE_MARKER).exists():
             return f"delete its item directory {folder} and re-run its source asset"
-    return f"delete {path} and re-run its source asset"
+    # Not in an item directory: nothing the pipeline installed, so no path to delete is named
+    # (the file may lie anywhere, even outside the data root).
+    return "replace the file with the product's own (re-run its source asset to fetch it again)"
 
 
 def installed_item(final: Path, identity: Mapping[str, Any]) -> InstalledItem | None:
@@ -93,6 +96,17 @@ def installed_item(final: Path, identity: Mapping[str, Any]) -> InstalledItem | 
     files = record.get("files")
     if not isinstance(files, dict) or not files:
         return None
+    sums = record.get("checksums")
+    names = [*files.values(), *(sums if isinstance(sums, dict) else ())]
+    outside = sorted({str(name) for name in names if not _inside(final, name)})
+    if outside:
+        log.warning(
+            "source item %s has a completion record naming files outside its directory (%s); "
+            "the record is refused and the item made again",
+            final,
+            ", ".join(outside),
+        )
+        return None
     item = InstalledItem(final, record)
     if not all(path.exists() for path in item.files.values()):
         return None
@@ -106,6 +120,15 @@ def installed_item(final: Path, identity: Mapping[str, Any]) -> InstalledItem | 
         )
         return None
     return item
+
+
+def _inside(directory: Path, name: object) -> bool:
+    """True for a plain relative file name that stays inside ``directory``: a record naming
+    '/etc/passwd' or '../../x' would make the pipeline read (and advise deleting) any file."""
+    if not isinstance(name, str) or not name or Path(name).is_absolute():
+        return False
+    root = directory.resolve()
+    return (root / name).resolve().is_relative_to(root)
 
 
 def _file_checksums(directory: Path, names: Mapping[str, str]) -> dict[str, dict[str, Any]]:
@@ -221,12 +244,22 @@ def install_item(
     existing = installed_item(final, identity)
     if existing is not None:
         return existing
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_dead_leftovers(final)
-    staging = owned_name(final)
-    staging.mkdir()
     try:
-        staged = write(staging)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_leftovers(final)
+        staging = owned_name(final)
+        staging.mkdir()
+    except OSError as exc:
+        if no_space_left(final.parent, exc):
+            raise DiskFullError.at(final, "nothing of the item was installed") from exc
+        raise
+    try:
+        try:
+            staged = write(staging)
+        except Exception as exc:  # GDAL, OGR, Arrow and Python each word a full disk their way
+            if no_space_left(staging, exc):
+                raise DiskFullError.at(final, "nothing of the item was installed") from exc
+            raise
         missing = [name for name in staged.files.values() if not (staging / name).exists()]
         if missing:
             raise RuntimeError(f"the writer of {final} did not write {missing}")

@@ -8,6 +8,7 @@ units per international dollar). A missing factor leaves the value unavailable, 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -58,13 +59,35 @@ def _series(path: str) -> dict[tuple[str, int], float]:
             f"{path} is not a World Bank API v2 JSON response ({exc}); {repair_hint(path)}"
         ) from exc
     series: dict[tuple[str, int], float] = {}
-    for record in records or []:
+    for index, record in enumerate(records or []):
+        problem = _record_problem(record)
+        if problem:
+            raise SourceReadError(
+                f"{path} record {index + 1} {problem}: the file is not a World Bank API v2 "
+                f"JSON response (values are JSON numbers or null, dates years); "
+                f"{repair_hint(path)}"
+            )
         value = record.get("value")
         iso3 = record.get("countryiso3code")
         if value is None or not iso3:
             continue
         series[(iso3, int(record["date"]))] = float(value)
     return series
+
+
+def _record_problem(record: object) -> str | None:
+    """What is wrong with one record of a series, or None: a text value ('1,234.5', 'n/a')
+    would otherwise fail deep inside a conversion, or worse, convert."""
+    if not isinstance(record, dict):
+        return f"is {type(record).__name__}, not an object"
+    value, date = record.get("value"), record.get("date")
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+    ):
+        return f"({record.get('countryiso3code')} {date}) has value {value!r}, not a number"
+    if not (isinstance(date, int | str) and str(date).isdigit() and len(str(date)) == 4):
+        return f"({record.get('countryiso3code')}) has date {date!r}, not a year"
+    return None
 
 
 def ppp_2017_factor(indicators: SourceItem, iso3: str, year: int) -> float | None:

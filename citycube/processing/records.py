@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 import shapely
 from pyproj import CRS
 
+from citycube.catalogue.products import load_products
 from citycube.errors import SourceReadError
 from citycube.grid.cells import CellLattice, median_of_cell_medians
 from citycube.grid.tiles import TileGrid
@@ -39,6 +40,13 @@ from citycube.items.protocol import SourceItem
 from citycube.items.rasters import transformer
 from citycube.items.records_form import RECORD_COLUMNS, SpatialForm
 from citycube.items.staging import repair_hint
+from citycube.processing.record_checks import (
+    check_inside,
+    check_plausible,
+    check_year,
+    parquet_row,
+    require_declared_count,
+)
 from citycube.processing.vectors import Records, check_declared_counts, tile_index
 
 SPATIAL_FORM_KEY = "spatial_form"
@@ -162,8 +170,8 @@ def place_records(item: SourceItem, epsg: int, year: int | None) -> PlacedRecord
     if missing:
         raise SourceReadError(f"{path} lacks the records columns {sorted(missing)}")
     rows = len(frame)
-    if year is not None:
-        frame = frame[frame["year"] == year]
+    require_declared_count(item.extra, path)
+    check_year(frame["year"], year, path, parquet_row)
     values = pd.to_numeric(frame["value"], errors="coerce").to_numpy(float)
     finite = np.isfinite(values)
     if form in (SpatialForm.point, SpatialForm.parcel):
@@ -175,12 +183,23 @@ def place_records(item: SourceItem, epsg: int, year: int | None) -> PlacedRecord
     usable = finite & located
     unusable = int((~usable).sum())
     check_declared_counts(Records(values, values, values, rows, unusable), item.extra, path)
+    product = load_products().get(item.product)
+    positions = np.flatnonzero(usable)
+    checks = product.records if product is not None else None
+    check_plausible(values[usable], positions, checks, form.value, path, parquet_row)
     declared = item.files.get("coverage")
     coverage = (
         shapely.union_all(_read_vector(Path(declared), "a coverage file", epsg).geometry.values)
         if declared
         else None
     )
+    if coverage is not None and form in (SpatialForm.point, SpatialForm.parcel):
+        # A point, or a parcel's representative point, outside the declared coverage reaches
+        # no tile: many of them mean wrong positions, not a few mis-geocoded records.
+        where = f"{item.city}'s declared coverage ({Path(declared).name})"  # type: ignore[arg-type]
+        placed_at = shapely.point_on_surface(_project(geometry[usable], epsg))
+        inside = shapely.contains_xy(coverage, shapely.get_x(placed_at), shapely.get_y(placed_at))
+        check_inside(inside, positions, where, path, parquet_row)
     common = {"form": form.value, "rows": rows, "year_rows": len(frame), "unusable": unusable}
     if form == SpatialForm.point:
         points = _project(geometry[usable], epsg)

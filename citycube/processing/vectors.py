@@ -12,7 +12,7 @@ import gc
 import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -29,11 +29,13 @@ from rasterio.features import rasterize
 from rasterio.transform import Affine
 
 from citycube.catalogue.modalities import RasterizeSpec
+from citycube.catalogue.products import RecordChecks
 from citycube.errors import SourceReadError
 from citycube.grid.tiles import PixelGrid, TileGrid
 from citycube.items.rasters import transformer
 from citycube.items.staging import repair_hint
 from citycube.processing.classify import CLASSIFIER_COLUMNS, get_classifier
+from citycube.processing.record_checks import check_plausible, check_unique, check_year, csv_line
 
 # Reading a GeoPackage makes GDAL's PAM layer write a ``.aux.xml`` copy of the file's metadata
 # next to it on close, on every read, although the metadata lives in the GeoPackage itself.
@@ -634,10 +636,19 @@ class Records:
     """Rows the file holds (every year)."""
     unusable: int
     """Rows of the requested year whose value or position is blank or not a finite number."""
+    positions: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    """Position in the file of each usable record (0 = the first record), to name its row."""
 
 
-def load_records(path: Path, column: str, year: int | None) -> Records:
-    """Records with a finite value and position; the others are counted, never dropped silently."""
+def load_records(
+    path: Path, column: str, year: int | None, checks: RecordChecks | None = None
+) -> Records:
+    """Records with a finite value and position; the others are counted, never dropped silently.
+
+    Checked at the door (``citycube.processing.record_checks``): every record is of ``year``,
+    the product's key names each record once, and the values are plausible for the product's
+    unit; a failure names the file and line.
+    """
     _require_file(path)
     try:
         frame = pd.read_csv(path)
@@ -660,13 +671,22 @@ def load_records(path: Path, column: str, year: int | None) -> Records:
             f"{repair_hint(path)}"
         )
     rows = len(frame)
-    if year is not None and "year" in frame:
-        frame = frame[frame["year"] == year]
+    if year is not None:
+        if "year" not in frame:
+            raise SourceReadError(
+                f"{path} has no 'year' column, so its records cannot be told to be of {year}; "
+                f"{repair_hint(path)}"
+            )
+        check_year(frame["year"], year, path, csv_line)
+    if checks is not None and checks.key is not None and checks.key in frame:
+        check_unique(frame[checks.key].reset_index(drop=True), checks.key, path, csv_line)
     values = pd.to_numeric(frame[column], errors="coerce").to_numpy(float)
     lon = pd.to_numeric(frame["lon"], errors="coerce").to_numpy(float)
     lat = pd.to_numeric(frame["lat"], errors="coerce").to_numpy(float)
     usable = np.isfinite(values) & np.isfinite(lon) & np.isfinite(lat)
-    return Records(lon[usable], lat[usable], values[usable], rows, int((~usable).sum()))
+    positions = np.flatnonzero(usable)
+    check_plausible(values[usable], positions, checks, "point", path, csv_line)
+    return Records(lon[usable], lat[usable], values[usable], rows, int((~usable).sum()), positions)
 
 
 def _ragged_record(path: Path) -> tuple[int, int, int] | None:

@@ -33,8 +33,10 @@ import pyarrow.compute as pc
 
 from citycube.catalogue.modalities import Catalogue, Kind
 from citycube.cube.release import Release
+from citycube.errors import UnknownModalityError
 from citycube.tasks.loader import InstanceLoader, ModalityValue
 from citycube.tasks.metrics import Metric, log_domain, metric_for, skeleton
+from citycube.tasks.pairs import modality_order
 
 RANGE_CHIPS = 64
 """Training chips sampled per image modality for its pixel percentile range and mean."""
@@ -264,6 +266,18 @@ SCORE_SCHEMA = pa.schema(
 )
 
 
+def target_codes(text: str, catalogue: Catalogue) -> list[str]:
+    """The target codes of a comma-separated list, refused unless each is a modality the
+    release processes: an unknown code would otherwise score nothing and look like a result."""
+    asked = [t.strip() for t in text.split(",") if t.strip()]
+    valid = [c for c in modality_order(catalogue) if c in {m.code for m in catalogue.enabled()}]
+    unknown = [t for t in asked if t not in valid]
+    if unknown or not asked:
+        named = f"unknown target(s) {', '.join(unknown)}" if unknown else "no target given"
+        raise UnknownModalityError(f"{named}; choose target codes from {', '.join(valid)}")
+    return asked
+
+
 def score(
     release: Release,
     catalogue: Catalogue,
@@ -290,6 +304,14 @@ def score(
     order = sorted(
         range(len(rows)), key=lambda i: (rows[i]["target"], rows[i]["tile_id"], rows[i]["year"])
     )
+    if wanted is not None:
+        present = sorted({r["target"] for r in rows if r["target"] in stats.means})
+        absent = sorted(wanted - set(present))
+        if absent:
+            raise UnknownModalityError(
+                f"no {split} instance of {release.root} has target(s) {', '.join(absent)}; its "
+                f"{split} split's targets are {', '.join(present) or 'none'}"
+            )
     for i in order:
         row = rows[i]
         code = row["target"]

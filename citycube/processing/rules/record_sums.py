@@ -11,9 +11,11 @@ import shapely
 from pyproj import Transformer
 
 from citycube.catalogue.cities import SCALES, get_city
+from citycube.catalogue.products import load_products
 from citycube.errors import SourceReadError
 from citycube.grid.cells import CellLattice, median_of_cell_medians
 from citycube.grid.tiles import city_grid
+from citycube.processing.record_checks import check_inside, csv_line, require_declared_count
 from citycube.processing.rules.shared import (
     RESULT_COLUMNS,
     RuleInput,
@@ -43,12 +45,18 @@ def tile_results(job: RuleInput) -> pd.DataFrame:
     coverage = load_coverage(item.files["coverage"], epsg)
     threshold = modality.validity.min_valid_fraction
     rows: list[dict] = []
+    product = load_products().get(item.product)
+    checks = product.records if product is not None else None
+    path = Path(item.files["data"])
     for f in fields:
-        records = load_records(item.files["data"], f.column or "value", item.source_year)
-        check_declared_counts(records, item.extra, Path(item.files["data"]))
+        require_declared_count(item.extra, path)
+        records = load_records(path, f.column or "value", item.source_year, checks)
+        check_declared_counts(records, item.extra, path)
         values = records.values
         x, y = Transformer.from_crs(4326, epsg, always_xy=True).transform(records.lon, records.lat)
         inside = shapely.contains_xy(coverage, x, y)
+        where = f"{city}'s reporting area ({Path(item.files['coverage']).name})"
+        check_inside(inside, records.positions, where, path, csv_line, (records.lon, records.lat))
         for scale in SCALES:
             grid = city_grid(city, scale)
             fractions = coverage_fractions(grid, coverage)
