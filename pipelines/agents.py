@@ -341,20 +341,6 @@ async def run_scripted(
             return await scripted_agent(client, strategy, explore=explore)
 
 
-def write_views_tables(out: Path, tables: dict[str, pa.Table]) -> dict[str, Path]:
-    """Write the agent tables as Parquet files named after their views."""
-    from citycube.io.atomic import atomic_path
-
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, table in tables.items():
-        path = out / f"{name}.parquet"
-        with atomic_path(path) as tmp:
-            pq.write_table(table, tmp)
-        paths[name] = path
-    return paths
-
-
 # ------------------------------------------------------------------------------ command line
 
 
@@ -441,7 +427,7 @@ def cmd_serve(args: Any) -> int:
     return 0
 
 
-def _fresh_run_dir(run_dir: Path) -> None:
+def fresh_run_dir(run_dir: Path) -> None:
     """Empty a previous run's folder (only one that is a run: it has run.json)."""
     import shutil
 
@@ -453,36 +439,33 @@ def _fresh_run_dir(run_dir: Path) -> None:
         shutil.rmtree(run_dir)
 
 
-def cmd_run(args: Any) -> int:
-    """``citycube agents run``: the scripted agent over MCP (stdio), then the scores."""
+def run_strategies(
+    data: Path,
+    release: Release,
+    strategies: Sequence[str],
+    *,
+    series_per_target: int | None = None,
+    profile: str = "analysis",
+) -> list[Path]:
+    """Run the scripted agent once per strategy, each through its own stdio MCP session with
+    a server subprocess; the run folders (``scripted-<strategy>``, replaced if present)."""
     import anyio
 
-    from citycube.agents.strategies import STRATEGIES
-
-    release = _release(args)
     if not release.duckdb_file.exists():
         raise AgentCaseError(
             f"no published cube at {release.duckdb_file}: build a release with forecasting "
             "cases first (make agents builds one)"
         )
-    select_cases(release, args.series_per_target)  # fails clearly when there are none
-    strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
+    select_cases(release, series_per_target)  # fails clearly when there are none
     run_dirs = []
     for strategy in strategies:
         name = f"scripted-{strategy}"
-        run_dir = _run_dir(args, name)
-        _fresh_run_dir(run_dir)
-        command = server_command(
-            Path(args.data).resolve(),
-            args.release,
-            run_dir,
-            args.profile,
-            name,
-            args.series_per_target,
-        )
+        run_dir = runs_root(data, release.version) / name
+        fresh_run_dir(run_dir)
+        command = server_command(data, release.version, run_dir, profile, name, series_per_target)
         log = run_dir / "server.log"
         try:
-            answered = anyio.run(lambda s=strategy, c=command, g=log: run_scripted(c, s, g))
+            anyio.run(lambda s=strategy, c=command, g=log: run_scripted(c, s, g))
         except CityCubeError:
             raise
         except Exception as exc:  # the session broke: the server's log says why
@@ -491,16 +474,71 @@ def cmd_run(args: Any) -> int:
                 f"the MCP session of {name} ended abnormally ({type(exc).__name__}); the "
                 f"server's log {log} ends with:\n{tail}"
             ) from None
-        print(f"{name}: {answered} cases answered over MCP (stdio)")
         run_dirs.append(run_dir)
+    return run_dirs
+
+
+def cmd_run(args: Any) -> int:
+    """``citycube agents run``: the scripted agent over MCP (stdio), then the scores."""
+    from citycube.agents.strategies import STRATEGIES
+    from citycube.agents.views import publish_agent_tables, write_agent_tables
+
+    release = _release(args)
+    data = Path(args.data).resolve()
+    strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
+    run_dirs = run_strategies(
+        data,
+        release,
+        strategies,
+        series_per_target=args.series_per_target,
+        profile=args.profile,
+    )
     tables = score_runs(release, run_dirs)
-    out = runs_root(Path(args.data).resolve(), args.release) / "tables"
-    paths = write_views_tables(out, tables)
+    for run_dir, table in zip(run_dirs, _per_run(tables["agent_runs"], run_dirs), strict=True):
+        print(f"{run_dir.name}: {table} cases answered over MCP (stdio)")
     print()
     print(scores_text(tables["agent_scores"]))
     print()
     print("trajectories: " + ", ".join(str(d / "cases") for d in run_dirs))
-    print("tables: " + ", ".join(str(p) for p in paths.values()))
+    if args.publish:
+        views = publish_agent_tables(release, tables)
+        print(f"views {', '.join(views)} in {release.duckdb_file}")
+    else:
+        paths = write_agent_tables(runs_root(data, release.version) / "tables", tables)
+        print("tables: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _per_run(runs: pa.Table, run_dirs: Sequence[Path]) -> list[int]:
+    rows = runs.to_pylist()
+    return [sum(1 for r in rows if r["run"] == d.name and r["submitted"]) for d in run_dirs]
+
+
+def cmd_show(args: Any) -> int:
+    """``citycube agents show``: the scores in the release's agent views, and the runs."""
+    import duckdb
+
+    release = _release(args)
+    if not release.duckdb_file.exists():
+        raise AgentCaseError(f"no published cube at {release.duckdb_file}: build it first")
+    with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
+        have = {name for (name,) in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+        if "agent_scores" not in have:
+            raise AgentCaseError(
+                f"{release.duckdb_file} has no agent views: build a scope with forecasting "
+                "cases (make agents) or run `citycube agents run --publish`"
+            )
+        scores = con.execute("SELECT * FROM agent_scores").to_arrow_table()
+        runs = con.execute(
+            "SELECT run, count(*) FILTER (WHERE submitted) AS answered FROM agent_runs "
+            "GROUP BY run ORDER BY run"
+        ).fetchall()
+    print(scores_text(scores))
+    print()
+    root = runs_root(Path(args.data).resolve(), release.version)
+    for run, answered in runs:
+        print(f"{run}: {answered} cases answered; trajectories in {root / run / 'cases'}")
+    print(f"views agent_runs, agent_tool_calls, agent_scores in {release.duckdb_file}")
     return 0
 
 
@@ -511,8 +549,15 @@ def cmd_score(args: Any) -> int:
     tables = score_runs(release, run_dirs)
     print(scores_text(tables["agent_scores"]))
     if args.out:
-        for path in write_views_tables(Path(args.out), tables).values():
+        from citycube.agents.views import write_agent_tables
+
+        for path in write_agent_tables(Path(args.out), tables).values():
             print(f"written: {path}")
+    if args.publish:
+        from citycube.agents.views import publish_agent_tables
+
+        views = publish_agent_tables(release, tables)
+        print(f"views {', '.join(views)} in {release.duckdb_file}")
     return 0
 
 
@@ -559,9 +604,17 @@ def add_parser(sub: Any) -> None:
     for p in (sv, rn):
         for flags, kwargs in common:
             p.add_argument(*flags, **kwargs)
+    rn.add_argument(
+        "--publish",
+        action="store_true",
+        help="add the tables to the release (agents/*.parquet and views in cube.duckdb)",
+    )
+    sh = acts.add_parser("show", help="print the scores in the release's agent views")
+    sh.set_defaults(func=cmd_show)
     sc = acts.add_parser("score", help="score run folders")
     sc.add_argument("runs", nargs="+", help="run folders")
     sc.add_argument("--out", help="folder to write agent_*.parquet into")
+    sc.add_argument("--publish", action="store_true", help="add the tables to the release")
     sv.set_defaults(func=cmd_serve)
     rn.set_defaults(func=cmd_run)
     sc.set_defaults(func=cmd_score)

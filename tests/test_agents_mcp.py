@@ -185,3 +185,92 @@ def test_agents_without_a_release_fail_clearly(tmp_path: Path, capsys) -> None:
     assert code == 2
     err = capsys.readouterr().err
     assert "CC400" in err or "no forecasting cases" in err or "no published cube" in err
+
+
+def test_the_dagster_asset_runs_the_agent_and_adds_queryable_views(release, capsys) -> None:
+    import dagster as dg
+
+    from assets.agents import build_agent_assets
+    from pipelines.resources import CubeResource
+
+    result = dg.materialize(
+        build_agent_assets(),
+        resources={"cube": CubeResource(data_root=str(release.data_root), release_version="t")},
+        instance=dg.DagsterInstance.ephemeral(),
+        run_config={"ops": {"agents__scripted_runs": {"config": {"series_per_target": 1}}}},
+    )
+    assert result.success
+    with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
+        runs = con.execute(
+            "SELECT run, count(*) FILTER (WHERE submitted), any_value(release), "
+            "count(DISTINCT catalogue_digest) FROM agent_runs GROUP BY run ORDER BY run"
+        ).fetchall()
+        calls = con.execute(
+            "SELECT count(*) FROM agent_tool_calls WHERE counted AND NOT ok"
+        ).fetchone()
+        mae = con.execute(
+            "SELECT value FROM agent_scores WHERE run = 'scripted-last_year' AND target = 'lst' "
+            "AND metric = 'mae'"
+        ).fetchone()
+    assert runs == [
+        ("scripted-last_year", 15, "t", 1),
+        ("scripted-median_of_four", 15, "t", 1),
+        ("scripted-ten_year_mean", 15, "t", 1),
+    ]
+    assert calls == (0,)
+    refs = pq.read_table(ForecastFiles.published(release).references).to_pylist()
+    direct = _direct_predictions(release)["scripted-last_year"]
+    lst = [r for r in refs if r["target"] == "lst" and r["series_order"] < 1]
+    assert mae[0] == pytest.approx(
+        np.mean([abs(r["reference"] - direct[r["case_key"]]) for r in lst]), rel=1e-12
+    )
+    assert _cli(release, "show") == 0
+    out = capsys.readouterr().out
+    assert "scripted-median_of_four: 15 cases answered" in out
+
+
+def test_the_asset_makes_no_runs_without_cases(tmp_path: Path) -> None:
+    import dagster as dg
+
+    from assets.agents import build_agent_assets
+    from pipelines.resources import CubeResource
+
+    result = dg.materialize(
+        build_agent_assets(),
+        resources={"cube": CubeResource(data_root=str(tmp_path), release_version="empty")},
+        instance=dg.DagsterInstance.ephemeral(),
+    )
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("agents__scripted_runs")
+    assert mat.metadata["runs"].value == 0
+    assert not (tmp_path / "agent_runs").exists()
+
+
+def test_the_documented_client_configuration_works(release) -> None:
+    """The ``mcpServers`` example of docs/agents.md, with its two paths filled in, starts a
+    server an MCP client can use."""
+    import re
+
+    from mcp import Client, StdioServerParameters, stdio_client
+
+    doc = (Path(__file__).parents[1] / "docs" / "agents.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```json\n(.*?)```", doc, flags=re.S)
+    server = json.loads(block)["mcpServers"]["citycube-forecasting"]
+    command = server["command"].replace(
+        "/path/to/citycube/.venv/bin", str(Path(sys.executable).parent)
+    )
+    args = [str(release.data_root) if a == "/path/to/citycube/data" else a for a in server["args"]]
+    args[args.index("--release") + 1] = "t"
+    assert Path(command).exists()
+
+    async def session() -> tuple[list[str], int]:
+        params = StdioServerParameters(command=command, args=args)
+        with (release.data_root / "doc-client.log").open("w") as errlog:
+            async with Client(stdio_client(params, errlog=errlog)) as client:
+                tools = sorted(t.name for t in (await client.list_tools()).tools)
+                cases = json.loads((await client.call_tool("list_cases", {})).content[0].text)
+        return tools, len(cases["cases"])
+
+    tools, n_cases = anyio.run(session)
+    assert "time_series_diagnostics" in tools and "submit_answer" in tools
+    assert n_cases == 30  # two series per target, as the example asks
