@@ -228,14 +228,17 @@ class CaseView:
             )
         years = [self.case.origin_year + p for p in _known_periods(periods)]
         wanted = self.check_tiles(tiles)
+        # IN lists of parameters (not list_contains) so DuckDB can prune row groups by tile
         sql = (
             f"SELECT {OBSERVATION_COLUMNS} FROM observations WHERE {GUARD} AND modality = ? "
-            "AND list_contains(?, tile_id) AND list_contains(?, year)"
+            f"AND tile_id IN ({', '.join('?' * len(wanted))}) "
+            f"AND year IN ({', '.join('?' * len(years))})"
         )
-        params = [*self.guard(), modality, wanted, years]
+        params = [*self.guard(), modality, *wanted, *years]
         if fields:
-            sql += " AND list_contains(?, field)"
-            params.append([str(f) for f in fields])
+            names = [str(f) for f in fields]
+            sql += f" AND field IN ({', '.join('?' * len(names))})"
+            params += names
         sql += " ORDER BY scale, tile_id, field, year"
         return [self._row(r) for r in self.con.execute(sql, params).fetchall()]
 

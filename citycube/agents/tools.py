@@ -175,7 +175,7 @@ class CaseSession:
             method: Callable[..., ToolResult] = getattr(self, f"_tool_{tool}")
             try:
                 result = method(evidence, **arguments)
-            except TypeError as exc:
+            except (TypeError, ValueError) as exc:
                 raise AgentCaseError(f"{tool}: bad arguments ({exc})") from exc
         except CityCubeError as exc:
             self._log(seq, tool, arguments, evidence, False, digest(exc.message), start, exc)
