@@ -1,4 +1,4 @@
-"""The forecasting cases over MCP: the server, the scripted baseline agent and replays.
+"""The forecasting cases over MCP: the server, the scripted baseline agent and the CLI.
 
 The server (official ``mcp`` SDK) serves one :class:`citycube.agents.tools.AgentRun` over stdio
 or streamable HTTP on loopback: ``list_cases`` and ``start_case`` open a case, the profile's
@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from citycube.agents.cases import Case, release_cases
 from citycube.agents.tools import PROFILES, AgentRun, ToolResult, validate_run_name
-from citycube.errors import AgentCaseError, CityCubeError
+from citycube.errors import AgentCaseError, CityCubeError, WorkspacePathError
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -410,6 +410,12 @@ def cmd_serve(args: Any) -> int:
     """``citycube agents serve``: serve the cases over stdio or HTTP (loopback)."""
     release = _release(args)
     run_dir = Path(args.run).resolve() if args.run else _run_dir(args, args.agent)
+    root = runs_root(Path(args.data).resolve(), args.release)
+    if not run_dir.is_relative_to(root) or run_dir.parent != root:
+        raise WorkspacePathError(
+            f"run folder {run_dir} is not a folder of {root}: runs are written inside the data "
+            "root; give --agent NAME instead"
+        )
     run = open_run(
         release,
         run_dir,

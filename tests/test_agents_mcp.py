@@ -274,3 +274,16 @@ def test_the_documented_client_configuration_works(release) -> None:
     tools, n_cases = anyio.run(session)
     assert "time_series_diagnostics" in tools and "submit_answer" in tools
     assert n_cases == 30  # two series per target, as the example asks
+
+
+@pytest.mark.parametrize(
+    "where", [["--run", "OUTSIDE"], ["--agent", "../escape"], ["--agent", ".hidden"]]
+)
+def test_serve_writes_runs_only_inside_the_data_root(
+    release, tmp_path: Path, capsys, where: list[str]
+) -> None:
+    args = [str(tmp_path / "elsewhere") if a == "OUTSIDE" else a for a in where]
+    assert _cli(release, "serve", *args) == 2
+    assert "CC402" in capsys.readouterr().err
+    assert not (tmp_path / "elsewhere").exists()
+    assert not (release.data_root / "agent_runs" / "escape").exists()
