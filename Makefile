@@ -12,7 +12,7 @@ YEARS ?= default
 WORKERS ?= 2
 TEST_WORKERS ?= 2
 
-.PHONY: install run test dev lint bench docs fresh-runs clean
+.PHONY: install run agents test dev lint bench docs fresh-runs clean
 
 install: $(STAMP)
 
@@ -30,6 +30,13 @@ $(STAMP): pyproject.toml constraints.txt
 ## Build the default sample release as a Dagster asset backfill and print a DuckDB summary.
 run: install
 	$(BIN)/python -m pipelines.cli build --cities '$(CITIES)' --years '$(YEARS)' --workers '$(WORKERS)'
+
+## Build the smallest scope whose forecasting targets all have cases (Boston, 2010-2024) as its
+## own release, run the scripted agent over MCP on 10 cases per target and print its scores.
+AGENTS_RELEASE ?= agents-sample-0.1.0
+agents: install
+	$(BIN)/python -m pipelines.cli --release '$(AGENTS_RELEASE)' build --cities Boston --years 2010-2024 --workers '$(WORKERS)'
+	$(BIN)/python -m pipelines.cli --release '$(AGENTS_RELEASE)' agents show
 
 ## Run the test suite, spread over TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0 runs it in one).
 test: install

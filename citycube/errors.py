@@ -274,3 +274,23 @@ class ReleaseNotFoundError(CityCubeError):
     """A release, or its DuckDB database, is not where the data root and version point."""
 
     code = "CC302"
+
+
+class AgentCaseError(CityCubeError):
+    """An agent asked a case's tools for something outside the case (an unknown case or asset,
+    a period outside −10…−1, a tile of another city, a tool of another profile)."""
+
+    code = "CC400"
+
+
+class SubmissionError(CityCubeError):
+    """An agent's answer does not have the submission's form (prediction, unit, reason,
+    modalities_used, modules_used)."""
+
+    code = "CC401"
+
+
+class WorkspacePathError(CityCubeError):
+    """A path an agent named would leave its case's workspace."""
+
+    code = "CC402"

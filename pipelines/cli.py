@@ -811,6 +811,9 @@ def parser() -> argparse.ArgumentParser:
         ),
     )
     a.set_defaults(func=report)
+    from pipelines.agents import add_parser as add_agents_parser
+
+    add_agents_parser(sub)
     return p
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import dagster as dg
 
+from assets.agents import AGENT_RUNS_KEY, build_agent_assets
 from assets.cube import build_cube_assets
 from assets.derived import build_derived_assets
 from assets.modalities import build_modality_assets
@@ -39,7 +40,8 @@ def build_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         *build_cube_assets(catalogue, publish_after=BENCHMARK_KEYS),
         *build_benchmark_assets(catalogue),
         *build_forecast_assets(),
-        *build_report_assets(catalogue, after=BENCHMARK_KEYS),
+        *build_agent_assets(),
+        *build_report_assets(catalogue, after=(*BENCHMARK_KEYS, AGENT_RUNS_KEY)),
     ]
 
 

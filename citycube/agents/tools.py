@@ -1,0 +1,592 @@
+"""The forecasting tools of one case (AgenticCity-Bench App. D) and the run that serves them.
+
+Every tool is a method of :class:`CaseSession`, called through :meth:`CaseSession.call`, which
+numbers the call, gives it a citable evidence id, logs it to the case's trajectory and returns
+a result that is a function of the release, the case and the arguments only (no clock, no
+random state), so a recorded run replays call for call. The tools read a :class:`CaseView`
+(periods −10…−1, no calendar year, no reference) and write only into the case's workspace.
+
+Two profiles: ``forecast`` (App. D's tool names) and ``analysis``, which adds the trend,
+summary-statistics and time-series-diagnostics tools that Earth-Agent's adapter gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from citycube.agents import analysis
+from citycube.agents.cases import Case, CaseView, hide_years
+from citycube.agents.submission import Submission, validate_submission
+from citycube.agents.trajectory import (
+    Call,
+    TrajectoryWriter,
+    canonical_json,
+    digest,
+    evidence_id,
+    read_trajectory,
+)
+from citycube.errors import AgentCaseError, CityCubeError, WorkspacePathError
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from citycube.catalogue.modalities import Catalogue
+
+FORECAST_TOOLS = (
+    "get_history",
+    "list_assets",
+    "read_table",
+    "describe_raster",
+    "view_raster",
+    "materialize_asset",
+    "submit_answer",
+)
+"""App. D's forecasting tools (``submit_answer`` takes the JSON answer)."""
+ANALYSIS_TOOLS = ("trend_estimate", "summary_statistics", "time_series_diagnostics")
+"""Earth-Agent-style analysis tools of the second profile."""
+PROFILES: dict[str, tuple[str, ...]] = {
+    "forecast": FORECAST_TOOLS,
+    "analysis": FORECAST_TOOLS + ANALYSIS_TOOLS,
+}
+"""Tool profiles by name."""
+UNCOUNTED = ("submit_answer",)
+"""Calls not counted as tool use (App. 10.4.1 leaves the submission out)."""
+MAX_ROWS = 5_000
+"""Most rows one read_table returns (the rest is reported as truncated)."""
+LOCAL_FIELDS = ("workspace_path",)
+"""Result fields that depend on where the run is written, left out of the result digest."""
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""File names materialize_asset accepts: no separator, no leading dot."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool hands back: JSON data, and for view_raster a PNG."""
+
+    data: dict[str, Any]
+    """The result (with its ``evidence_id``)."""
+    image: bytes | None = None
+    """PNG bytes of view_raster."""
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the result (the data, and the image's bytes)."""
+        data = {k: v for k, v in self.data.items() if k not in LOCAL_FIELDS}
+        if self.image is None:
+            return digest(data)
+        return digest(canonical_json(data).encode() + self.image)
+
+
+def parse_asset_id(asset_id: Any) -> tuple[str, str]:
+    """``"HEAT/table"`` → (``HEAT``, ``table``), or a clear error."""
+    if not isinstance(asset_id, str) or asset_id.count("/") != 1:
+        raise AgentCaseError(
+            f"asset id {asset_id!r} is not of the form MODALITY/table or MODALITY/raster: "
+            "take ids from list_assets"
+        )
+    modality, kind = asset_id.split("/")
+    if kind not in ("table", "raster"):
+        raise AgentCaseError(f"asset id {asset_id!r}: the kind must be 'table' or 'raster'")
+    return modality, kind
+
+
+def workspace_file(workspace: Path, name: Any, suffix: str) -> Path:
+    """The path of ``name`` inside ``workspace``, after checking it cannot leave it.
+
+    The name must be a plain file name (letters, digits, ``_.-``; no separator, no leading
+    dot) and gets ``suffix`` if it lacks it; the resolved path must sit directly in the
+    resolved workspace, and an existing symbolic link there is refused.
+    """
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or ".." in name:
+        raise WorkspacePathError(
+            f"file name {name!r} is not allowed: use a plain name of letters, digits, '_', '.' "
+            "and '-' (at most 64, no path separators, no '..', not starting with a dot)"
+        )
+    if not name.endswith(suffix):
+        name += suffix
+    root = workspace.resolve()
+    path = root / name
+    if path.is_symlink() or path.resolve().parent != root:
+        raise WorkspacePathError(
+            f"{name!r} would be written outside the case workspace: choose another name"
+        )
+    return path
+
+
+class CaseSession:
+    """One case being solved: its tools, its trajectory and, once valid, its submission."""
+
+    def __init__(
+        self,
+        view: CaseView,
+        catalogue: Catalogue,
+        release_root: Path,
+        case_dir: Path,
+        profile: str = "analysis",
+    ) -> None:
+        if profile not in PROFILES:
+            raise AgentCaseError(f"unknown tool profile {profile!r}: one of {', '.join(PROFILES)}")
+        self.view = view
+        self.case = view.case
+        self.catalogue = catalogue
+        self.release_root = release_root
+        self.case_dir = case_dir
+        self.workspace = case_dir / "workspace"
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        self.profile = profile
+        self.tools = PROFILES[profile]
+        self.calls: list[Call] = []
+        self.submission: Submission | None = None
+        self._trajectory = TrajectoryWriter(case_dir / "trajectory.jsonl")
+
+    # ------------------------------------------------------------------ dispatch
+
+    @property
+    def done(self) -> bool:
+        """A valid submission ended the case."""
+        return self.submission is not None
+
+    def call(self, tool: str, arguments: Mapping[str, Any] | None = None) -> ToolResult:
+        """Run one tool call and log it; a tool's error is logged and raised again."""
+        arguments = dict(arguments or {})
+        seq = len(self.calls) + 1
+        evidence = evidence_id(seq)
+        start = time.perf_counter()
+        try:
+            if self.done:
+                raise AgentCaseError(
+                    "this case has ended with a valid submission: start the next case"
+                )
+            if tool not in self.tools:
+                raise AgentCaseError(
+                    f"tool {tool!r} is not in the {self.profile!r} profile: one of "
+                    f"{', '.join(self.tools)}"
+                )
+            method: Callable[..., ToolResult] = getattr(self, f"_tool_{tool}")
+            try:
+                result = method(evidence, **arguments)
+            except (TypeError, ValueError) as exc:
+                raise AgentCaseError(f"{tool}: bad arguments ({exc})") from exc
+        except CityCubeError as exc:
+            self._log(seq, tool, arguments, evidence, False, digest(exc.message), start, exc)
+            raise
+        self._log(seq, tool, arguments, evidence, True, result.digest, start, None)
+        return result
+
+    def _log(
+        self,
+        seq: int,
+        tool: str,
+        arguments: Mapping[str, Any],
+        evidence: str,
+        ok: bool,
+        result_digest: str,
+        start: float,
+        error: CityCubeError | None,
+    ) -> None:
+        call = Call(
+            seq=seq,
+            tool=tool,
+            arguments=arguments,
+            evidence_id=evidence,
+            ok=ok,
+            result_digest=result_digest,
+            duration_ms=(time.perf_counter() - start) * 1000.0,
+            error=None if error is None else error.message,
+        )
+        self.calls.append(call)
+        self._trajectory.write(call)
+
+    def close(self) -> None:
+        """Close the trajectory file."""
+        self._trajectory.close()
+
+    # ------------------------------------------------------------------ forecast profile
+
+    def _tool_get_history(self, evidence: str) -> ToolResult:
+        case = self.case
+        return ToolResult(
+            {
+                "evidence_id": evidence,
+                "case": case.message(),
+                "periods": list(range(-len(case.history), 0)),
+                "values": list(case.history),
+                "unit": case.unit,
+            }
+        )
+
+    def _tool_list_assets(self, evidence: str) -> ToolResult:
+        view, tile = self.view, self.case.tile_id
+        assets: list[dict[str, Any]] = []
+        for entry in view.table_assets():
+            code = entry["modality"]
+            assets.append(
+                {
+                    "asset_id": f"{code}/table",
+                    "modality": code,
+                    "name": self.catalogue.get(code).name,
+                    "kind": "table",
+                    "fields": entry["fields"],
+                    "periods_available": entry["periods"],
+                }
+            )
+        for code, periods in view.chip_periods().items():
+            assets.append(
+                {
+                    "asset_id": f"{code}/raster",
+                    "modality": code,
+                    "name": self.catalogue.get(code).name,
+                    "kind": "raster",
+                    "periods_available": periods,
+                }
+            )
+        return ToolResult(
+            {
+                "evidence_id": evidence,
+                "case": self.case.message(),
+                "assets": assets,
+                "neighbour_tiles": neighbours(tile, view.tiles),
+                "city_tiles": len(view.tiles),
+            }
+        )
+
+    def _tool_read_table(
+        self,
+        evidence: str,
+        asset_id: str,
+        tiles: Sequence[str] | None = None,
+        fields: Sequence[str] | None = None,
+        periods: Sequence[int] | None = None,
+        limit: int = MAX_ROWS,
+    ) -> ToolResult:
+        modality, kind = parse_asset_id(asset_id)
+        if kind != "table":
+            raise AgentCaseError(f"{asset_id} is a raster: use describe_raster or view_raster")
+        rows = self.view.rows(modality, tiles, fields, periods)
+        limit = max(1, min(int(limit), MAX_ROWS))
+        return ToolResult(
+            {
+                "evidence_id": evidence,
+                "asset_id": asset_id,
+                "rows": rows[:limit],
+                "row_count": len(rows),
+                "truncated": len(rows) > limit,
+            }
+        )
+
+    def _raster(self, asset_id: str, period: int, tile_id: str | None) -> tuple[Any, ...]:
+        from citycube.tasks.loader import chip_group
+
+        modality, kind = parse_asset_id(asset_id)
+        if kind != "raster":
+            raise AgentCaseError(f"{asset_id} is a table: use read_table")
+        chip = self.view.chip(modality, int(period), tile_id)
+        group = chip_group(str(self.release_root / chip.store))
+        r, c, h, w = chip.row_off, chip.col_off, chip.height, chip.width
+        values = np.asarray(group["data"][:, r : r + h, c : c + w])
+        valid = np.asarray(group["valid"][r : r + h, c : c + w]).astype(bool)
+        bands = [hide_years(str(b), self.case) for b in np.asarray(group["band"][:])]
+        return self.catalogue.get(modality), chip, bands, values, valid
+
+    def _tool_describe_raster(
+        self, evidence: str, asset_id: str, period: int, tile_id: str | None = None
+    ) -> ToolResult:
+        spec, chip, bands, values, valid = self._raster(asset_id, period, tile_id)
+        stats = []
+        for name, band in zip(bands, values, strict=True):
+            x = band[valid].astype(np.float64)
+            x = x[np.isfinite(x)]
+            stats.append(
+                {
+                    "band": name,
+                    "valid_pixels": int(x.size),
+                    **(
+                        {
+                            "min": float(x.min()),
+                            "max": float(x.max()),
+                            "mean": float(x.mean()),
+                            "std": float(x.std()),
+                        }
+                        if x.size
+                        else {"min": None, "max": None, "mean": None, "std": None}
+                    ),
+                }
+            )
+        return ToolResult(
+            {
+                "evidence_id": evidence,
+                "asset_id": asset_id,
+                "tile_id": tile_id or self.case.tile_id,
+                "period": int(period),
+                "source_period": chip.source_period,
+                "kind": spec.kind.value,
+                "shape": [int(values.shape[0]), int(values.shape[1]), int(values.shape[2])],
+                "resolution_m": chip.resolution_m,
+                "valid_fraction": chip.valid_fraction,
+                "available": chip.available,
+                "bands": stats,
+            }
+        )
+
+    def _tool_view_raster(
+        self, evidence: str, asset_id: str, period: int, tile_id: str | None = None
+    ) -> ToolResult:
+        from PIL import Image
+
+        from citycube.reports.render import render_chip
+
+        spec, _chip, _bands, values, valid = self._raster(asset_id, period, tile_id)
+        rgba = render_chip(spec, self.catalogue, values, valid)
+        buffer = io.BytesIO()
+        Image.fromarray(rgba, mode="RGBA").save(buffer, format="PNG")
+        return ToolResult(
+            {
+                "evidence_id": evidence,
+                "asset_id": asset_id,
+                "tile_id": tile_id or self.case.tile_id,
+                "period": int(period),
+                "width": int(rgba.shape[1]),
+                "height": int(rgba.shape[0]),
+                "format": "png",
+            },
+            image=buffer.getvalue(),
+        )
+
+    def _tool_materialize_asset(
+        self,
+        evidence: str,
+        asset_id: str,
+        name: str | None = None,
+        period: int | None = None,
+        tiles: Sequence[str] | None = None,
+    ) -> ToolResult:
+        from citycube.io.atomic import atomic_path
+        from citycube.io.digest import file_sha256
+
+        modality, kind = parse_asset_id(asset_id)
+        if kind == "table":
+            path = workspace_file(
+                self.workspace, f"{modality}_table" if name is None else name, ".csv"
+            )
+            rows = self.view.rows(modality, tiles)
+            columns = list(rows[0]) if rows else ["tile_id", "period", "field", "value"]
+            with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+                f.write(",".join(columns) + "\n")
+                for row in rows:
+                    f.write(",".join(_csv_cell(row.get(c)) for c in columns) + "\n")
+            extra: dict[str, Any] = {"rows": len(rows), "columns": columns}
+        else:
+            if period is None:
+                raise AgentCaseError("materialize_asset of a raster needs its period")
+            default = f"{modality}_raster_period{int(period)}"
+            path = workspace_file(self.workspace, default if name is None else name, ".npy")
+            _spec, _chip, bands, values, valid = self._raster(asset_id, int(period), None)
+            data = np.where(valid[None], values.astype(np.float32), np.float32(np.nan))
+            with atomic_path(path) as tmp, tmp.open("wb") as f:
+                np.save(f, data, allow_pickle=False)
+            extra = {"bands": bands, "shape": list(data.shape), "invalid": "NaN"}
+        return ToolResult(
+            {
+                "evidence_id": evidence,
+                "asset_id": asset_id,
+                "path": path.name,
+                "workspace_path": str(path),
+                "bytes": path.stat().st_size,
+                "sha256": file_sha256(path),
+                **extra,
+            }
+        )
+
+    def _tool_submit_answer(
+        self,
+        evidence: str,
+        prediction: Any = None,
+        unit: Any = None,
+        reason: Any = None,
+        modalities_used: Any = None,
+        modules_used: Any = None,
+        **extra: Any,
+    ) -> ToolResult:
+        from citycube.io.atomic import write_text_atomic
+
+        given = {
+            "prediction": prediction,
+            "unit": unit,
+            "reason": reason,
+            "modalities_used": modalities_used,
+            "modules_used": modules_used,
+            **extra,
+        }
+        answer = {k: v for k, v in given.items() if v is not None or k in extra}
+        called = {c.tool for c in self.calls if c.ok and c.tool not in UNCOUNTED}
+        submission = validate_submission(
+            answer,
+            unit=self.case.unit,
+            modalities=self.view.modalities(),
+            tools_called=called,
+        )
+        record = {"case_key": self.case.case_key, "evidence_id": evidence, **submission.to_json()}
+        write_text_atomic(canonical_json(record) + "\n", self.case_dir / "submission.json")
+        self.submission = submission
+        return ToolResult({"evidence_id": evidence, "accepted": True, "case_ended": True})
+
+    # ------------------------------------------------------------------ analysis profile
+
+    def _tool_trend_estimate(
+        self, evidence: str, values: Sequence[Any], periods: Sequence[Any] | None = None
+    ) -> ToolResult:
+        return ToolResult({"evidence_id": evidence, **analysis.trend_estimate(values, periods)})
+
+    def _tool_summary_statistics(self, evidence: str, values: Sequence[Any]) -> ToolResult:
+        return ToolResult({"evidence_id": evidence, **analysis.summary_statistics(values)})
+
+    def _tool_time_series_diagnostics(self, evidence: str, values: Sequence[Any]) -> ToolResult:
+        return ToolResult({"evidence_id": evidence, **analysis.time_series_diagnostics(values)})
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    text = str(value)
+    if any(ch in text for ch in ',"\n'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+TILE_PATTERN = re.compile(r"(?P<prefix>.+)_r(?P<row>[0-9]+)_c(?P<col>[0-9]+)")
+
+
+def neighbours(tile: str, tiles: Sequence[str]) -> list[str]:
+    """The (up to eight) tiles around ``tile`` at its scale that the city has."""
+    m = TILE_PATTERN.fullmatch(tile)
+    if m is None:
+        return []
+    known = set(tiles)
+    r, c = int(m["row"]), int(m["col"])
+    out = []
+    for dr in (-1, 0, 1):
+        for dc in (-1, 0, 1):
+            other = f"{m['prefix']}_r{r + dr}_c{c + dc}"
+            if (dr or dc) and other in known:
+                out.append(other)
+    return out
+
+
+# ------------------------------------------------------------------------------ runs
+
+
+RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""Run names: a folder name under the runs root."""
+
+
+def validate_run_name(name: str) -> str:
+    """``name`` if it is a safe folder name for a run."""
+    if not isinstance(name, str) or not RUN_NAME_PATTERN.fullmatch(name) or ".." in name:
+        raise WorkspacePathError(
+            f"run name {name!r} is not allowed: letters, digits, '_', '.' and '-' (at most 64, "
+            "not starting with a dot)"
+        )
+    return name
+
+
+class AgentRun:
+    """A run of one agent over a release's cases: one case open at a time, each in its own
+    folder (``cases/<case_key>/``: trajectory, submission, workspace) under ``run_dir``."""
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        cases: Mapping[str, Case],
+        catalogue: Catalogue,
+        release_root: Path,
+        run_dir: Path,
+        *,
+        profile: str = "analysis",
+        agent: str = "unnamed",
+        allowed: Sequence[str] | None = None,
+    ) -> None:
+        if profile not in PROFILES:
+            raise AgentCaseError(f"unknown tool profile {profile!r}: one of {', '.join(PROFILES)}")
+        self.con = con
+        self.cases = dict(cases)
+        self.catalogue = catalogue
+        self.release_root = release_root
+        self.run_dir = run_dir
+        self.profile = profile
+        self.allowed = set(allowed) if allowed else None
+        self.session: CaseSession | None = None
+        release = dict(con.execute("SELECT key, value FROM release").fetchall())
+        self.release_id = json.loads(release.get("version", "null"))
+        self.catalogue_digest = json.loads(release.get("catalogue_digest", "null"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        from citycube.io.atomic import write_text_atomic
+
+        record = {
+            "run": run_dir.name,
+            "agent": agent,
+            "profile": profile,
+            "tools": list(PROFILES[profile]),
+            "release": self.release_id,
+            "catalogue_digest": self.catalogue_digest,
+        }
+        write_text_atomic(json.dumps(record, indent=2) + "\n", run_dir / "run.json")
+
+    def case_keys(self) -> list[str]:
+        """The cases this run may open, in key order."""
+        return sorted(k for k in self.cases if self.allowed is None or k in self.allowed)
+
+    def start_case(self, case_key: str) -> dict[str, Any]:
+        """Open a case (closing the one open) and return its case message."""
+        if case_key not in self.case_keys():
+            raise AgentCaseError(
+                f"no case {case_key!r} in this run: take case keys from list_cases"
+            )
+        if self.session is not None:
+            self.session.close()
+        case = self.cases[case_key]
+        view = CaseView(self.con, case)
+        case_dir = self.run_dir / "cases" / case_key
+        self.session = CaseSession(view, self.catalogue, self.release_root, case_dir, self.profile)
+        return case.message()
+
+    def call(self, tool: str, arguments: Mapping[str, Any] | None = None) -> ToolResult:
+        """A tool call on the open case."""
+        if self.session is None:
+            raise AgentCaseError("no case is open: call start_case with a key from list_cases")
+        return self.session.call(tool, arguments)
+
+    def close(self) -> None:
+        """Close the open case's trajectory."""
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+# ------------------------------------------------------------------------------ replay
+
+
+def replay_case(run: AgentRun, case_key: str, recorded: Sequence[dict[str, Any]]) -> list[dict]:
+    """Issue a recorded trajectory's calls again on ``run`` (offline, no MCP) and return the
+    new trajectory's lines; equal to ``recorded`` but for timing when the tools are
+    deterministic for the release and the case."""
+    run.start_case(case_key)
+    for line in recorded:
+        # a recorded failure must fail again: the lines compare its message's digest
+        with contextlib.suppress(CityCubeError):
+            run.call(line["tool"], line["arguments"])
+    session = run.session
+    assert session is not None
+    run.close()
+    return read_trajectory(session.case_dir / "trajectory.jsonl")
