@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from citycube.catalogue.modalities import Catalogue, ModalitySpec, Temporal
-from citycube.errors import in_context
 from citycube.items.fetched import fetch_and_record
 from sources import SourceSetSpecFile, resolve_sources
 
@@ -45,9 +44,7 @@ def fetch_source(
     }
     if not used:
         return {**base, "available": False, "reason": "not_read_for_this_city"}
-    period_text = "static" if period is None else str(period)
-    with in_context(f"source {product} ({adapter.info.source_id}) for {city}, {period_text}"):
-        outcome = fetch_and_record(adapter, temporal, city, period, release.sources_dir)
+    outcome = fetch_and_record(adapter, temporal, city, period, release.sources_dir)
     if outcome.item is None:
         return {**base, "available": False, "reason": outcome.missing_reason}
     item = outcome.item

@@ -23,7 +23,7 @@ from typing import Any
 
 from citycube.catalogue.modalities import Temporal
 from citycube.catalogue.temporal import period_label, resolve
-from citycube.errors import SourceUnavailableError
+from citycube.errors import SourceUnavailableError, in_context
 from citycube.io.atomic import write_json_atomic
 from citycube.io.digest import file_state
 from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct, is_remote
@@ -47,7 +47,10 @@ def fetch_and_record(
     source_year, reason = _resolved_year(adapter, temporal, city, period)
     if reason is not None:
         return FetchOutcome(None, None, reason)
-    outcome = _fetch(adapter, city, source_year, sources_dir)
+    year = "static" if source_year is None else f"source year {source_year}"
+    info = adapter.info
+    with in_context(f"source {info.product_id} ({info.source_id}) for {city}, {year}"):
+        outcome = _fetch(adapter, city, source_year, sources_dir)
     record_outcome(sources_dir, adapter.info, city, period, source_year, outcome)
     return outcome
 
