@@ -1,12 +1,16 @@
 """Landsat Collection 2 Level-2 annual composites: RGB (OPT), NDVI and surface temperature.
 
-A year's scenes over the city window are searched, those of other platforms or above the
-cloud-cover limit are dropped (after the search: not every STAC API applies ``query``), and the
-least cloudy ``max_scenes`` are read. For each scene only the city window of the QA_PIXEL asset
-and the recipe's bands is read (warped from a neighbouring UTM zone when the scene is there),
-each band is scaled by the scene's own ``raster:bands`` scale and offset, and a pixel counts
-only when it is clear: no fill (swath edges, Landsat 7 SLC-off gaps), dilated cloud, cirrus,
-cloud, cloud shadow or snow, and its raw value is not fill. The composites are per-pixel
+A year's scenes over the city window are searched, those of other platforms (named in any
+form: USGS writes 'LANDSAT_7') or above the cloud-cover limit are dropped (after the search: not
+every STAC API applies ``query``), so is a scene whose item lacks an asset the recipe reads
+(recorded with the item, the others still composited), and the least cloudy ``max_scenes`` are
+read, once every band's scale and offset is known (``raster:bands``, else the spec's
+``scale_fallback``; a scene with neither fails before any read). For each scene only the city
+window of the QA_PIXEL asset and the recipe's bands is read (warped from a neighbouring UTM
+zone when the scene is there), each band is scaled, and a pixel counts only when it is clear:
+no fill (swath edges, Landsat 7 SLC-off gaps), dilated cloud, cirrus, cloud, cloud shadow or
+snow, its raw value is not fill, and (with a ``valid_range``) every band lies in the valid
+range; observations left out for range are counted and recorded. The composites are per-pixel
 statistics over the clear observations (see ``sources.stac.pixels``); a pixel with none is
 nodata, never 0.
 
