@@ -538,7 +538,8 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
     if not made.valid_pixels:
         raise SourceUnavailableError(
             f"{ctx.where()}: none of the {len(scenes)} scene(s) has a clear pixel in the city "
-            "window (cloud, shadow, snow or gaps everywhere)",
+            "window (cloud, shadow, snow, gaps or reflectance outside its valid range "
+            "everywhere)",
             reason="no_clear_observation",
         )
     valid_share = made.valid_pixels / (grid.width * grid.height)
