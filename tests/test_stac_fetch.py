@@ -266,12 +266,15 @@ def test_an_asset_without_scale_and_offset_is_a_read_error_not_raw_counts(
     gives none cannot be turned into Kelvin, and raw counts must not pass for Kelvin."""
     scene = stac_world.scenes["unscaled"]
     chosen = adapters(stac_world)
+    before = len(stac_world.log_lines())
     with pytest.raises(SourceReadError) as caught:
         chosen["landsat_st"].fetch(CITY, 2017, tmp_path)
     error = caught.value
     assert error.reason == "missing_scale"
     for part in ("landsat_st", "pc:landsat-c2-l2", CITY, "2017", scene.scene_id, "'lwir11'"):
         assert part in str(error), part
+    # Found from the item before any pixel is read: not one window was fetched for nothing.
+    assert not [line for line in stac_world.log_lines()[before:] if scene.scene_id in line]
     assert not (tmp_path / "landsat_st" / CITY / "2017").exists()
     assert not list((tmp_path / "landsat_st" / CITY).glob(".2017.*"))
     # Its reflectance assets declare theirs: the same scene's NDVI is made.

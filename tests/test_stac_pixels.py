@@ -78,6 +78,25 @@ def test_ndvi_is_invalid_where_the_sum_is_not_positive() -> None:
     assert np.isnan(out[2]) and np.isnan(out[3])
 
 
+def test_ndvi_refuses_ratios_outside_minus_1_to_1_from_negative_reflectance() -> None:
+    """One negative band with a positive sum gives a ratio outside [−1, 1]: refused."""
+    red = np.array([0.02, -0.019, 0.0, 0.3], dtype=np.float32)
+    nir = np.array([-0.019, 0.02, 0.4, 0.0], dtype=np.float32)
+    out = pixels.ndvi(red, nir)
+    assert np.isnan(out[0]) and np.isnan(out[1])
+    np.testing.assert_array_equal(out[2:], [1.0, -1.0])
+
+
+def test_reflectance_outside_the_valid_range_is_known_to_the_sr_products() -> None:
+    catalogue = load_stac_catalogue()
+    for product in ("landsat_c2l2", "landsat_ndvi"):
+        assert catalogue.product(product).valid_range == (0.0, 1.0)
+    # Collection 2's valid counts 7273–43636 are exactly the reflectances in [0, 1].
+    dn = np.array([7272, 7273, 43636, 43637], dtype=np.uint16)
+    reflectance = pixels.scale_dn(dn, 0.0000275, -0.2)
+    assert pixels.in_range(reflectance, 0.0, 1.0).tolist() == [False, True, True, False]
+
+
 def test_reflectance_maps_to_uint8_by_a_fixed_range_with_0_for_nodata() -> None:
     refl = np.array([NAN, -0.1, 0.0, 0.15, 0.3, 0.9], dtype=np.float32)
     assert pixels.reflectance_to_uint8(refl, 0.0, 0.3).tolist() == [0, 1, 1, 128, 255, 255]
@@ -126,6 +145,24 @@ def test_scene_selection_filters_platform_and_cloud_then_keeps_the_least_cloudy(
     chosen = select_scenes(items, spec, max_cloud_cover=60, max_scenes=3)
     assert [i.id for i in chosen] == ["b", "f", "a"]
     assert [i.id for i in select_scenes(items, spec, 60, 10)][-1] == "e"
+
+
+def test_platform_names_match_whatever_their_case_and_form() -> None:
+    """USGS's own STAC says 'LANDSAT_7' where the Planetary Computer says 'landsat-7'."""
+    spec = load_stac_catalogue().product("landsat_st")
+    items = [
+        _item("a", "LANDSAT_8", 5.0),
+        _item("b", "Landsat 7", 6.0),
+        _item("c", "landsat9", 7.0),
+        _item("d", "LANDSAT_1", 1.0),
+    ]
+    assert [i.id for i in select_scenes(items, spec, 60, 10)] == ["a", "b", "c"]
+    (thermal,) = spec.bands
+    assert [thermal.asset_for(p) for p in ("LANDSAT_7", "landsat_5", "LANDSAT_8")] == [
+        "lwir",
+        "lwir",
+        "lwir11",
+    ]
 
 
 def test_spec_rejects_inconsistent_products() -> None:

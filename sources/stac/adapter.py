@@ -39,6 +39,7 @@ from sources.stac.clearmasks import ClearMaskCache
 from sources.stac.options import StacFamilyOptions
 from sources.stac.pruning import prune_caches
 from sources.stac.reading import (
+    AssetNotFoundError,
     AssetRead,
     Block,
     CorruptAssetError,
@@ -57,9 +58,10 @@ from sources.stac.zarrcache import ChunkCache
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-ADAPTER_VERSION = "stac-2"
+ADAPTER_VERSION = "stac-3"
 """Version of this family's recipes; bump it whenever the pixels they write change (2: warped
-scenes read by the warped dataset's own blocks, whatever the composite's blocks)."""
+scenes read by the warped dataset's own blocks, whatever the composite's blocks; 3: reflectance
+outside its valid range, and NDVI outside [−1, 1], are invalid)."""
 STAC_STATE_DIR = ".stac"
 """Folder of the family's shared state under the sources folder (search records, QA masks,
 band windows, Zarr chunks)."""
@@ -267,6 +269,14 @@ class FetchContext:
                 transient=True,
                 reason="server_error",
             ) from None
+        except AssetNotFoundError as exc:
+            raise SourceReadError(
+                f"{self.where(item.id, asset_key)}: {href} is not at the server (the item "
+                f"lists it, the server says it is missing): {self.signer.redact(str(exc))}. "
+                "The provider may have moved or withdrawn the scene; search again later or "
+                "report it to the provider",
+                reason="asset_not_found",
+            ) from None
         except CorruptAssetError as exc:
             raise SourceReadError(
                 f"{self.where(item.id, asset_key)}: {href} could not be decoded "
@@ -275,16 +285,23 @@ class FetchContext:
             ) from None
 
     def scale_offset(self, item: pystac.Item, asset_key: str) -> tuple[float, float]:
-        """Scale and offset of an asset's first band, as its ``raster:bands`` say."""
+        """Scale and offset of an asset's first band, as its ``raster:bands`` say; the spec's
+        ``scale_fallback`` (the provider's documented factors) where they say nothing."""
         if self.spec.scale_source == "none":
             return (1.0, 0.0)
-        bands = item.assets[asset_key].extra_fields.get("raster:bands") or []
-        if not bands or "scale" not in bands[0] or "offset" not in bands[0]:
-            raise SourceReadError(
-                f"{self.where(item.id, asset_key)}: raster:bands gives no scale and offset",
-                reason="missing_scale",
-            )
-        return (float(bands[0]["scale"]), float(bands[0]["offset"]))
+        bands = self._asset(item, asset_key).extra_fields.get("raster:bands") or []
+        if bands and "scale" in bands[0] and "offset" in bands[0]:
+            return (float(bands[0]["scale"]), float(bands[0]["offset"]))
+        if self.spec.scale_fallback is not None:
+            scale, offset = self.spec.scale_fallback
+            return (float(scale), float(offset))
+        raise SourceReadError(
+            f"{self.where(item.id, asset_key)}: raster:bands gives no scale and offset, and "
+            "the spec sets no scale_fallback; raw counts are not physical values. For items "
+            "that never carry raster:bands (USGS's own STAC), set scale_fallback to the "
+            "provider's documented factors",
+            reason="missing_scale",
+        )
 
 
 Recipe = Callable[[FetchContext, Path], StagedFiles]

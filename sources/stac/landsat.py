@@ -1,12 +1,16 @@
 """Landsat Collection 2 Level-2 annual composites: RGB (OPT), NDVI and surface temperature.
 
-A year's scenes over the city window are searched, those of other platforms or above the
-cloud-cover limit are dropped (after the search: not every STAC API applies ``query``), and the
-least cloudy ``max_scenes`` are read. For each scene only the city window of the QA_PIXEL asset
-and the recipe's bands is read (warped from a neighbouring UTM zone when the scene is there),
-each band is scaled by the scene's own ``raster:bands`` scale and offset, and a pixel counts
-only when it is clear: no fill (swath edges, Landsat 7 SLC-off gaps), dilated cloud, cirrus,
-cloud, cloud shadow or snow, and its raw value is not fill. The composites are per-pixel
+A year's scenes over the city window are searched, those of other platforms (named in any
+form: USGS writes 'LANDSAT_7') or above the cloud-cover limit are dropped (after the search: not
+every STAC API applies ``query``), so is a scene whose item lacks an asset the recipe reads
+(recorded with the item, the others still composited), and the least cloudy ``max_scenes`` are
+read, once every band's scale and offset is known (``raster:bands``, else the spec's
+``scale_fallback``; a scene with neither fails before any read). For each scene only the city
+window of the QA_PIXEL asset and the recipe's bands is read (warped from a neighbouring UTM
+zone when the scene is there), each band is scaled, and a pixel counts only when it is clear:
+no fill (swath edges, Landsat 7 SLC-off gaps), dilated cloud, cirrus, cloud, cloud shadow or
+snow, its raw value is not fill, and (with a ``valid_range``) every band lies in the valid
+range; observations left out for range are counted and recorded. The composites are per-pixel
 statistics over the clear observations (see ``sources.stac.pixels``); a pixel with none is
 nodata, never 0.
 
@@ -53,7 +57,7 @@ from sources.stac.grids import (
 from sources.stac.reading import AssetRead, Block, grid_blocks
 from sources.stac.records import unsigned
 from sources.stac.search import SearchRequest, cloud_cover, year_interval
-from sources.stac.spec import Recipe, StacProductSpec
+from sources.stac.spec import Recipe, StacProductSpec, platform_key
 from sources.stac.windows import WindowCache, grid_key, window_key
 from sources.stac.writing import PROVENANCE_FILE, CogBlocks, LayerFile, write_provenance
 
@@ -73,12 +77,14 @@ def select_scenes(
     max_cloud_cover: float | None,
     max_scenes: int,
 ) -> list[pystac.Item]:
-    """The scenes a composite reads: allowed platforms, cloud cover within the limit (scenes
-    that do not say are kept last), the least cloudy first, at most ``max_scenes``."""
+    """The scenes a composite reads: allowed platforms (named in any form: 'LANDSAT_7' is
+    'landsat-7'), cloud cover within the limit (scenes that do not say are kept last), the
+    least cloudy first, at most ``max_scenes``."""
+    allowed = {platform_key(p) for p in spec.platforms}
     kept = []
     for item in items:
-        platform = item.properties.get("platform")
-        if spec.platforms and platform not in spec.platforms:
+        platform = platform_key(item.properties.get("platform"))
+        if allowed and platform not in allowed:
             continue
         cover = cloud_cover(item)
         if max_cloud_cover is not None and cover is not None and cover > max_cloud_cover:
@@ -86,6 +92,53 @@ def select_scenes(
         kept.append(item)
     kept.sort(key=lambda i: (cloud_cover(i) is None, cloud_cover(i) or 0.0, i.id))
     return kept[:max_scenes]
+
+
+@dataclass(frozen=True)
+class DroppedScene:
+    """A scene left out of a composite, and why."""
+
+    id: str
+    """The STAC item id."""
+    reason: str
+    """Stable reason code (``missing_asset``)."""
+    detail: str
+    """What it lacks, in words."""
+
+    def as_dict(self) -> dict[str, str]:
+        """As recorded in the item's provenance."""
+        return {"id": self.id, "reason": self.reason, "detail": self.detail}
+
+
+def scene_assets(spec: StacProductSpec, item: pystac.Item) -> list[str]:
+    """The asset keys a composite reads of a scene: the recipe's bands, then the QA asset."""
+    platform = item.properties.get("platform")
+    keys = [band.asset_for(platform) for band in spec.bands]
+    assert spec.qa is not None
+    return [*keys, spec.qa.asset]
+
+
+def complete_scenes(
+    spec: StacProductSpec, scenes: Sequence[pystac.Item]
+) -> tuple[list[pystac.Item], list[DroppedScene]]:
+    """The scenes that list every asset the recipe reads, and those that do not (with why),
+    each in the given order. A scene without its QA_PIXEL cannot be masked and one without a
+    band has nothing to give: it is left out, and the others still make the composite."""
+    complete, dropped = [], []
+    for item in scenes:
+        absent = [key for key in scene_assets(spec, item) if key not in item.assets]
+        if absent:
+            dropped.append(
+                DroppedScene(
+                    item.id,
+                    "missing_asset",
+                    f"the item lists no {', '.join(repr(k) for k in absent)} asset "
+                    f"(it has {sorted(item.assets)})",
+                )
+            )
+        else:
+            complete.append(item)
+    return complete, dropped
 
 
 def _sensor(item: pystac.Item) -> str:
@@ -271,22 +324,42 @@ def _window_block(
     raise OSError(f"{ctx.where(item.id, asset_key)}: the window of {block} cannot be kept")
 
 
+@dataclass(frozen=True)
+class Observations:
+    """One scene's observations in one block."""
+
+    bands: list[np.ndarray]
+    """The recipe's bands, physical values, NaN where the observation is invalid."""
+    clear: int
+    """Pixels whose QA_PIXEL says clear."""
+    out_of_range: int
+    """Clear pixels left out because a band lies outside the spec's ``valid_range``."""
+
+
 def block_observations(
     ctx: FetchContext, item: pystac.Item, grid: GeoBox, block: Block, stores: BlockStores
-) -> tuple[list[np.ndarray], int]:
-    """The recipe's bands of one scene in one block, physical values, NaN where not clear;
-    and the block's count of clear pixels."""
+) -> Observations:
+    """The recipe's bands of one scene in one block, physical values, NaN where the
+    observation is not clear or (with a ``valid_range``) any of its bands is out of range."""
     spec = ctx.spec
     clear = _clear_block(ctx, item, grid, block, stores)
     platform = item.properties.get("platform")
-    bands = []
+    values = []
+    usable = clear.copy()
     for band in spec.bands:
         key = band.asset_for(platform)
         scale, offset = ctx.scale_offset(item, key)
         read = _window_block(ctx, item, key, grid, block, stores)
-        values = pixels.scale_dn(read.values, scale, offset, spec.fill_value)
-        bands.append(pixels.masked(values, clear & read.covered))
-    return bands, int(clear.sum())
+        values.append(pixels.scale_dn(read.values, scale, offset, spec.fill_value))
+        usable &= read.covered & np.isfinite(values[-1])
+    out_of_range = 0
+    if spec.valid_range is not None:
+        low, high = spec.valid_range
+        in_range = np.logical_and.reduce([pixels.in_range(v, low, high) for v in values])
+        out_of_range = int((usable & ~in_range).sum())
+        usable &= in_range
+    bands = [pixels.masked(v, usable) for v in values]
+    return Observations(bands, int(clear.sum()), out_of_range)
 
 
 def keep_scenes(
@@ -328,6 +401,9 @@ class Composite:
     """The recipe's files."""
     clear_pixels: list[int]
     """Clear pixels of each scene on the grid, in scene order."""
+    out_of_range: list[int]
+    """Clear pixels of each scene left out for a band outside the valid range, in scene
+    order."""
     valid_pixels: int
     """Pixels of the data file holding a value."""
 
@@ -372,17 +448,17 @@ def composite(
             for file in files
         ]
 
-        def composite_block(block: Block) -> tuple[list[int], int] | Exception:
-            """One output block composited from every scene and written: (clear pixels per
-            scene, valid pixels). A failure is returned, not raised, so that every block's
-            task has ended before the files are closed."""
+        def composite_block(block: Block) -> tuple[list[tuple[int, int]], int] | Exception:
+            """One output block composited from every scene and written: (clear and
+            out-of-range pixels per scene, valid pixels). A failure is returned, not raised, so
+            that every block's task has ended before the files are closed."""
             try:
                 stacks: list[list[np.ndarray]] = [[] for _ in ctx.spec.bands]
                 clear_counts = []
                 for item in scenes:
-                    bands, clear = block_observations(ctx, item, grid, block, stores)
-                    clear_counts.append(clear)
-                    for stack, band in zip(stacks, bands, strict=True):
+                    seen = block_observations(ctx, item, grid, block, stores)
+                    clear_counts.append((seen.clear, seen.out_of_range))
+                    for stack, band in zip(stacks, seen.bands, strict=True):
                         stack.append(band)
                 arrays = [np.stack(stack) for stack in stacks]
                 del stacks
@@ -404,9 +480,11 @@ def composite(
         for result in done:
             if isinstance(result, Exception):
                 raise result
-    clear_pixels = [sum(counts) for counts in zip(*(clear for clear, _ in done), strict=True)]
+    per_scene = list(zip(*(counts for counts, _ in done), strict=True))
+    clear_pixels = [sum(clear for clear, _ in counts) for counts in per_scene]
+    out_of_range = [sum(bad for _, bad in counts) for counts in per_scene]
     valid_pixels = sum(valid for _, valid in done)
-    return Composite(files, clear_pixels, valid_pixels)
+    return Composite(files, clear_pixels, out_of_range, valid_pixels)
 
 
 def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
@@ -424,13 +502,24 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
     )
     limit = ctx.options.max_cloud_cover
     limit = spec.max_cloud_cover if limit is None else limit
-    scenes = select_scenes(found, spec, limit, ctx.options.max_scenes or spec.max_scenes)
-    if not scenes:
+    candidates = select_scenes(found, spec, limit, len(found))
+    if not candidates:
         raise SourceUnavailableError(
             f"{ctx.where()}: the search found {len(found)} scene(s) over the city, none of "
             f"platform {list(spec.platforms)} with eo:cloud_cover ≤ {limit} %",
             reason="no_scenes",
         )
+    complete, dropped = complete_scenes(spec, candidates)
+    if not complete:
+        raise SourceUnavailableError(
+            f"{ctx.where()}: none of the {len(candidates)} usable scene(s) lists every asset "
+            f"the composite reads ({'; '.join(f'{d.id}: {d.detail}' for d in dropped)})",
+            reason="no_complete_scene",
+        )
+    scenes = complete[: ctx.options.max_scenes or spec.max_scenes]
+    for item in scenes:  # before any pixel is read: no window is fetched for nothing
+        for key in scene_assets(spec, item)[:-1]:
+            ctx.scale_offset(item, key)
     tags = {
         "SYNTHETIC": "false",
         "CITYCUBE_PRODUCT": spec.product,
@@ -442,14 +531,15 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
     }
     made = composite(ctx, scenes, grid, _item_id(spec, ctx), staging, tags)
     used = [
-        _provenance(item, spec, clear)
-        for item, clear in zip(scenes, made.clear_pixels, strict=True)
+        _provenance(item, spec, clear, bad)
+        for item, clear, bad in zip(scenes, made.clear_pixels, made.out_of_range, strict=True)
     ]
     layers = made.layers
     if not made.valid_pixels:
         raise SourceUnavailableError(
             f"{ctx.where()}: none of the {len(scenes)} scene(s) has a clear pixel in the city "
-            "window (cloud, shadow, snow or gaps everywhere)",
+            "window (cloud, shadow, snow, gaps or reflectance outside its valid range "
+            "everywhere)",
             reason="no_clear_observation",
         )
     valid_share = made.valid_pixels / (grid.width * grid.height)
@@ -467,6 +557,9 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
             "citycube:composite": COMPOSITE_RULE[spec.recipe],
             "citycube:source": ctx.source_id,
             "citycube:valid_share": round(valid_share, 6),
+            "citycube:valid_range": None if spec.valid_range is None else list(spec.valid_range),
+            "citycube:out_of_range_observations": sum(made.out_of_range),
+            "citycube:dropped_scenes": [d.as_dict() for d in dropped],
         },
     )
     extra = {
@@ -479,8 +572,12 @@ def compose(ctx: FetchContext, staging: Path) -> StagedFiles:
         "units": spec.output.units,
         "nodata": str(spec.output.nodata),
         "valid_share": f"{valid_share:.6f}",
+        "out_of_range_observations": str(sum(made.out_of_range)),
+        "dropped_scene_count": str(len(dropped)),
         "stac_item_file": PROVENANCE_FILE,
     }
+    if dropped:
+        extra["dropped_scenes"] = "; ".join(f"{d.id}: {d.reason} ({d.detail})" for d in dropped)
     return StagedFiles(files={layer.role: layer.filename for layer in layers}, extra=extra)
 
 
@@ -488,12 +585,12 @@ def _item_id(spec: StacProductSpec, ctx: FetchContext) -> str:
     return f"{spec.collection}_{spec.product}_{ctx.city}_{ctx.year}"
 
 
-def _provenance(item: pystac.Item, spec: StacProductSpec, clear_pixels: int) -> dict[str, Any]:
+def _provenance(
+    item: pystac.Item, spec: StacProductSpec, clear_pixels: int, out_of_range: int
+) -> dict[str, Any]:
     """What the item records of a source scene: ids and unsigned hrefs, never a token."""
     platform = item.properties.get("platform")
-    keys = [b.asset_for(platform) for b in spec.bands]
-    assert spec.qa is not None
-    keys.append(spec.qa.asset)
+    keys = scene_assets(spec, item)
     self_link = item.get_self_href()
     return {
         "id": item.id,
@@ -504,6 +601,7 @@ def _provenance(item: pystac.Item, spec: StacProductSpec, clear_pixels: int) -> 
         "eo:cloud_cover": cloud_cover(item),
         "proj:code": _proj_code(item),
         "clear_pixels": clear_pixels,
+        "out_of_range_pixels": out_of_range,
         "self_href": self_link.split("?", 1)[0] if self_link else None,
         "assets": {key: item.assets[key].href.split("?", 1)[0] for key in keys},
     }

@@ -78,16 +78,25 @@ def clear_count(stack: np.ndarray) -> np.ndarray:
     return np.isfinite(stack).sum(axis=0).astype(np.uint16)
 
 
-def ndvi(red: np.ndarray, nir: np.ndarray) -> np.ndarray:
-    """(nir − red) / (nir + red); NaN where either is NaN or the sum is not positive.
+def in_range(values: np.ndarray, low: float, high: float) -> np.ndarray:
+    """True where a value lies in [low, high] (NaN is not in range)."""
+    return (values >= np.float32(low)) & (values <= np.float32(high))
 
-    Surface reflectance can be slightly negative (the Collection 2 offset is −0.2); a
-    non-positive sum has no meaningful ratio, so it is invalid rather than a huge value.
+
+def ndvi(red: np.ndarray, nir: np.ndarray) -> np.ndarray:
+    """(nir − red) / (nir + red); NaN where either is NaN or the ratio is not an NDVI.
+
+    Surface reflectance can be negative (the Collection 2 offset is −0.2; dark targets and
+    water retrieve below 0), and a ratio with one negative band leaves [−1, 1] (red 0.02 and
+    nir −0.019 give −39): such a value, and a non-positive sum, are refused (NaN) rather than
+    published. With both bands masked to the valid reflectance range first (the products'
+    ``valid_range``) nothing is refused here.
     """
     total = nir + red
     with np.errstate(divide="ignore", invalid="ignore"):
         index = (nir - red) / total
-    return np.where(total > 0, index, np.float32(np.nan)).astype(np.float32)
+        valid = (total > 0) & (np.abs(index) <= 1)
+    return np.where(valid, index, np.float32(np.nan)).astype(np.float32)
 
 
 def reflectance_to_uint8(reflectance: np.ndarray, low: float, high: float) -> np.ndarray:

@@ -12,6 +12,7 @@ each block's pixels the same as in the whole window.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,6 +56,14 @@ def gdal_env(options: StacFamilyOptions) -> dict[str, str | int | bool]:
 
 class CorruptAssetError(Exception):
     """An asset that answered but cannot be decoded (truncated, not a GeoTIFF, …)."""
+
+
+class AssetNotFoundError(Exception):
+    """An asset that is not there: the server answered 404 or 410 (or a local file is gone)."""
+
+
+_NOT_FOUND = re.compile(r"HTTP response code: (404|410)\b|No such file or directory")
+"""How GDAL words an asset that is not there."""
 
 
 @dataclass(frozen=True)
@@ -136,13 +145,16 @@ def _classified(exc: BaseException) -> Exception:
     message = str(exc)
     if is_transient_gdal_message(message):
         return TransientError(message)
+    if _NOT_FOUND.search(message):
+        return AssetNotFoundError(message)
     return CorruptAssetError(message)
 
 
 def read_band(
     href: str, grid: GeoBox, *, band: int = 1, fill: float = 0, nodata: float | None = None
 ) -> AssetRead:
-    """Read one band of ``href`` onto ``grid``; raises TransientError or CorruptAssetError.
+    """Read one band of ``href`` onto ``grid``; raises TransientError,
+    AssetNotFoundError or CorruptAssetError.
 
     ``fill`` is what pixels outside the asset get; ``nodata`` overrides the file's own nodata
     for warping (which pixels are not data).
@@ -172,7 +184,7 @@ def read_band_blocks(
     from the same lattice, warped blocks are windows of one warped dataset defined on the whole
     grid. Internal tiles that a block boundary cuts through are fetched for each block they
     touch, so reading a window in many blocks costs more bytes than reading it whole. Raises
-    TransientError or CorruptAssetError.
+    TransientError, AssetNotFoundError or CorruptAssetError.
     """
     with _open(vsicurl(href)) as src:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from enum import StrEnum
 from functools import cache
 from importlib import resources
@@ -65,6 +66,16 @@ RECIPE_INPUT_BANDS = {
 """Band names each recipe reads, in order."""
 
 
+def platform_key(name: str | None) -> str | None:
+    """A platform name in one form, whoever wrote it: lower case, words joined by hyphens, a
+    hyphen before the number ('LANDSAT_7', 'Landsat 7', 'landsat7' → 'landsat-7'), as the
+    Planetary Computer spells it and USGS's own STAC does not."""
+    if name is None:
+        return None
+    key = re.sub(r"[\s_\-]+", "-", str(name).strip().lower())
+    return re.sub(r"([a-z])(?=\d)", r"\1-", key)
+
+
 class BandSpec(BaseModel):
     """One input band and the asset that holds it."""
 
@@ -77,10 +88,14 @@ class BandSpec(BaseModel):
     )
 
     def asset_for(self, platform: str | None) -> str:
-        """The asset key of this band on a platform."""
+        """The asset key of this band on a platform (platform names in any form)."""
         if platform is None:
             return self.asset
-        return self.asset_by_platform.get(platform, self.asset)
+        wanted = platform_key(platform)
+        for name, asset in self.asset_by_platform.items():
+            if platform_key(name) == wanted:
+                return asset
+        return self.asset
 
 
 class QaSpec(BaseModel):
@@ -216,6 +231,19 @@ class StacProductSpec(BaseModel):
     scale_source: Literal["raster:bands", "none"] = Field(
         description="Where scale and offset of input bands come from."
     )
+    scale_fallback: tuple[float, float] | None = Field(
+        None,
+        description="(scale, offset) of a band whose asset's raster:bands give none (USGS's own "
+        "STAC items publish none): the provider's documented factors, e.g. Collection 2 surface "
+        "reflectance (0.0000275, -0.2), surface temperature (0.00341802, 149.0). None: such a "
+        "scene is refused with missing_scale before any pixel is read.",
+    )
+    valid_range: tuple[float, float] | None = Field(
+        None,
+        description="Physical values an input band may take (Collection 2 surface reflectance: "
+        "0–1, i.e. counts 7273–43636); an observation with a band outside is invalid, counted "
+        "and not composited. None: every value counts.",
+    )
     platforms: tuple[str, ...] = Field(
         default=(), description="STAC platforms kept (empty: every platform)."
     )
@@ -263,6 +291,10 @@ class StacProductSpec(BaseModel):
                 raise ValueError(f"{self.product}: first_year is after last_year")
         elif self.recipe is not Recipe.MOSAIC:
             raise ValueError(f"{self.product}: a static product is a mosaic")
+        if self.valid_range is not None and not self.valid_range[0] < self.valid_range[1]:
+            raise ValueError(f"{self.product}: valid_range must rise, got {self.valid_range}")
+        if self.scale_fallback is not None and self.scale_source != "raster:bands":
+            raise ValueError(f"{self.product}: scale_fallback goes with scale_source raster:bands")
         if (self.recipe is Recipe.RGB_UINT8) != (self.reflectance_range is not None):
             raise ValueError(f"{self.product}: reflectance_range goes with rgb_uint8, only there")
         if self.reflectance_range is not None:
