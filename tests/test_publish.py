@@ -33,7 +33,12 @@ import citycube.cube.release as cube_module
 import citycube.io.atomic as atomic_module
 from assets.cube import DATABASE_KEY, STAGED_DATABASE_KEY, TILES_KEY, build_cube_assets
 from assets.tasks import SPLITS_KEY, build_benchmark_assets
-from citycube.cube.manifest import TIMESTAMPED_FILES, verify_release, write_manifest
+from citycube.cube.manifest import (
+    TIMESTAMPED_FILES,
+    refresh_database,
+    verify_release,
+    write_manifest,
+)
 from citycube.cube.release import (
     CHIP_INDEX_SCHEMA,
     KEPT_SNAPSHOTS,
@@ -208,8 +213,12 @@ def test_the_manifest_and_verify_cover_the_published_tables_not_the_draft(
     assert f"published/observations/city={CITY}/year={YEAR}/NTL.parquet" in names
     assert "published/tiles.parquet" in names
     _stage_and_publish(release)
-    changed = set(verify_release(release).changed) - TIMESTAMPED_FILES
-    assert changed == {f"published/observations/city={CITY}/year={YEAR}/NTL.parquet"}
+    check = verify_release(release)
+    changed = set(check.changed) - TIMESTAMPED_FILES
+    new_tables = f"published/observations/city={CITY}/year={YEAR}/NTL.parquet"
+    assert changed == {new_tables, "cube.duckdb"}  # and the database that reads them
+    assert not [p for p in check.database if "published_observations" in p]  # same partitions …
+    assert "table release differs from the manifest" in check.database  # … a new snapshot
     write_manifest(release, release_metadata(release, source_set="t", synthetic=True), CAT)
     assert verify_release(release).ok
 
@@ -336,6 +345,8 @@ def test_a_release_published_before_the_published_folder_is_read_then_moved_into
     # `citycube views` rebuilds the database over the published snapshot, moving nothing
     meta = release_metadata(release, source_set="t", synthetic=True)
     build_duckdb(release, CAT, meta, snapshot=published_snapshot(release), benchmark_views=VIEWS)
+    assert not verify_release(release).ok  # a database with other views than listed …
+    assert refresh_database(release)  # … which `citycube views` lists in the manifest
     assert not release.published_dir.exists() and verify_release(release).ok
     assert float(_read_afresh(release, TILES_SQL)) > 0
     assert _read_afresh(release, ROUTES_SQL) == "7"

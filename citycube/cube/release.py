@@ -764,7 +764,10 @@ def build_duckdb(
         con.register("_modalities", catalogue_table(catalogue))
         con.execute("CREATE TABLE modalities AS SELECT * FROM _modalities")
         con.unregister("_modalities")
-        meta_rows = [{"key": k, "value": json.dumps(v, default=str)} for k, v in metadata.items()]
+        meta_rows = [  # keys sorted: the same metadata read back from release.json, same rows
+            {"key": k, "value": json.dumps(v, default=str, sort_keys=True)}
+            for k, v in metadata.items()
+        ]
         con.register("_release", pa.Table.from_pylist(meta_rows))
         con.execute("CREATE TABLE release AS SELECT * FROM _release")
         con.unregister("_release")
