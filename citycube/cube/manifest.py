@@ -458,6 +458,10 @@ class Verification:
     """Files on disk that the manifest does not list."""
     database: list[str] = field(default_factory=list)
     """How what a reader of ``cube.duckdb`` gets differs from the manifest's definitions."""
+    draft: list[str] = field(default_factory=list)
+    """Files a build wrote since that no reader of the release reads: commits of chip stores on
+    their draft branch (objects the published commit does not reference, the draft branch's
+    ref, stores not published yet). Not damage."""
     notes: list[str] = field(default_factory=list)
     """What is worth knowing but is no damage (a database rebuilt with the same definitions,
     one a manifest of an older format does not cover)."""
@@ -482,6 +486,11 @@ class Verification:
                 out += [f"  {p}" for p in paths[:most]]
                 if len(paths) > most:
                     out.append(f"  … and {len(paths) - most} more")
+        if self.draft:
+            out.append(
+                f"note: {len(self.draft)} files of chip stores' draft commits (written by a build "
+                "since, not published; no reader reads them) are not in the manifest: not damage"
+            )
         out += [f"note: {note}" for note in self.notes]
         return out
 
@@ -501,6 +510,59 @@ def read_manifest(release: Release) -> dict[str, Any]:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         raise ReleaseNotFoundError(f"the manifest {path} has no file list")
     return manifest
+
+
+ICECHUNK_OBJECT_DIRS = frozenset({"chunks", "manifests", "snapshots", "transactions"})
+"""Folders of an icechunk repository whose files are named by content or at random and never
+rewritten: one not in the manifest belongs to a commit the listed refs do not reach."""
+ICECHUNK_DRAFT_REF = "refs/branch.main/ref.json"
+"""The draft branch's ref in an icechunk chip store (``DRAFT_BRANCH``): every build moves it;
+readers follow ``published`` or a tag."""
+
+
+def _icechunk_split(name: str) -> tuple[str, str] | None:
+    """(store, path inside it) of a release file inside an icechunk chip store, else None."""
+    from citycube.cube.chips_zarr import ICECHUNK_SUFFIX
+
+    parts = name.split("/")
+    for i, part in enumerate(parts[:-1]):
+        if part.endswith(ICECHUNK_SUFFIX):
+            return "/".join(parts[: i + 1]), "/".join(parts[i + 1 :])
+    return None
+
+
+def _set_draft_files_apart(result: Verification, listed: Mapping[str, Any]) -> None:
+    """Move the files of chip stores' draft commits from ``unexpected`` and ``changed`` to
+    ``draft``: a build interrupted, blocked or still running before its publication commits
+    chips on the draft branch, which readers never open. Objects no listed snapshot refers to,
+    the draft branch's ref, and whole stores no manifest entry names and that have no published
+    branch. A changed or missing listed object, the published branch's ref, or a tag is still
+    damage."""
+    stores_listed = {split[0] for name in listed if (split := _icechunk_split(name))}
+    draft: list[str] = []
+    unexpected: dict[str, list[str]] = {}
+    for name in result.unexpected:
+        split = _icechunk_split(name)
+        if split is None:
+            continue
+        unexpected.setdefault(split[0], []).append(split[1])
+    for store, inside in unexpected.items():
+        if store in stores_listed:
+            draft += [
+                f"{store}/{path}"
+                for path in inside
+                if path.split("/", 1)[0] in ICECHUNK_OBJECT_DIRS or path == ICECHUNK_DRAFT_REF
+            ]
+        elif not any(path.startswith(("refs/branch.published/", "refs/tag.")) for path in inside):
+            draft += [f"{store}/{path}" for path in inside]  # a store never published
+    moved = set(draft)
+    for name in result.changed:
+        split = _icechunk_split(name)
+        if split is not None and split[1] == ICECHUNK_DRAFT_REF:
+            moved.add(name)
+    result.draft = sorted(moved)
+    result.unexpected = [n for n in result.unexpected if n not in moved]
+    result.changed = [n for n in result.changed if n not in moved]
 
 
 def verify_release(release: Release, *, hashes: bool = True) -> Verification:
@@ -533,6 +595,7 @@ def verify_release(release: Release, *, hashes: bool = True) -> Verification:
     result.checked = len(present)
     result.changed = [n for n, c in zip(present, _in_threads(changed, present), strict=True) if c]
     result.unexpected = sorted(set(on_disk) - set(listed))
+    _set_draft_files_apart(result, listed)
     if isinstance(recorded, Mapping):
         result.database = database_problems(release, recorded)
         if DATABASE_FILE in result.changed and not result.database:
