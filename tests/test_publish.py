@@ -595,3 +595,26 @@ def test_derived_results_of_the_layout_before_the_draft_are_reused_then_publishe
     _stage_and_publish(release)
     assert release.published_derived_file("NTL", CITY, str(YEAR)).stat().st_ino == inode
     assert not (release.root / "derived").exists() and not (release.root / "quicklooks").exists()
+
+
+def test_chip_commits_of_an_interrupted_build_are_no_damage_but_a_moved_published_ref_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipelines.cli import main
+
+    release = build_release(tmp_path, "v1", modalities=("DEM",), chip_format="icechunk")
+    (store,) = (release.root / "chips" / "DEM" / CITY).glob("*.icechunk")
+    rebuild_partitions(release, ("DEM",), dem_raise=20.0)  # committed on main, never published
+    check = verify_release(release)
+    assert check.ok and check.draft, check.lines()
+    inside = {name.split(".icechunk/", 1)[1].split("/", 1)[0] for name in check.draft}
+    assert inside <= {"chunks", "manifests", "snapshots", "transactions", "refs"}
+    assert main(["--data", str(tmp_path), "--release", "v1", "verify"]) == 0
+    assert "files of chip stores' draft commits" in capsys.readouterr().out
+
+    # readers follow `published`: pointing it at the unpublished commit is damage
+    published_ref = store / "refs" / "branch.published" / "ref.json"
+    published_ref.write_bytes((store / "refs" / "branch.main" / "ref.json").read_bytes())
+    check = verify_release(release)
+    assert not check.ok
+    assert check.changed == [published_ref.relative_to(release.root).as_posix()]
