@@ -898,7 +898,7 @@ def _conclude(
     shell = Path(sys.executable).with_name("duckdb")
     print(f"\nQuery it: {shell if shell.exists() else 'duckdb'} {release.duckdb_file}", file=out)
     print(f"Availability tables and heatmap: {release.root / 'reports'}", file=out)
-    print(f"Quick-looks: {release.root / 'quicklooks'}", file=out)
+    print(f"Quick-looks: {release.published_root / 'quicklooks'}", file=out)
     print(
         f"Dataset card: {release.root / 'README.md'} (with collection.json, croissant.json); "
         "other releases: `citycube releases`",
