@@ -243,3 +243,25 @@ def test_a_write_ahead_log_beside_the_database_is_not_in_the_manifest(tmp_path: 
     release = build_release(tmp_path, "v1", modalities=("NTL",))
     (release.root / "cube.duckdb.wal").write_bytes(b"writes a reader would replay")
     assert verify_release(release).unexpected == ["cube.duckdb.wal"]
+
+
+def test_a_moved_release_reads_its_old_place_until_its_views_are_rebuilt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    build_release(tmp_path / "old", "v1", modalities=("NTL",))
+    (tmp_path / "new" / "releases").mkdir(parents=True)
+    old, new = tmp_path / "old" / "releases" / "v1", tmp_path / "new" / "releases" / "v1"
+    shutil.copytree(old, new, symlinks=True)  # as `cp -a` or `mv` across disks
+    moved = Release(tmp_path / "new", "v1")
+    check = verify_release(moved)
+    assert not check.ok and check.database[0].startswith(
+        f"its views read files of the release at {(tmp_path / 'old' / 'releases' / 'v1')}"
+    )
+    assert (
+        "was moved or copied; rebuild its views with `citycube --release v1 views`"
+        in (check.database[0])
+    )
+    assert main(["--data", str(tmp_path / "new"), "--release", "v1", "views"]) == 0
+    assert verify_release(moved).ok

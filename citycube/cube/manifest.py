@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -188,7 +189,10 @@ def database_definitions(release: Release) -> dict[str, Any]:
             rows = cursor.fetchall()
             text = json.dumps([columns, rows], default=str)
             tables[named(schema, name)] = {"rows": len(rows), "sha256": digest(text)}
+    folders = re.compile(r"'(/[^']*/releases/" + re.escape(release.version) + r")/")
+    elsewhere = {f for _, _, sql in views for f in folders.findall(sql or "")} - {root}
     return {
+        **({"elsewhere": sorted(elsewhere)} if elsewhere else {}),
         "views": {
             named(schema, name): digest((sql or "").replace(root, RELEASE_ROOT_MARK))
             for schema, name, sql in sorted(views)
@@ -226,6 +230,12 @@ def database_problems(release: Release, recorded: Mapping[str, Any]) -> list[str
             ]
         return [f"{DATABASE_FILE} cannot be read ({why})"]
     problems = []
+    if found.get("elsewhere"):
+        problems.append(
+            f"its views read files of the release at {', '.join(found['elsewhere'])}, not "
+            f"{release.root.resolve()}: the release was moved or copied; rebuild its views with "
+            f"`citycube --release {release.version} views`"
+        )
     for kind in ("views", "macros", "tables"):
         want: Mapping[str, Any] = recorded.get(kind) or {}
         have = found[kind]
