@@ -5,9 +5,11 @@ city/year/modality so rewriting one city-year touches only its files; every file
 to a temporary name and moved into place, so a killed run never leaves a half-written file.
 
 Draft and published tables. A build writes the Parquet tables (observations, chip index, the
-tiles table and the benchmark folder) into the release's draft (``.draft/``), which no reader
-opens. Building the database takes a snapshot of the draft (``.snapshots/<id>/``: hard links,
-so no byte is copied) and its views read that snapshot's files by absolute path; the benchmark
+tiles table and the benchmark folder), the derived results per source period and the
+quick-looks into the release's draft (``.draft/``), which no reader opens, so a build that
+fails or is stopped by a check changes nothing a published release lists. Building the
+database takes a snapshot of the draft (``.snapshots/<id>/``: hard links, so no byte is
+copied) and its views read that snapshot's files by absolute path; the benchmark
 files computed from the staged database are added to its snapshot before it is published.
 Publishing swaps one folder, ``published/``, for a hard-linked copy of the snapshot in one step
 (so a reader of the folder sees every table old or every table new, never new observations
