@@ -130,7 +130,7 @@ def describe(paths: list[Path]) -> str:
 
 def clear_derived(release: Release, code: str, *, coverage: bool) -> None:
     """Remove cached tile results (and optionally coverage weights) so the work is redone."""
-    shutil.rmtree(release.root / "derived" / code, ignore_errors=True)
+    shutil.rmtree(release.draft_dir / "derived" / code, ignore_errors=True)
     if coverage:
         shutil.rmtree(release.cache_dir / "coverage", ignore_errors=True)
 

@@ -261,7 +261,7 @@ class ChipsNotFoundError(CityCubeError):
 class CardValidationError(CityCubeError):
     """A release's dataset card (STAC Collection, Croissant, data card) is missing or invalid."""
 
-    code = "CC305"
+    code = "CC307"
 
 
 class ReleaseImmutableError(CityCubeError):

@@ -374,6 +374,8 @@ class BuildReport:
     """One line per failed step."""
     checks: dict[str, str] = field(default_factory=dict)
     """Asset check name → PASS, WARN or FAIL."""
+    check_failures: dict[str, str] = field(default_factory=dict)
+    """Failed ERROR-level check name → its asset and what failed (the partitions it names)."""
     end_unrecorded: bool = False
     """The backfill is done (everything materialised) but Dagster has not recorded it yet."""
 
@@ -466,6 +468,13 @@ class ProgressPrinter:
                     warn = getattr(evaluation.severity, "value", "") == "WARN"
                     verdict = "PASS" if evaluation.passed else ("WARN" if warn else "FAIL")
                     self.report.checks[evaluation.check_name] = verdict
+                    if verdict == "FAIL":
+                        self.report.check_failures[evaluation.check_name] = (
+                            f"{evaluation.asset_key.to_user_string()}: "
+                            f"{evaluation.description or 'failed'}"
+                        )
+                    else:
+                        self.report.check_failures.pop(evaluation.check_name, None)
                 elif kind in (
                     DagsterEventType.RUN_SUCCESS,
                     DagsterEventType.RUN_FAILURE,
@@ -492,6 +501,9 @@ def root_cause(error: Any) -> str:
     while error is not None:
         chain.append(error)
         error = getattr(error, "cause", None)
+    checks = [e for e in chain if e.cls_name == "DagsterAssetCheckFailedError"]
+    if checks:  # "1 blocking asset check failed …:" and, on the lines below, which
+        return " ".join(line.strip() for line in (checks[0].message or "").splitlines() if line)
     ours = [e for e in chain if re.search(r"\[CC\d{3}\]", e.message or "")]
     theirs = [e for e in chain if not (e.cls_name or "").startswith("Dagster")]
     chosen = (ours or theirs or chain)[0]
@@ -855,10 +867,16 @@ def _conclude(
         print(f"  check {name}: {verdict}", file=out)
     failed_checks = sorted(name for name, verdict in report.checks.items() if verdict == "FAIL")
     if failed_checks:
+        # the step failure Dagster raises for them says only how many: each check says what
+        report.failures = [f for f in report.failures if "blocking asset check" not in f]
         report.failures.append(
             f"ERROR-level checks failed: {', '.join(failed_checks)}; the cube database was not "
             "published (see the checks' metadata in `make dev`)"
         )
+        for name in failed_checks:
+            report.failures.append(
+                f"  check {name} on {report.check_failures.get(name, 'its asset: failed')}"
+            )
     if report.status != "COMPLETED_SUCCESS" or report.failures:
         print(
             f"\nBuild FAILED after {elapsed:.0f}s (backfill {backfill_id}: {report.status}).",
@@ -880,7 +898,7 @@ def _conclude(
     shell = Path(sys.executable).with_name("duckdb")
     print(f"\nQuery it: {shell if shell.exists() else 'duckdb'} {release.duckdb_file}", file=out)
     print(f"Availability tables and heatmap: {release.root / 'reports'}", file=out)
-    print(f"Quick-looks: {release.root / 'quicklooks'}", file=out)
+    print(f"Quick-looks: {release.published_root / 'quicklooks'}", file=out)
     print(
         f"Dataset card: {release.root / 'README.md'} (with collection.json, croissant.json); "
         "other releases: `citycube releases`",

@@ -198,6 +198,10 @@ def views(args: argparse.Namespace) -> int:
     print(
         build_duckdb(release, catalogue, meta, snapshot=snapshot, benchmark_views=task_view_builder)
     )
+    from citycube.cube.manifest import refresh_database
+
+    if refresh_database(release):  # the rebuilt database is what the manifest lists
+        print(f"manifest updated for the rebuilt {release.duckdb_file.name}")
     return 0
 
 

@@ -72,6 +72,7 @@ def derive_with_quicklook(
     gets one, not one per calendar year. It is drawn from the chip blocks as they are written;
     only kept results whose picture is missing have their store read back.
     """
+    from citycube.cube.release import adopt_draft_file
     from citycube.processing.compute import derive
     from citycube.reports.render import QuickLook, render_store, write_png
 
@@ -94,7 +95,8 @@ def derive_with_quicklook(
         return metadata
     if gathered is not None and not summary.reused:  # drawn from the blocks as written
         write_png(png, gathered.render())
-    elif not png.exists():  # kept results: draw the store once if its picture is missing
+    elif not png.exists() and not adopt_draft_file(release, png):
+        # kept results: draw the store once if its picture is missing
         store = release.chip_store(modality.code, city, summary.label)
         quicklook = render_store(
             store, catalogue, modality.code, city, QUICKLOOK_MAX_PX, draft=True

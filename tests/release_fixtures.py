@@ -123,3 +123,31 @@ def build_release(
     publish_database(release, meta)
     write_manifest(release, meta, catalogue)
     return release
+
+
+def rebuild_partitions(
+    release: Release,
+    modalities: tuple[str, ...],
+    catalogue: Catalogue = CAT,
+    ntl_scale: float = 1.0,
+    *,
+    dem_raise: float = 0.0,
+) -> None:
+    """Process ``modalities`` of Amsterdam 2020 again from new sources (``ntl_scale``,
+    ``dem_raise`` as in :func:`build_release`), as a build does before its database is staged:
+    derived results, chips, quick-looks and partitions; nothing is published. With the
+    defaults, the files :func:`build_release` wrote are read as they are (untouched: results
+    derived from them are kept)."""
+    if ntl_scale == 1.0 and dem_raise == 0.0:
+        folder = release.data_root / "src" / release.version
+        items = {
+            ("test_dem", CITY, None): {"data": folder / "dem.tif"},
+            ("test_pop", CITY, YEAR): {"data": folder / "pop.tif"},
+            ("test_ntl", CITY, YEAR): {"data": folder / "ntl.tif"},
+        }
+    else:
+        folder = release.data_root / "src" / f"{release.version}-{ntl_scale}-{dem_raise}"
+        items = _sources(folder, ntl_scale, dem_raise)
+    backend = LocalFilesBackend(items)
+    for code in modalities:
+        process_partition(_local(catalogue.get(code)), catalogue, CITY, YEAR, backend, release)

@@ -128,7 +128,7 @@ def test_a_partition_range_builds_through_a_two_worker_local_cluster(tmp_path: P
         for e in result.get_asset_materialization_events()
     }
     assert materialized == {(k, f"Boston|{y}") for k in keys for y in (2019, 2020)}
-    derived = tmp_path / "data" / "releases" / "t" / "derived" / "CO2" / "Boston"
+    derived = tmp_path / "data" / "releases" / "t" / ".draft" / "derived" / "CO2" / "Boston"
     assert sorted(p.name for p in derived.glob("*.parquet")) == ["2019.parquet", "2020.parquet"]
     table = pq.read_table(derived / "2020.parquet")
     assert set(table.column("source_id").to_pylist()) == {"sample:odiac"}

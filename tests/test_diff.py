@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -93,3 +94,65 @@ def test_hostile_release_names_are_refused_before_use(
 def test_a_missing_release_names_the_ones_there_are(data_root: Path) -> None:
     with pytest.raises(ReleaseNotFoundError, match="releases there: v1, v2, v3, v4"):
         diff_releases(data_root, "v1", "v9")
+
+
+@pytest.fixture(scope="module")
+def chip_releases(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two releases of the same DEM source: byte-identical chip stores and manifests."""
+    root = tmp_path_factory.mktemp("chips")
+    build_release(root, "c1", modalities=("DEM",))
+    build_release(root, "c2", modalities=("DEM",))
+    return root
+
+
+def _store(root: Path, version: str) -> Path:
+    (store,) = (root / "releases" / version / "chips" / "DEM" / CITY).glob("*.zarr")
+    return store
+
+
+def test_chips_rewritten_after_the_manifest_are_compared_by_content(
+    chip_releases: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import numpy as np
+    import zarr
+
+    same = diff_releases(chip_releases, "c1", "c2")
+    assert same.identical and same.compared_chip_stores == 1
+    manifests = [
+        json.loads((chip_releases / "releases" / v / "manifest.json").read_text())["files"]
+        for v in ("c1", "c2")
+    ]
+    chunks = [n for n in manifests[0] if n.startswith("chips/") and "/c/" in n]
+    assert chunks and all(manifests[0][n]["sha256"] == manifests[1][n]["sha256"] for n in chunks)
+
+    work = chip_releases / "rewritten"
+    for version in ("c1", "c2"):
+        shutil.copytree(chip_releases / "releases" / version, work / "releases" / version)
+    data = zarr.open_group(str(_store(work, "c2")), mode="r+")["data"]
+    block = np.asarray(data[0, :30, :40])
+    data[0, :30, :40] = block + 100.0  # 1,200 pixels, written after the manifest
+    diff = diff_releases(work, "c1", "c2")
+    assert diff.changed == ((CITY, YEAR, "DEM"),) and not diff.fields  # the tables are equal
+    (chips,) = diff.chips
+    assert (chips.changed_pixels, chips.validity_changed) == (30 * 40, 0)
+    assert chips.max_abs_change == pytest.approx(100.0)
+    assert main(["--data", str(work), "diff", "c1", "c2"]) == 1
+    out = capsys.readouterr().out
+    compared = "compared: the observations of 1 partitions both publish, row by row, and 1 pairs"
+    assert compared in out and "not as the manifests list them" in out
+    assert "1200" in out.split("stores")[-1]  # the chip table's changed-pixel count
+
+
+def test_a_chip_chunk_that_cannot_be_decoded_is_an_error_naming_the_stores(
+    chip_releases: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    work = chip_releases / "garbled"
+    for version in ("c1", "c2"):
+        shutil.copytree(chip_releases / "releases" / version, work / "releases" / version)
+    chunk = next(p for p in sorted((_store(work, "c2") / "data").rglob("*")) if p.is_file())
+    chunk.write_bytes(b"\x00" * chunk.stat().st_size)  # no longer a zstd frame
+    assert main(["--data", str(work), "diff", "c1", "c2"]) == 2
+    err = capsys.readouterr().err
+    assert "[CC301] the chip stores" in err and "could not be compared" in err
+    assert str(_store(work, "c2")) in err and "citycube verify" in err
+    assert "Traceback" not in err

@@ -343,7 +343,8 @@ def observations(
 
 def ingest_counts(release: Path, modality: str, city: str, product: str) -> dict[str, Any]:
     """What the derived results of 2020 say their records item gave (rows, unmatched, used)."""
-    metadata = pq.read_schema(release / "derived" / modality / city / "2020.parquet").metadata
+    derived = release / ".draft" / "derived" / modality / city / "2020.parquet"
+    metadata = pq.read_schema(derived).metadata
     return json.loads(metadata[b"citycube:records"])[product]
 
 

@@ -31,7 +31,6 @@ def release(tmp_path: Path) -> Release:
         path = release.root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-    (release.root / "cube.duckdb").write_bytes(b"database")
     (release.root / ".staging").mkdir()
     (release.root / ".staging" / "cube.duckdb").write_bytes(b"staged")
     write_manifest(release, {"catalogue_digest": "abc", "sources": {"odiac": {"version": "x"}}})
@@ -40,7 +39,8 @@ def release(tmp_path: Path) -> Release:
 
 def test_the_manifest_lists_every_file_with_its_hash(release: Release) -> None:
     manifest = read_manifest(release)
-    assert set(manifest["files"]) == set(FILES)  # not the database, nor the staging area
+    assert set(manifest["files"]) == set(FILES)  # not the staging area
+    assert manifest["database"] is None  # no database yet
     chunk = manifest["files"]["chips/OPT/Boston/2020.zarr/data/c/0/0/0"]
     assert chunk["bytes"] == 2048 and len(chunk["sha256"]) == 64
     assert manifest["catalogue_digest"] == "abc" and manifest["sources"]["odiac"]["version"] == "x"
@@ -65,11 +65,14 @@ def test_missing_and_unlisted_files_are_reported(release: Release) -> None:
     (release.root / "tiles.parquet").unlink()
     (release.root / "observations/city=Boston/year=2021").mkdir()
     (release.root / "observations/city=Boston/year=2021/OPT.parquet").write_bytes(b"new")
-    (release.root / "cube.duckdb").write_bytes(b"rewritten by a client")  # not covered
+    (release.root / "cube.duckdb").write_bytes(b"a database written since")  # covered too
     (release.root / ".observations.tmp-123").write_bytes(b"temporary")  # not covered
     result = verify_release(release)
     assert result.missing == ["tiles.parquet"]
-    assert result.unexpected == ["observations/city=Boston/year=2021/OPT.parquet"]
+    assert result.unexpected == [
+        "cube.duckdb",
+        "observations/city=Boston/year=2021/OPT.parquet",
+    ]
     assert result.changed == []
 
 
@@ -170,3 +173,16 @@ def _count_hashes(monkeypatch: pytest.MonkeyPatch, release: Release) -> list[str
 
     monkeypatch.setattr(manifest_module, "file_sha256", counting)
     return hashed
+
+
+def test_a_manifest_written_before_the_database_was_listed_says_so(release: Release) -> None:
+    manifest = read_manifest(release)
+    manifest["format"] = 3
+    del manifest["database"]
+    manifest_path(release).write_text(json.dumps(manifest))
+    (release.root / "cube.duckdb").write_bytes(b"a database of an older build")
+    result = verify_release(release)
+    assert result.ok and result.unexpected == []
+    assert result.notes == [
+        "this manifest (format 3) does not cover cube.duckdb: a rebuild writes one that does"
+    ]

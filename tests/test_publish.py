@@ -33,7 +33,12 @@ import citycube.cube.release as cube_module
 import citycube.io.atomic as atomic_module
 from assets.cube import DATABASE_KEY, STAGED_DATABASE_KEY, TILES_KEY, build_cube_assets
 from assets.tasks import SPLITS_KEY, build_benchmark_assets
-from citycube.cube.manifest import TIMESTAMPED_FILES, verify_release, write_manifest
+from citycube.cube.manifest import (
+    TIMESTAMPED_FILES,
+    refresh_database,
+    verify_release,
+    write_manifest,
+)
 from citycube.cube.release import (
     CHIP_INDEX_SCHEMA,
     KEPT_SNAPSHOTS,
@@ -50,7 +55,7 @@ from citycube.io.digest import file_sha256
 from citycube.tasks.translation import BenchmarkFiles
 from citycube.tasks.views import stage_views, task_views
 from pipelines.resources import CubeResource
-from tests.release_fixtures import CAT, CITY, YEAR, build_release
+from tests.release_fixtures import CAT, CITY, YEAR, build_release, rebuild_partitions
 
 VIEWS = task_views(CAT)
 """The benchmark tasks' views, added to every database these tests build."""
@@ -208,8 +213,12 @@ def test_the_manifest_and_verify_cover_the_published_tables_not_the_draft(
     assert f"published/observations/city={CITY}/year={YEAR}/NTL.parquet" in names
     assert "published/tiles.parquet" in names
     _stage_and_publish(release)
-    changed = set(verify_release(release).changed) - TIMESTAMPED_FILES
-    assert changed == {f"published/observations/city={CITY}/year={YEAR}/NTL.parquet"}
+    check = verify_release(release)
+    changed = set(check.changed) - TIMESTAMPED_FILES
+    new_tables = f"published/observations/city={CITY}/year={YEAR}/NTL.parquet"
+    assert changed == {new_tables, "cube.duckdb"}  # and the database that reads them
+    assert not [p for p in check.database if "published_observations" in p]  # same partitions …
+    assert "table release differs from the manifest" in check.database  # … a new snapshot
     write_manifest(release, release_metadata(release, source_set="t", synthetic=True), CAT)
     assert verify_release(release).ok
 
@@ -324,7 +333,7 @@ def test_a_release_published_before_the_published_folder_is_read_then_moved_into
     os.link(counts, benchmark / counts.name)
     shutil.rmtree(release.draft_dir / "benchmark")
     release.tiles_file.unlink()  # the draft held neither
-    for name in ("observations", "chip_index", "tiles.parquet"):
+    for name in ("observations", "chip_index", "tiles.parquet", "derived"):
         os.replace(release.published_dir / name, release.root / name)
     release.published_dir.rmdir()
     (release.snapshots_dir / str(published_snapshot(release)) / "tiles.parquet").unlink()
@@ -336,6 +345,8 @@ def test_a_release_published_before_the_published_folder_is_read_then_moved_into
     # `citycube views` rebuilds the database over the published snapshot, moving nothing
     meta = release_metadata(release, source_set="t", synthetic=True)
     build_duckdb(release, CAT, meta, snapshot=published_snapshot(release), benchmark_views=VIEWS)
+    assert not verify_release(release).ok  # a database with other views than listed …
+    assert refresh_database(release)  # … which `citycube views` lists in the manifest
     assert not release.published_dir.exists() and verify_release(release).ok
     assert float(_read_afresh(release, TILES_SQL)) > 0
     assert _read_afresh(release, ROUTES_SQL) == "7"
@@ -343,7 +354,7 @@ def test_a_release_published_before_the_published_folder_is_read_then_moved_into
     # the next publication adopts the tiles and benchmark files and moves everything
     _stage_and_publish(release)
     assert release.published_root == release.published_dir
-    for name in ("observations", "chip_index", "tiles.parquet", "benchmark"):
+    for name in ("observations", "chip_index", "tiles.parquet", "benchmark", "derived"):
         assert not (release.root / name).exists(), name
     assert release.published_tiles_file.is_file()
     assert pq.read_table(release.published_observations_file(CITY, YEAR, "NTL")).equals(
@@ -511,3 +522,99 @@ def test_a_failing_blocking_check_leaves_the_published_tiles_and_benchmark_uncha
     assert draft_splits != published["benchmark/splits.parquet"]
     assert _published_bytes(release) == published
     assert (_read_afresh(release, splits_sql), _read_afresh(release, tiles_sql)) == (train, tiles)
+
+
+def _tree_bytes(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_build_blocked_by_a_check_changes_nothing_the_published_release_lists(
+    tmp_path: Path,
+) -> None:
+    """Derived results, quick-looks and chips of a build that does not publish stay apart
+    from the published ones: `verify` of the untouched release passes, and says what the
+    build left aside."""
+    release = build_release(
+        tmp_path, "v1", modalities=("POP", "NTL", "DEM"), chip_format="icechunk"
+    )
+    assert verify_release(release).ok
+    derived = release.published_derived_file("NTL", CITY, str(YEAR))
+    assert derived.is_file()
+    published = {name: _tree_bytes(release.published_root / name) for name in ("derived",)}
+    total = _total_read_afresh(release)
+
+    # NTL twice as bright and a raised DEM, and one value of 1e18: the values check fails
+    rebuild_partitions(release, ("NTL", "DEM"), ntl_scale=2.0, dem_raise=50.0)
+    draft = release.derived_file("NTL", CITY, str(YEAR))
+    assert draft.read_bytes() != derived.read_bytes()
+    partition = release.observations_file(CITY, YEAR, "NTL")
+    table = pq.read_table(partition)
+    values = table["value"].to_pylist()
+    values[values.index(max(v for v in values if v is not None))] = 1e18
+    table = table.set_column(table.schema.get_field_index("value"), "value", pa.array(values))
+    write_parquet_atomic(table, partition, file_metadata(release))
+    blocked = _materialize_cube(release, TILES_KEY, STAGED_DATABASE_KEY, DATABASE_KEY)
+    assert not blocked.success
+    checks = {e.check_name: e.passed for e in blocked.get_asset_check_evaluations()}
+    assert checks["values_in_range_no_zero_fill"] is False
+
+    check = verify_release(release)
+    assert check.ok, check.lines()
+    assert any(name.endswith("refs/branch.main/ref.json") for name in check.draft)
+    assert "files of chip stores' draft commits" in "\n".join(check.lines())
+    for name, files in published.items():
+        assert _tree_bytes(release.published_root / name) == files, name
+    assert not (release.root / "derived").exists() and not (release.root / "quicklooks").exists()
+    assert _total_read_afresh(release) == pytest.approx(total)
+
+    # a build that passes its checks publishes the draft's results, by hard links
+    rebuild_partitions(release, ("NTL",), ntl_scale=2.0)  # results kept, partition written
+    _stage_and_publish(release)
+    draft = release.derived_file("NTL", CITY, str(YEAR))
+    assert os.path.samefile(release.published_derived_file("NTL", CITY, str(YEAR)), draft)
+    assert _total_read_afresh(release) == pytest.approx(2 * total, rel=1e-4)
+
+
+def test_derived_results_of_the_layout_before_the_draft_are_reused_then_published(
+    tmp_path: Path,
+) -> None:
+    """Derived results a build kept in the release folder itself: the next build reuses them
+    from there (no new computation), and its publication moves them."""
+    release = build_release(tmp_path, "v1", modalities=("NTL",))
+    # where an earlier layout left them, digests too
+    os.replace(release.draft_dir / "derived", release.root / "derived")
+    shutil.rmtree(release.published_dir / "derived")
+    legacy = release.root / "derived" / "NTL" / CITY / f"{YEAR}.parquet"
+    inode = legacy.stat().st_ino
+    rebuild_partitions(release, ("NTL",))  # the same sources: kept, not computed again
+    assert release.derived_file("NTL", CITY, str(YEAR)).stat().st_ino == inode
+    _stage_and_publish(release)
+    assert release.published_derived_file("NTL", CITY, str(YEAR)).stat().st_ino == inode
+    assert not (release.root / "derived").exists() and not (release.root / "quicklooks").exists()
+
+
+def test_chip_commits_of_an_interrupted_build_are_no_damage_but_a_moved_published_ref_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipelines.cli import main
+
+    release = build_release(tmp_path, "v1", modalities=("DEM",), chip_format="icechunk")
+    (store,) = (release.root / "chips" / "DEM" / CITY).glob("*.icechunk")
+    rebuild_partitions(release, ("DEM",), dem_raise=20.0)  # committed on main, never published
+    check = verify_release(release)
+    assert check.ok and check.draft, check.lines()
+    inside = {name.split(".icechunk/", 1)[1].split("/", 1)[0] for name in check.draft}
+    assert inside <= {"chunks", "manifests", "snapshots", "transactions", "refs"}
+    assert main(["--data", str(tmp_path), "--release", "v1", "verify"]) == 0
+    assert "files of chip stores' draft commits" in capsys.readouterr().out
+
+    # readers follow `published`: pointing it at the unpublished commit is damage
+    published_ref = store / "refs" / "branch.published" / "ref.json"
+    published_ref.write_bytes((store / "refs" / "branch.main" / "ref.json").read_bytes())
+    check = verify_release(release)
+    assert not check.ok
+    assert check.changed == [published_ref.relative_to(release.root).as_posix()]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import duckdb
 import pytest
 
-from citycube.cube.manifest import read_manifest
+from citycube.cube.manifest import read_manifest, verify_release
 from citycube.cube.release import Release
 from citycube.cube.releases import list_releases
 from citycube.errors import ReleaseNotFoundError
@@ -170,3 +171,97 @@ def test_only_an_intact_published_release_can_be_frozen(tmp_path: Path) -> None:
         "2026.13",
         "draft-2",
     ]
+
+
+def _replace_observations_view(release: Release) -> None:
+    """What a hostile or careless writer does: the same view, NTL values times ten."""
+    with duckdb.connect(str(release.duckdb_file)) as con:
+        (sql,) = con.execute(
+            "SELECT sql FROM duckdb_views() WHERE view_name = 'observations'"
+        ).fetchone()
+        select = sql.split(" AS ", 1)[1].rstrip(";")
+        con.execute(
+            "CREATE OR REPLACE VIEW observations AS SELECT * REPLACE "
+            "(CASE WHEN modality = 'NTL' THEN value * 10 ELSE value END AS value) "
+            f"FROM ({select})"
+        )
+
+
+def test_the_database_readers_open_is_covered_by_the_manifest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    release = build_release(tmp_path, "v1")
+    manifest = read_manifest(release)
+    assert manifest["files"]["cube.duckdb"]["bytes"] == release.duckdb_file.stat().st_size
+    assert {"observations", "chip_index", "tiles", "availability"} <= set(
+        manifest["database"]["views"]
+    )
+    assert manifest["database"]["tables"]["published_observations"]["rows"] == 2
+    size = release.duckdb_file.stat().st_size
+    with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
+        before = con.execute("SELECT sum(value) FROM observations WHERE modality = 'NTL'")
+        total = before.fetchone()[0]
+
+    _replace_observations_view(release)
+    with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
+        after = con.execute("SELECT sum(value) FROM observations WHERE modality = 'NTL'")
+        assert after.fetchone()[0] == pytest.approx(10 * total)  # what readers now get
+    assert release.duckdb_file.stat().st_size == size  # the listing's size check alone passes
+    check = verify_release(release)
+    assert not check.ok and check.database == ["view observations differs from the manifest"]
+    (summary,) = list_releases(tmp_path)
+    assert summary.manifest == "differs"
+    assert summary.manifest_problems[0] == "view observations differs from the manifest"
+    data = ["--data", str(tmp_path), "--release", "v1"]
+    assert main([*data, "verify"]) == 1
+    out = capsys.readouterr().out
+    assert "problems in cube.duckdb:" in out and "view observations differs" in out
+
+    assert main([*data, "views"]) == 0  # rebuilt from the published tables: listed anew
+    assert "manifest updated" in capsys.readouterr().out
+    assert verify_release(release).ok
+
+
+def test_a_damaged_block_of_the_database_is_caught_by_verify_and_the_listing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    release = build_release(tmp_path, "v1", modalities=("NTL",))
+    data = bytearray(release.duckdb_file.read_bytes())
+    data[len(data) // 2 + 100] ^= 0xFF  # inside a block the catalogue or a table uses
+    release.duckdb_file.write_bytes(bytes(data))
+    check = verify_release(release)
+    assert check.changed == ["cube.duckdb"]
+    assert check.database and check.database[0].startswith("cube.duckdb cannot be read (")
+    (summary,) = list_releases(tmp_path)  # sizes only: the same size, yet caught
+    assert summary.manifest == "differs"
+    assert summary.manifest_problems[0].startswith("cube.duckdb cannot be read (")
+    assert main(["--data", str(tmp_path), "--release", "v1", "verify"]) == 1
+    assert "release v1 differs from its manifest" in capsys.readouterr().err
+
+
+def test_a_write_ahead_log_beside_the_database_is_not_in_the_manifest(tmp_path: Path) -> None:
+    release = build_release(tmp_path, "v1", modalities=("NTL",))
+    (release.root / "cube.duckdb.wal").write_bytes(b"writes a reader would replay")
+    assert verify_release(release).unexpected == ["cube.duckdb.wal"]
+
+
+def test_a_moved_release_reads_its_old_place_until_its_views_are_rebuilt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    build_release(tmp_path / "old", "v1", modalities=("NTL",))
+    (tmp_path / "new" / "releases").mkdir(parents=True)
+    old, new = tmp_path / "old" / "releases" / "v1", tmp_path / "new" / "releases" / "v1"
+    shutil.copytree(old, new, symlinks=True)  # as `cp -a` or `mv` across disks
+    moved = Release(tmp_path / "new", "v1")
+    check = verify_release(moved)
+    assert not check.ok and check.database[0].startswith(
+        f"its views read files of the release at {(tmp_path / 'old' / 'releases' / 'v1')}"
+    )
+    assert (
+        "was moved or copied; rebuild its views with `citycube --release v1 views`"
+        in (check.database[0])
+    )
+    assert main(["--data", str(tmp_path / "new"), "--release", "v1", "views"]) == 0
+    assert verify_release(moved).ok

@@ -374,7 +374,7 @@ def test_each_source_periods_chips_get_one_quicklook(tmp_path: Path) -> None:
     for code, label in (("DEM", "static"), ("OPT", "2020")):
         path = release.quicklook_file(code, CITY, label)
         assert path.exists() and max(Image.open(path).size) <= 1024
-    assert sorted(p.name for p in (release.root / "quicklooks" / "DEM" / CITY).iterdir()) == [
+    assert sorted(p.name for p in (release.draft_dir / "quicklooks" / "DEM" / CITY).iterdir()) == [
         "static.png"
     ]
 

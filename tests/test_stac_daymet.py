@@ -504,7 +504,7 @@ def test_dagster_builds_weather_from_the_loopback_daymet_store(stac_world, tmp_p
         instance=dg.DagsterInstance.ephemeral(),
     )
     assert result.success  # type: ignore[attr-defined]
-    derived = pq.read_table(cube.release().root / "derived" / "WTH" / CITY / "2020.parquet")
+    derived = pq.read_table(cube.release().derived_file("WTH", CITY, "2020"))
     assert set(derived.column("source_id").to_pylist()) == {"pc:daymet-annual-na"}
     reasons = {
         (f, r)

@@ -518,7 +518,7 @@ def test_dagster_builds_heat_and_dem_from_the_loopback_stac_api(stac_world, tmp_
             definitions, keys, partition, resources=resources, instance=instance
         )
         assert result.success  # type: ignore[attr-defined]
-    derived = cube.release().root / "derived"
+    derived = cube.release().draft_dir / "derived"
     heat = pq.read_table(derived / "HEAT" / CITY / "2020.parquet")
     assert set(heat.column("source_id").to_pylist()) == {"pc:landsat-c2-l2"}
     assert not any(heat.column("synthetic").to_pylist())

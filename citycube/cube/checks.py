@@ -35,11 +35,26 @@ def check_schema(con: duckdb.DuckDBPyConnection) -> CheckOutcome:
     expected = {f.name: _DUCK_TYPES[str(f.type)] for f in OBSERVATION_SCHEMA}
     problems = {k: (actual.get(k), v) for k, v in expected.items() if actual.get(k) != v}
     extra = sorted(set(actual) - set(expected))
+    described = [f"column {k} is {a or 'missing'}, {v} expected" for k, (a, v) in problems.items()]
+    described += [f"column {k} is not in the schema" for k in extra]
     return CheckOutcome(
         not problems and not extra,
-        "observations columns and types match the schema",
+        _failed("observations columns and types match the schema", described),
         {"mismatched": {k: list(v) for k, v in problems.items()}, "unexpected": extra},
     )
+
+
+MOST_PARTITIONS = 10
+"""Failing partitions a check's description names (its details count them all)."""
+
+
+def _failed(description: str, partitions: list[str]) -> str:
+    """A failed check's description: what it checks, then the partitions that fail it."""
+    if not partitions:
+        return description
+    named = "; ".join(partitions[:MOST_PARTITIONS])
+    more = len(partitions) - MOST_PARTITIONS
+    return f"{description}: FAILED in {named}" + (f"; and {more} more" if more > 0 else "")
 
 
 def check_unique_keys(con: duckdb.DuckDBPyConnection) -> CheckOutcome:
@@ -51,8 +66,20 @@ def check_unique_keys(con: duckdb.DuckDBPyConnection) -> CheckOutcome:
           GROUP BY ALL HAVING count(*) > 1)
         """
     ).fetchone()[0]
+    description = "tile/year/modality/field keys are unique"
+    if dupes == 0:
+        return CheckOutcome(True, description, {"duplicates": 0})
+    rows = con.execute(  # only when it fails: which partitions hold the duplicates
+        """
+        SELECT modality, city, year, count(*) FROM (
+          SELECT tile_id, year, modality, field, any_value(city) AS city FROM observations
+          GROUP BY tile_id, year, modality, field HAVING count(*) > 1)
+        GROUP BY ALL ORDER BY ALL
+        """
+    ).fetchall()
+    partitions = [f"{m} {c} {y} ({n} duplicated keys)" for m, c, y, n in rows]
     return CheckOutcome(
-        dupes == 0, "tile/year/modality/field keys are unique", {"duplicates": dupes}
+        False, _failed(description, partitions), {"duplicates": dupes, "partitions": partitions}
     )
 
 
@@ -130,11 +157,62 @@ def check_values(
     counts = counts if counts is not None else modality_counts(con, catalogue)
     bad_nulls = sum(c.inconsistent for c in counts.values())
     out_of_range = {code: c.out_of_range for code, c in counts.items() if c.out_of_range}
-    return CheckOutcome(
-        bad_nulls == 0 and not out_of_range,
-        "values are in range; unavailable rows are NULL with a reason (no zero-fill)",
-        {"inconsistent_rows": bad_nulls, "out_of_range": out_of_range},
-    )
+    description = "values are in range; unavailable rows are NULL with a reason (no zero-fill)"
+    details: dict = {"inconsistent_rows": bad_nulls, "out_of_range": out_of_range}
+    if bad_nulls == 0 and not out_of_range:
+        return CheckOutcome(True, description, details)
+    partitions = _value_problems(con, catalogue)  # only when it fails: a scan of its own
+    details["partitions"] = partitions
+    return CheckOutcome(False, _failed(description, partitions), details)
+
+
+def _value_problems(con: duckdb.DuckDBPyConnection, catalogue: Catalogue) -> list[str]:
+    """Each (modality, city, year) partition that fails the value check, and how."""
+    ranged = [m for m in catalogue.modalities if m.value_range is not None]
+    rows = con.execute(
+        """
+        WITH ranges AS (
+            SELECT unnest(?::VARCHAR[]) AS modality, unnest(?::DOUBLE[]) AS lo,
+                   unnest(?::DOUBLE[]) AS hi
+        ), marked AS (
+            SELECT o.modality, o.city, o.year, o.value, r.lo, r.hi,
+                   (o.available AND (o.value IS NULL OR NOT isfinite(o.value)
+                                     OR o.reason IS NOT NULL))
+                   OR (NOT o.available AND (o.value IS NOT NULL OR o.reason IS NULL))
+                     AS inconsistent,
+                   o.available AND (o.value < r.lo OR o.value > r.hi) AS outside
+            FROM observations AS o LEFT JOIN ranges AS r USING (modality)
+        )
+        SELECT modality, city, year,
+               count(*) FILTER (WHERE inconsistent),
+               count(*) FILTER (WHERE outside),
+               min(value) FILTER (WHERE outside), max(value) FILTER (WHERE outside),
+               any_value(lo), any_value(hi)
+        FROM marked GROUP BY modality, city, year
+        HAVING count(*) FILTER (WHERE inconsistent OR outside) > 0
+        ORDER BY modality, city, year
+        """,
+        [
+            [m.code for m in ranged],
+            [float(m.value_range[0]) for m in ranged],  # type: ignore[index]
+            [float(m.value_range[1]) for m in ranged],  # type: ignore[index]
+        ],
+    ).fetchall()
+    out = []
+    for modality, city, year, inconsistent, outside, low, high, lo, hi in rows:
+        what = []
+        if outside:
+            what.append(
+                f"{outside} values outside {modality}'s range [{lo:g}, {hi:g}] "
+                f"(from {low:g} to {high:g})"
+            )
+        if inconsistent:
+            what.append(
+                f"{inconsistent} rows whose value does not match their availability "
+                "(a zero-filled unavailable tile, or an available one without a finite value)"
+            )
+        out.append(f"{modality} {city} {year}: {', '.join(what)}")
+    return out
 
 
 def check_availability_floor(
@@ -168,6 +246,6 @@ def check_tile_counts(con: duckdb.DuckDBPyConnection) -> CheckOutcome:
             shape = spec.grid_shape(scale)  # type: ignore[arg-type]
             if counts.get((key, scale)) != shape.rows * shape.cols:
                 wrong[f"{key}/{scale}"] = [counts.get((key, scale)), shape.rows * shape.cols]
-    return CheckOutcome(
-        not wrong, "tile counts match AgenticCity-Bench Table 7 for every city and scale", wrong
-    )
+    description = "tile counts match AgenticCity-Bench Table 7 for every city and scale"
+    partitions = [f"{key}: {got} tiles, {want} expected" for key, (got, want) in wrong.items()]
+    return CheckOutcome(not wrong, _failed(description, partitions), wrong)

@@ -5,8 +5,10 @@ explain (a rule, a source version, new years). ``diff_releases`` compares the pu
 observations of two releases of the same data root with DuckDB over their Parquet: partitions
 added and removed, and per (city, year, modality, field) the tile values that changed, the
 largest absolute change, and the tiles whose value appeared or disappeared with the reason
-codes involved. Release versions are validated before they reach a path, and file lists reach
-SQL only as bound parameters.
+codes involved; and the chips each image partition points at, pixel by pixel. It compares
+content as it is on disk now, never the manifests' hashes: a chip store damaged or rewritten
+after its manifest was written is compared by what it holds. Release versions are validated
+before they reach a path, and file lists reach SQL only as bound parameters.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from citycube.cube.release import Release
 from citycube.cube.releases import PartitionKey, open_release, published_partitions
+from citycube.errors import ChipsNotFoundError, CityCubeError
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,11 @@ class ReleaseDiff:
     """Every changed field of the changed partitions."""
     chips: tuple[ChipChange, ...] = ()
     """Every partition whose chips changed (pixel values or validity)."""
+    compared_partitions: int = 0
+    """Partitions published by both whose observations were read and compared row by row."""
+    compared_chip_stores: int = 0
+    """Pairs of chip stores compared by what they hold (their bytes on disk, then pixel by
+    pixel where those differ), never by what the manifests list."""
 
     @property
     def identical(self) -> bool:
@@ -233,26 +241,20 @@ def field_changes(
     ]
 
 
-def _store_hashes(manifest: dict[str, Any] | None, store: str) -> dict[str, str] | None:
-    """{path inside the store: sha256} from a release's manifest, or None without one."""
-    if manifest is None:
-        return None
-    prefix = store.rstrip("/") + "/"
-    return {
-        name[len(prefix) :]: entry.get("sha256")
-        for name, entry in manifest["files"].items()
-        if name.startswith(prefix)
-    }
+def _same_bytes(path_a: Path, path_b: Path) -> bool:
+    """Whether two chip stores hold the same files with the same bytes now (read from disk:
+    plain Zarr stores of identical content are identical bytes; icechunk ones never are)."""
+    import filecmp
 
+    def files(root: Path) -> list[str]:
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
-def _manifest_or_none(release: Release) -> dict[str, Any] | None:
-    from citycube.cube.manifest import read_manifest
-    from citycube.errors import ReleaseNotFoundError
-
-    try:
-        return read_manifest(release)
-    except ReleaseNotFoundError:
-        return None
+    if not (path_a.is_dir() and path_b.is_dir()):
+        return False
+    names = files(path_a)
+    if names != files(path_b):
+        return False
+    return all(filecmp.cmp(path_a / n, path_b / n, shallow=False) for n in names)
 
 
 def _chip_store_of(release: Release, key: PartitionKey) -> str | None:
@@ -270,8 +272,23 @@ def compare_chip_stores(path_a: Path, path_b: Path) -> tuple[int, int, int, floa
     """(pixels, changed pixels, validity changes, largest |B − A|) of two chip stores.
 
     Read one row band of chunks at a time (the stores' own chunking), so memory follows a
-    band, not the city. Stores of different grids or bands are reported as wholly changed.
+    band, not the city. Stores of different grids or bands are reported as wholly changed; a
+    store whose chunks cannot be decoded is a ``ChipsNotFoundError`` naming it.
     """
+    try:
+        return _compare_chip_stores(path_a, path_b)
+    except CityCubeError:
+        raise
+    except Exception as exc:  # a damaged chunk: zstd, zarr or icechunk each raise their own
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ChipsNotFoundError(
+            f"the chip stores {path_a} and {path_b} could not be compared: one cannot be read "
+            f"({type(exc).__name__}: {why}); run `citycube verify` on both releases to find "
+            "the damaged file, and rebuild its partition"
+        ) from None
+
+
+def _compare_chip_stores(path_a: Path, path_b: Path) -> tuple[int, int, int, float | None]:
     import numpy as np
 
     from citycube.cube.chips import open_chips
@@ -313,12 +330,20 @@ def chip_changes(
     """The partitions among ``partitions`` whose chips differ, with how many pixels did.
 
     A store is compared once however many years point at it (a static store serves every
-    year). Two stores whose files the manifests list with the same hashes are the same without
-    being read (plain Zarr stores of identical content are identical bytes); others, icechunk
-    repositories among them, are compared pixel by pixel.
+    year). What is compared is what is on disk now, never what the manifests say: two stores
+    whose files have the same bytes are the same (plain Zarr stores of identical content are
+    identical bytes); others, icechunk repositories among them, are compared pixel by pixel.
     """
-    manifest_a, manifest_b = _manifest_or_none(release_a), _manifest_or_none(release_b)
-    compared: dict[tuple[str, str], tuple[int, int, int, float | None]] = {}
+    return _chip_changes(release_a, release_b, partitions, {})
+
+
+def _chip_changes(
+    release_a: Release,
+    release_b: Release,
+    partitions: list[PartitionKey],
+    compared: dict[tuple[str, str], tuple[int, int, int, float | None]],
+) -> list[ChipChange]:
+    """:func:`chip_changes`, recording each pair of stores compared in ``compared``."""
     out = []
     for key in partitions:
         store_a, store_b = _chip_store_of(release_a, key), _chip_store_of(release_b, key)
@@ -326,13 +351,11 @@ def chip_changes(
             continue
         pair = (store_a, store_b)
         if pair not in compared:
-            hashes_a = _store_hashes(manifest_a, store_a)
-            if hashes_a and hashes_a == _store_hashes(manifest_b, store_b):
+            path_a, path_b = release_a.root / store_a, release_b.root / store_b
+            if _same_bytes(path_a, path_b):
                 compared[pair] = (0, 0, 0, None)
             else:
-                compared[pair] = compare_chip_stores(
-                    release_a.root / store_a, release_b.root / store_b
-                )
+                compared[pair] = compare_chip_stores(path_a, path_b)
         pixels, changed, validity, largest = compared[pair]
         if changed:
             city, year, modality = key
@@ -352,7 +375,8 @@ def diff_releases(data_root: Path, version_a: str, version_b: str) -> ReleaseDif
     in_b = set(published_partitions(release_b)[0])
     common = sorted(in_a & in_b)
     changes = field_changes(release_a, release_b, common)
-    chips = chip_changes(release_a, release_b, common)
+    compared: dict[tuple[str, str], tuple[int, int, int, float | None]] = {}
+    chips = _chip_changes(release_a, release_b, common, compared)
     changed = sorted({c.partition for c in changes} | {c.partition for c in chips})
     return ReleaseDiff(
         a=release_a.version,
@@ -363,6 +387,8 @@ def diff_releases(data_root: Path, version_a: str, version_b: str) -> ReleaseDif
         unchanged=len(common) - len(changed),
         fields=tuple(changes),
         chips=tuple(chips),
+        compared_partitions=len(common),
+        compared_chip_stores=len(compared),
     )
 
 
@@ -376,7 +402,10 @@ def diff_text(diff: ReleaseDiff) -> str:
     """The human report: a summary line, added and removed partitions, changed fields."""
     out = [
         f"{diff.a} → {diff.b}: {len(diff.changed)} partitions changed, {len(diff.added)} added, "
-        f"{len(diff.removed)} removed, {diff.unchanged} unchanged"
+        f"{len(diff.removed)} removed, {diff.unchanged} unchanged",
+        f"compared: the observations of {diff.compared_partitions} partitions both publish, row "
+        f"by row, and {diff.compared_chip_stores} pairs of chip stores by their content (bytes "
+        "on disk, then pixel by pixel), as read now, not as the manifests list them",
     ]
     for label, keys in (("added", diff.added), ("removed", diff.removed)):
         for city, year, modality in keys:

@@ -2,18 +2,23 @@
 
 Users cite a release and must be able to check that it is the one they cited. The manifest is
 written last, after the database and the reports, and ``verify_release`` recomputes every hash:
-a flipped byte in any chunk, Parquet file, report or quick-look is caught, as is a file that
-went missing or appeared. The DuckDB database is left out on purpose: it holds only views over
-the Parquet and small tables (rebuilt by ``citycube views``), and a DuckDB client may rewrite
-its file on open. The tables are covered as published (``published/``: observations, chip
-index, tiles, benchmark; in the release folder itself for a release published before that
-folder existed); the draft a later build writes and the snapshots are not.
+a flipped byte in any chunk, Parquet file, report, quick-look or the database is caught, as is
+a file that went missing or appeared. The DuckDB database every reader opens, ``cube.duckdb``,
+is listed like any file and, besides, by what a reader gets from it (``database``: each view's
+and macro's definition and each table's rows, read through a read-only connection, which
+checks every block it reads): a replaced view or a damaged block is caught even by the
+listing's quick check, which compares sizes only. A database rebuilt by ``citycube views`` has
+new bytes but the same definitions. The tables are covered as published (``published/``:
+observations, chip index, tiles, benchmark; in the release folder itself for a release
+published before that folder existed); the draft a later build writes and the snapshots are
+not.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -30,13 +35,20 @@ from citycube.io.digest import WRITTEN_DIGESTS, file_sha256, file_state
 
 MANIFEST_FILE = "manifest.json"
 """The manifest's name in the release directory."""
-MANIFEST_FORMAT = 3
+MANIFEST_FORMAT = 4
 """Bump when the manifest's layout changes (2: ``package_version`` and ``code_versions``; 3: each
-file's ``state``, so an untouched file's hash is carried over)."""
+file's ``state``, so an untouched file's hash is carried over; 4: ``cube.duckdb`` listed, and
+its definitions under ``database``)."""
 FINAL_FILE = "final.json"
 """Written when a release is frozen; it pins the manifest's own SHA-256 (``citycube freeze``)."""
-EXCLUDED_NAMES = frozenset({MANIFEST_FILE, FINAL_FILE, "cube.duckdb", "cube.duckdb.wal"})
-"""Files of the release root that the manifest does not cover (see the module docstring)."""
+DATABASE_FILE = "cube.duckdb"
+"""The database readers open, in the release root."""
+EXCLUDED_NAMES = frozenset({MANIFEST_FILE, FINAL_FILE})
+"""Files of the release root that the manifest does not cover: itself and the record that pins
+it. A ``cube.duckdb.wal`` is not excluded: it holds writes a reader would see."""
+RELEASE_ROOT_MARK = "<release>"
+"""Stands for the release folder in the view definitions the manifest records, so that a
+release moved and given new views by ``citycube views`` keeps the same definitions."""
 TIMESTAMPED_FILES = frozenset(
     {
         "release.json",
@@ -138,6 +150,107 @@ def _earlier_entries(release: Release) -> dict[str, Mapping[str, Any]]:
     return {k: v for k, v in files.items() if isinstance(v, Mapping)}
 
 
+def database_definitions(release: Release) -> dict[str, Any]:
+    """What a reader of ``cube.duckdb`` gets from it, whatever its bytes: each view's and
+    macro's definition (the release folder written as :data:`RELEASE_ROOT_MARK`) and each
+    table's rows (count and SHA-256, rows in sorted order).
+
+    The database is opened read-only, so nothing is written to it; reading every table and the
+    catalogue makes DuckDB check each block it holds against the block's checksum. Raises
+    ``duckdb.Error`` when the database cannot be opened or read.
+    """
+    import hashlib
+
+    import duckdb
+
+    root = str(release.root.resolve())
+
+    def digest(text: str) -> str:
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def named(schema: str, name: str) -> str:
+        return name if schema == "main" else f"{schema}.{name}"
+
+    with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
+        views = con.execute(
+            "SELECT schema_name, view_name, sql FROM duckdb_views() WHERE NOT internal"
+        ).fetchall()
+        macros = con.execute(
+            "SELECT schema_name, function_name, function_type, "
+            "coalesce(macro_definition, ''), parameters::VARCHAR "
+            "FROM duckdb_functions() WHERE NOT internal"
+        ).fetchall()
+        tables = {}
+        for schema, name in con.execute(
+            "SELECT schema_name, table_name FROM duckdb_tables() WHERE NOT internal"
+        ).fetchall():
+            cursor = con.execute(f"SELECT * FROM {_quoted(schema)}.{_quoted(name)} ORDER BY ALL")
+            columns = [d[0] for d in cursor.description or ()]
+            rows = cursor.fetchall()
+            text = json.dumps([columns, rows], default=str)
+            tables[named(schema, name)] = {"rows": len(rows), "sha256": digest(text)}
+    folders = re.compile(r"'(/[^']*/releases/" + re.escape(release.version) + r")/")
+    elsewhere = {f for _, _, sql in views for f in folders.findall(sql or "")} - {root}
+    return {
+        **({"elsewhere": sorted(elsewhere)} if elsewhere else {}),
+        "views": {
+            named(schema, name): digest((sql or "").replace(root, RELEASE_ROOT_MARK))
+            for schema, name, sql in sorted(views)
+        },
+        "macros": {
+            named(schema, name): digest(f"{kind} {params} {body}")
+            for schema, name, kind, body, params in sorted(macros)
+        },
+        "tables": dict(sorted(tables.items())),
+    }
+
+
+def _quoted(identifier: str) -> str:
+    """A DuckDB identifier in double quotes (names come from the database itself)."""
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def database_problems(release: Release, recorded: Mapping[str, Any]) -> list[str]:
+    """How ``cube.duckdb`` differs from the definitions the manifest ``recorded`` (empty when
+    a reader gets what was published): views, macros or tables replaced, added or gone, or a
+    database that cannot be read."""
+    import duckdb
+
+    path = release.duckdb_file
+    if not path.exists():
+        return []  # listed among the missing files
+    try:
+        found = database_definitions(release)
+    except duckdb.Error as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "could not set lock" in why.lower() or "conflicting lock" in why.lower():
+            return [
+                f"{DATABASE_FILE} could not be checked: another process holds it open for "
+                f"writing ({why}); close that process and verify again"
+            ]
+        return [f"{DATABASE_FILE} cannot be read ({why})"]
+    problems = []
+    if found.get("elsewhere"):
+        problems.append(
+            f"its views read files of the release at {', '.join(found['elsewhere'])}, not "
+            f"{release.root.resolve()}: the release was moved or copied; rebuild its views with "
+            f"`citycube --release {release.version} views`"
+        )
+    for kind in ("views", "macros", "tables"):
+        want: Mapping[str, Any] = recorded.get(kind) or {}
+        have = found[kind]
+        singular = kind[:-1]
+        added = sorted(set(have) - set(want))
+        problems += [f"{singular} {name} is not in the manifest" for name in added]
+        problems += [f"{singular} {name} is gone" for name in sorted(set(want) - set(have))]
+        problems += [
+            f"{singular} {name} differs from the manifest"
+            for name in sorted(set(want) & set(have))
+            if want[name] != have[name]
+        ]
+    return problems
+
+
 def package_version() -> str | None:
     """The installed citycube package's version, if it is installed."""
     from importlib.metadata import PackageNotFoundError, version
@@ -201,7 +314,47 @@ def build_manifest(
         "built_at": metadata.get("built_at"),
         "totals": {"files": len(files), "bytes": sum(f["bytes"] for f in files.values())},
         "files": files,
+        "database": _database_entry(release),
     }
+
+
+def _database_entry(release: Release) -> dict[str, Any] | None:
+    """The database's definitions for the manifest (None when the release has none yet);
+    a database that cannot be read is an error here: the manifest would bless it."""
+    import duckdb
+
+    if not release.duckdb_file.exists():
+        return None
+    try:
+        return database_definitions(release)
+    except duckdb.Error as exc:
+        raise ReleaseNotFoundError(
+            f"the database {release.duckdb_file} cannot be read ({str(exc).splitlines()[0]}): "
+            f"rebuild it with `citycube --release {release.version} views`, then write the "
+            "manifest again"
+        ) from None
+
+
+def refresh_database(release: Release) -> bool:
+    """Bring the manifest's entry of ``cube.duckdb`` and its definitions to the database there
+    now, after ``citycube views`` rebuilt it; False (nothing written) when the release has no
+    manifest, or a final one (its manifest is pinned: the rebuilt database's definitions
+    are checked against the frozen ones)."""
+    if not manifest_path(release).exists() or (release.root / FINAL_FILE).exists():
+        return False
+    manifest = read_manifest(release)
+    files: dict[str, Any] = manifest["files"]
+    if release.duckdb_file.exists():
+        files[DATABASE_FILE] = _entry(release.duckdb_file, None)
+    else:
+        files.pop(DATABASE_FILE, None)
+    manifest["files"] = dict(sorted(files.items()))
+    manifest["database"] = _database_entry(release)
+    manifest["format"] = MANIFEST_FORMAT
+    entries = manifest["files"].values()
+    manifest["totals"] = {"files": len(entries), "bytes": sum(f["bytes"] for f in entries)}
+    _write(manifest, release)
+    return True
 
 
 def write_manifest(
@@ -276,6 +429,8 @@ def content_digests(release: Release) -> dict[str, str]:
 
     icechunk names its snapshots and chunk files at random, so a rebuild of the same chips
     never has the same repository files; its content (every key and its bytes) is the same.
+    ``cube.duckdb`` is left out: a rebuild's database reads a new snapshot of the same tables
+    (its id and paths differ), and those tables are compared file by file.
     """
     from citycube.cube.chips_zarr import ICECHUNK_SUFFIX
 
@@ -283,6 +438,8 @@ def content_digests(release: Release) -> dict[str, str]:
     digests: dict[str, str] = {}
     stores: set[str] = set()
     for name, entry in files.items():
+        if name == DATABASE_FILE:
+            continue
         parts = name.split("/")
         store = next((i for i, part in enumerate(parts) if part.endswith(ICECHUNK_SUFFIX)), None)
         if store is None:
@@ -309,11 +466,21 @@ class Verification:
     """Files the manifest lists that are gone."""
     unexpected: list[str] = field(default_factory=list)
     """Files on disk that the manifest does not list."""
+    database: list[str] = field(default_factory=list)
+    """How what a reader of ``cube.duckdb`` gets differs from the manifest's definitions."""
+    draft: list[str] = field(default_factory=list)
+    """Files a build wrote since that no reader of the release reads: commits of chip stores on
+    their draft branch (objects the published commit does not reference, the draft branch's
+    ref, stores not published yet). Not damage."""
+    notes: list[str] = field(default_factory=list)
+    """What is worth knowing but is no damage (a database rebuilt with the same definitions,
+    one a manifest of an older format does not cover)."""
 
     @property
     def ok(self) -> bool:
-        """True when every file is as the manifest says, and nothing else is there."""
-        return not (self.changed or self.missing or self.unexpected)
+        """True when every file is as the manifest says, nothing else is there, and the
+        database gives readers what it gave when the manifest was written."""
+        return not (self.changed or self.missing or self.unexpected or self.database)
 
     def lines(self, most: int = 20) -> list[str]:
         """A readable account, at most ``most`` paths per kind."""
@@ -322,12 +489,19 @@ class Verification:
             ("changed", self.changed),
             ("missing", self.missing),
             ("not in the manifest", self.unexpected),
+            (f"problems in {DATABASE_FILE}", self.database),
         ):
             if paths:
                 out.append(f"{len(paths)} {label}:")
                 out += [f"  {p}" for p in paths[:most]]
                 if len(paths) > most:
                     out.append(f"  … and {len(paths) - most} more")
+        if self.draft:
+            out.append(
+                f"note: {len(self.draft)} files of chip stores' draft commits (written by a build "
+                "since, not published; no reader reads them) are not in the manifest: not damage"
+            )
+        out += [f"note: {note}" for note in self.notes]
         return out
 
 
@@ -348,15 +522,77 @@ def read_manifest(release: Release) -> dict[str, Any]:
     return manifest
 
 
+ICECHUNK_OBJECT_DIRS = frozenset({"chunks", "manifests", "snapshots", "transactions"})
+"""Folders of an icechunk repository whose files are named by content or at random and never
+rewritten: one not in the manifest belongs to a commit the listed refs do not reach."""
+ICECHUNK_DRAFT_REF = "refs/branch.main/ref.json"
+"""The draft branch's ref in an icechunk chip store (``DRAFT_BRANCH``): every build moves it;
+readers follow ``published`` or a tag."""
+
+
+def _icechunk_split(name: str) -> tuple[str, str] | None:
+    """(store, path inside it) of a release file inside an icechunk chip store, else None."""
+    from citycube.cube.chips_zarr import ICECHUNK_SUFFIX
+
+    parts = name.split("/")
+    for i, part in enumerate(parts[:-1]):
+        if part.endswith(ICECHUNK_SUFFIX):
+            return "/".join(parts[: i + 1]), "/".join(parts[i + 1 :])
+    return None
+
+
+def _set_draft_files_apart(result: Verification, listed: Mapping[str, Any]) -> None:
+    """Move the files of chip stores' draft commits from ``unexpected`` and ``changed`` to
+    ``draft``: a build interrupted, blocked or still running before its publication commits
+    chips on the draft branch, which readers never open. Objects no listed snapshot refers to,
+    the draft branch's ref, and whole stores no manifest entry names and that have no published
+    branch. A changed or missing listed object, the published branch's ref, or a tag is still
+    damage."""
+    stores_listed = {split[0] for name in listed if (split := _icechunk_split(name))}
+    draft: list[str] = []
+    unexpected: dict[str, list[str]] = {}
+    for name in result.unexpected:
+        split = _icechunk_split(name)
+        if split is None:
+            continue
+        unexpected.setdefault(split[0], []).append(split[1])
+    for store, inside in unexpected.items():
+        if store in stores_listed:
+            draft += [
+                f"{store}/{path}"
+                for path in inside
+                if path.split("/", 1)[0] in ICECHUNK_OBJECT_DIRS or path == ICECHUNK_DRAFT_REF
+            ]
+        elif not any(path.startswith(("refs/branch.published/", "refs/tag.")) for path in inside):
+            draft += [f"{store}/{path}" for path in inside]  # a store never published
+    moved = set(draft)
+    for name in result.changed:
+        split = _icechunk_split(name)
+        if split is not None and split[1] == ICECHUNK_DRAFT_REF:
+            moved.add(name)
+    result.draft = sorted(moved)
+    result.unexpected = [n for n in result.unexpected if n not in moved]
+    result.changed = [n for n in result.changed if n not in moved]
+
+
 def verify_release(release: Release, *, hashes: bool = True) -> Verification:
     """Recompute every file's hash and compare it, and the file list, with the manifest.
 
     ``hashes=False`` compares only the file list and sizes: a check in milliseconds that
     catches missing, extra, truncated or grown files (not a same-size change), for listings.
     """
-    listed: dict[str, Any] = read_manifest(release)["files"]
+    manifest = read_manifest(release)
+    listed: dict[str, Any] = manifest["files"]
     result = Verification()
     on_disk = {p.relative_to(release.root).as_posix(): p for p in release_files(release)}
+    recorded = manifest.get("database")
+    older = not isinstance(manifest.get("format"), int) or manifest["format"] < 4
+    # a manifest written before the database was listed: not covered, and said so
+    if older and DATABASE_FILE not in listed and on_disk.pop(DATABASE_FILE, None) is not None:
+        result.notes.append(
+            f"this manifest (format {manifest.get('format', '?')}) does not cover "
+            f"{DATABASE_FILE}: a rebuild writes one that does"
+        )
 
     def changed(name: str) -> bool:
         path, entry = on_disk[name], listed[name]
@@ -369,4 +605,16 @@ def verify_release(release: Release, *, hashes: bool = True) -> Verification:
     result.checked = len(present)
     result.changed = [n for n, c in zip(present, _in_threads(changed, present), strict=True) if c]
     result.unexpected = sorted(set(on_disk) - set(listed))
+    _set_draft_files_apart(result, listed)
+    if isinstance(recorded, Mapping):
+        result.database = database_problems(release, recorded)
+        if DATABASE_FILE in result.changed and not result.database:
+            # Same views, macros and tables, new bytes: rebuilt by `citycube views` (which
+            # cannot update a final release's pinned manifest); readers get what was listed.
+            result.changed.remove(DATABASE_FILE)
+            result.notes.append(
+                f"{DATABASE_FILE} has other bytes than the manifest lists, but every view, "
+                "macro and table a reader gets from it matches the manifest (the database was "
+                "rebuilt, e.g. by `citycube views`)"
+            )
     return result

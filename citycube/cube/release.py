@@ -5,9 +5,11 @@ city/year/modality so rewriting one city-year touches only its files; every file
 to a temporary name and moved into place, so a killed run never leaves a half-written file.
 
 Draft and published tables. A build writes the Parquet tables (observations, chip index, the
-tiles table and the benchmark folder) into the release's draft (``.draft/``), which no reader
-opens. Building the database takes a snapshot of the draft (``.snapshots/<id>/``: hard links,
-so no byte is copied) and its views read that snapshot's files by absolute path; the benchmark
+tiles table and the benchmark folder), the derived results per source period and the
+quick-looks into the release's draft (``.draft/``), which no reader opens, so a build that
+fails or is stopped by a check changes nothing a published release lists. Building the
+database takes a snapshot of the draft (``.snapshots/<id>/``: hard links, so no byte is
+copied) and its views read that snapshot's files by absolute path; the benchmark
 files computed from the staged database are added to its snapshot before it is published.
 Publishing swaps one folder, ``published/``, for a hard-linked copy of the snapshot in one step
 (so a reader of the folder sees every table old or every table new, never new observations
@@ -120,6 +122,11 @@ TILES_FILE = "tiles.parquet"
 BENCHMARK_DIR = "benchmark"
 """The benchmark folder's name in the draft, a snapshot and the published tables (flat: files
 only)."""
+DERIVED_DIR = "derived"
+"""Per-tile results per source period (``<MODALITY>/<city>/<period>.parquet``) in the draft, a
+snapshot and the published tables: a build that is blocked or fails changes only the draft's."""
+QUICKLOOKS_DIR = "quicklooks"
+"""Quick-looks of the chip stores (``<MODALITY>/<city>/<period>.png``), like ``derived``."""
 
 CHIP_FORMATS = ("zarr", "icechunk")
 """Chip store formats a release can write (``Release.chip_format``)."""
@@ -239,12 +246,22 @@ class Release:
         return self.root / "chips" / modality / city / f"{label}.{self.chip_format}"
 
     def quicklook_file(self, modality: str, city: str, label: str) -> Path:
-        """Fixed-colour PNG mosaic of one chip store (source year, epoch start or 'static')."""
-        return self.root / "quicklooks" / modality / city / f"{label}.png"
+        """Fixed-colour PNG mosaic of one chip store (source year, epoch start or 'static'),
+        in the draft (where a build writes it)."""
+        return self.draft_dir / QUICKLOOKS_DIR / modality / city / f"{label}.png"
 
     def derived_file(self, modality: str, city: str, label: str) -> Path:
-        """Per-tile results for one source year, reused by every calendar year it serves."""
-        return self.root / "derived" / modality / city / f"{label}.parquet"
+        """Per-tile results for one source year, reused by every calendar year it serves, in
+        the draft (where a build writes them)."""
+        return self.draft_dir / DERIVED_DIR / modality / city / f"{label}.parquet"
+
+    def published_quicklook_file(self, modality: str, city: str, label: str) -> Path:
+        """A published quick-look (what readers see)."""
+        return self.published_root / QUICKLOOKS_DIR / modality / city / f"{label}.png"
+
+    def published_derived_file(self, modality: str, city: str, label: str) -> Path:
+        """Published per-tile results of one source period (what readers see)."""
+        return self.published_root / DERIVED_DIR / modality / city / f"{label}.parquet"
 
 
 def _partition_path(table_dir: Path, city: str, year: int, modality: str) -> Path:
@@ -434,9 +451,13 @@ def observation_partitions(release: Release) -> list[dict[str, Any]]:
 
 PUBLISHED_TABLES = ("observations", "chip_index")
 """The partitioned Parquet tables that go draft → snapshot → published."""
-PUBLISHED_NAMES = (*PUBLISHED_TABLES, TILES_FILE, BENCHMARK_DIR)
-"""Everything that goes draft → snapshot → published: the partitioned tables, the tiles table
-and the benchmark folder. A publication switches them together."""
+PUBLISHED_TREES = (DERIVED_DIR, QUICKLOOKS_DIR)
+"""Folders of per-period results that go draft → snapshot → published, file by file (their
+hidden files, the draft's digests and temporary files, stay in the draft)."""
+PUBLISHED_NAMES = (*PUBLISHED_TABLES, TILES_FILE, BENCHMARK_DIR, *PUBLISHED_TREES)
+"""Everything that goes draft → snapshot → published: the partitioned tables, the tiles table,
+the benchmark folder, the derived results and quick-looks. A publication switches them
+together."""
 KEPT_SNAPSHOTS = 2
 """Newest snapshots kept after a publication (the published one always is): a reader that
 opened the database before the last publication keeps its files; older ones are deleted."""
@@ -481,6 +502,36 @@ def _adopt_unversioned_tables(release: Release) -> None:
     if not draft_benchmark.exists() and (published / BENCHMARK_DIR).is_dir():
         with atomic_path(draft_benchmark) as tmp:
             _link_folder(published / BENCHMARK_DIR, tmp)
+    for tree in PUBLISHED_TREES:  # written into the release folder before the draft held them
+        legacy = release.root / tree
+        if legacy.is_dir() and not legacy.is_symlink():
+            for path in sorted(legacy.rglob("*")):
+                if path.is_file():
+                    adopt_draft_file(release, release.draft_dir / path.relative_to(release.root))
+
+
+def adopt_draft_file(release: Release, path: Path) -> bool:
+    """Give the draft file ``path`` (a derived result or quick-look) the bytes a build of an
+    earlier layout wrote into the release folder itself, by a hard link, with its digest where
+    it has one; whether it did. So the first build after the draft held them reuses them
+    rather than computing them again."""
+    if path.exists():
+        return False
+    try:
+        relative = path.relative_to(release.draft_dir)
+    except ValueError:
+        return False
+    legacy = release.root / relative
+    if relative.parts[:1] not in ((DERIVED_DIR,), (QUICKLOOKS_DIR,)) or not legacy.is_file():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        for source, target in ((legacy, path), (digest_file(legacy), digest_file(path))):
+            if source.is_file() and not target.exists():
+                _link_or_copy(source, target)
+    except OSError as exc:
+        raise CubeWriteError.writing(path, exc) from exc
+    return True
 
 
 def _link_table(source: Path, target: Path) -> None:
@@ -501,12 +552,32 @@ def _link_folder(source: Path, target: Path) -> None:
             _link_or_copy(path, target / path.name)
 
 
+def _link_tree(source: Path, target: Path) -> None:
+    """Hard-link every file under ``source`` whose name is not hidden (no temporary file or
+    digest) into the same place under ``target``."""
+    for folder, dirs, files in os.walk(source):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        kept = [name for name in sorted(files) if not name.startswith(".")]
+        if not kept:
+            continue
+        into = target / Path(folder).relative_to(source)
+        into.mkdir(parents=True, exist_ok=True)
+        for name in kept:
+            _link_or_copy(Path(folder) / name, into / name)
+
+
 def _link_tables(source: Path, target: Path, fallback: Path | None = None) -> None:
     """Hard-link everything a publication switches (:data:`PUBLISHED_NAMES`) from the folder
-    ``source`` (the draft, a snapshot) into a new folder ``target``. The tiles table and the
-    benchmark folder come from ``fallback`` where ``source`` has none (a snapshot taken before
-    they were part of one)."""
+    ``source`` (the draft, a snapshot) into a new folder ``target``. The tiles table, the
+    benchmark folder and the derived results and quick-looks come from ``fallback`` where
+    ``source`` has none (a snapshot taken before they were part of one)."""
     target.mkdir(parents=True)
+    for tree in PUBLISHED_TREES:
+        folder = source / tree
+        if not folder.is_dir() and fallback is not None:
+            folder = fallback / tree
+        if folder.is_dir():
+            _link_tree(folder, target / tree)
     for table in PUBLISHED_TABLES:
         _link_table(source / table, target / table)
     tiles = source / TILES_FILE
@@ -763,7 +834,10 @@ def build_duckdb(
         con.register("_modalities", catalogue_table(catalogue))
         con.execute("CREATE TABLE modalities AS SELECT * FROM _modalities")
         con.unregister("_modalities")
-        meta_rows = [{"key": k, "value": json.dumps(v, default=str)} for k, v in metadata.items()]
+        meta_rows = [  # keys sorted: the same metadata read back from release.json, same rows
+            {"key": k, "value": json.dumps(v, default=str, sort_keys=True)}
+            for k, v in metadata.items()
+        ]
         con.register("_release", pa.Table.from_pylist(meta_rows))
         con.execute("CREATE TABLE release AS SELECT * FROM _release")
         con.unregister("_release")

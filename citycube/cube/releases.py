@@ -176,7 +176,8 @@ def _manifest_state(release: Release) -> tuple[str, dict[str, Any], tuple[str, .
         return "unreadable", {}, ()
     if check.ok:
         return "matches", manifest, ()
-    problems = [f"changed {p}" for p in check.changed] + [f"missing {p}" for p in check.missing]
+    problems = list(check.database)  # what readers of the database get, first
+    problems += [f"changed {p}" for p in check.changed] + [f"missing {p}" for p in check.missing]
     problems += [f"not in the manifest {p}" for p in check.unexpected]
     return "differs", manifest, tuple(problems[:5])
 
@@ -404,7 +405,10 @@ def releases_text(summaries: list[ReleaseSummary]) -> str:
         )
         out.append(f"  sources {_sources_text(s.sources)}")
         manifest = {
-            "matches": "manifest matches (file list and sizes; `verify` checks hashes)",
+            "matches": (
+                "manifest matches (file list and sizes, the database's views and tables; "
+                "`verify` checks hashes)"
+            ),
             "differs": "manifest DIFFERS: " + "; ".join(s.manifest_problems),
             "absent": "no manifest (its build has not finished)",
             "unreadable": "manifest unreadable",

@@ -46,6 +46,7 @@ from citycube.cube.release import (
     CHIP_INDEX_SCHEMA,
     OBSERVATION_SCHEMA,
     Release,
+    adopt_draft_file,
     file_metadata,
     intact_with_digest,
     write_parquet_atomic,
@@ -343,6 +344,7 @@ def derive(
         aux = _fetch_aux(modality, city, sources, release)
     signature = _signature(modality, catalogue, groups, aux)
     path = release.derived_file(modality.code, city, label)
+    adopt_draft_file(release, path)  # results an earlier layout kept in the release folder
     chips = modality.is_image and any(g.item is not None for g in groups)
     store = release.chip_store(modality.code, city, label)
     if path.exists() and (not chips or store.exists()):
