@@ -814,7 +814,7 @@ def test_hostile_names_reach_no_file(
 
 @pytest.mark.parametrize(
     ("code", "in_the_way"),
-    [("CO2", ".draft/observations"), ("CO2", "derived/CO2"), ("DEM", "chips/DEM")],
+    [("CO2", ".draft/observations"), ("CO2", ".draft/derived/CO2"), ("DEM", "chips/DEM")],
 )
 def test_a_file_in_place_of_a_release_folder_is_a_write_error_that_keeps_the_rest(
     tmp_path: Path,

@@ -134,7 +134,7 @@ def partition_writes(release: Release) -> int:
     observation partitions (each under its real name only once whole)."""
     whole = (
         *release.data_root.glob("sources/*/*/*/_complete.json"),
-        *release.root.glob("derived/*/*/*.parquet"),
+        *release.draft_dir.glob("derived/*/*/*.parquet"),
         *release.root.glob(f"chips/*/*/*{ICECHUNK_SUFFIX}"),
         *release.draft_dir.glob("observations/city=*/year=*/*.parquet"),
     )
@@ -182,7 +182,7 @@ def _assert_readers_see_only_whole_partitions(release: Release) -> None:
     for path in release.published_root.glob("observations/city=*/year=*/*.parquet"):
         table = pq.read_table(path, page_checksum_verification=True)
         assert table.num_rows == _expected_rows(path.stem), path
-    for path in release.root.glob("derived/*/*/*.parquet"):
+    for path in release.draft_dir.glob("derived/*/*/*.parquet"):
         table = pq.read_table(path, page_checksum_verification=True)
         assert table.num_rows == _expected_rows(path.parent.parent.name), path
     for store in release.root.glob("chips/*/*/*.zarr"):
