@@ -56,7 +56,7 @@ class UnknownCityError(CityCubeError):
 
 
 class UnknownYearError(CityCubeError):
-    """A year outside the 2000–2025 calendar."""
+    """A year outside the calendar (2000 to the last closed year)."""
 
     code = "CC102"
 

@@ -24,7 +24,7 @@ from assets.tasks import (
 from citycube.catalogue.modalities import Catalogue, load_catalogue
 from pipelines.lifetime import follow_build_process
 from pipelines.resources import ComputeResource, default_cube_resource
-from pipelines.schedules import build_yearly_backfill
+from pipelines.schedules import build_yearly_build
 
 BENCHMARK_KEYS = (PAIRS_KEY, SPLITS_KEY, INSTANCES_KEY, FORECAST_CASES_KEY, FORECAST_SCORES_KEY)
 """The benchmark assets: computed from the staged cube and published with it."""
@@ -55,7 +55,7 @@ def build_definitions(
     partitions = {key: a.partitions_def for a in assets for key in a.keys}
     return dg.Definitions(
         assets=assets,
-        sensors=[build_yearly_backfill(partitions)],
+        sensors=[build_yearly_build(partitions)],
         resources={
             "cube": default_cube_resource(),
             "compute": ComputeResource(),
