@@ -68,7 +68,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[dg.DagsterInstance,
 
 
 def test_table_assets_have_row_counts_and_column_schemas(built: tuple) -> None:
-    instance, release = built
+    instance, _ = built
     for key, partition in [
         ("derived/pop", PARTITION),
         ("modalities/pop", PARTITION),
@@ -88,7 +88,7 @@ def test_table_assets_have_row_counts_and_column_schemas(built: tuple) -> None:
 
 
 def test_paths_name_the_published_copy(built: tuple) -> None:
-    instance, release = built
+    instance, _ = built
     for key, partition in [
         ("modalities/pop", PARTITION),
         ("cube/tiles", None),
