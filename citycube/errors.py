@@ -173,6 +173,12 @@ class BuildBusyError(CityCubeError):
     code = "CC305"
 
 
+class NoWorkersError(CityCubeError):
+    """The dask cluster a step sends its partitions to has had no worker for too long."""
+
+    code = "CC307"
+
+
 class DerivedResultsMissingError(CityCubeError):
     """Observations were asked for a year whose source period has not been derived yet."""
 

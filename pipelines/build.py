@@ -237,6 +237,12 @@ def _stop_with_parent() -> None:
 def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[str]:
     """The scheduler the runs send partition work to: given, or a LocalCluster for the build."""
     if request.scheduler:
+        from dask.distributed import Client
+
+        from pipelines.resources import describe_cluster
+
+        with Client(request.scheduler, timeout="30s") as client:
+            print(f"dask: {describe_cluster(client, external=True)}", file=out, flush=True)
         yield request.scheduler
         return
     if request.workers <= 1:
