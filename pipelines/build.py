@@ -324,8 +324,13 @@ def selected_asset_keys(prefixes: Sequence[str]) -> list[Any]:
     """
     from citycube.errors import UnknownAssetError
     from pipelines.definitions import defs
+    from pipelines.selection import REQUESTS_GROUP
 
-    keys = list(defs.resolve_asset_graph().materializable_asset_keys)
+    keys = [
+        key
+        for key in defs.resolve_asset_graph().materializable_asset_keys
+        if key.path[0] != REQUESTS_GROUP
+    ]
     names = {key: key.to_user_string() for key in keys}
     unmatched = [p for p in prefixes if not any(n.startswith(p) for n in names.values())]
     if unmatched:
