@@ -8,7 +8,8 @@ closes, or this process's parent ending) is passed to ``dagster dev`` as the Ctr
 (it stops its webserver and daemon, which stop their code servers), and whatever of the group
 is still alive ``STOP_GRACE_S`` seconds later is killed. Run processes that a code server
 launched belong to the group too, so a run in flight is ended with them (Dagster records it as
-failed at the next start).
+failed at the next start). With more than one worker, the runs share one dask LocalCluster that
+this process starts and closes (``shared_cluster``).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -79,6 +81,40 @@ def stop_group(process: subprocess.Popen, grace: float = STOP_GRACE_S) -> int:
     return round(time.monotonic() - started)
 
 
+def cluster_port() -> int | None:
+    """The scheduler port of the session's shared dask cluster, named to every run in
+    ``CITYCUBE_DASK_SCHEDULER``; None when a scheduler is named already or there is one
+    worker. Runs launched together then share the workers, as a build's do, instead of each
+    starting a cluster of its own."""
+    from pipelines.resources import SCHEDULER_ENV, WORKERS_ENV
+
+    if os.environ.get(SCHEDULER_ENV) or int(os.environ.get(WORKERS_ENV, "1") or 1) <= 1:
+        return None
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ[SCHEDULER_ENV] = f"tcp://127.0.0.1:{port}"
+    return port
+
+
+@contextlib.contextmanager
+def shared_cluster(port: int | None) -> Iterator[None]:
+    """The session's dask LocalCluster on ``port`` (none when None), closed at the end."""
+    if port is None:
+        yield
+        return
+    from pipelines.resources import WORKERS_ENV, start_local_cluster
+
+    workers = int(os.environ[WORKERS_ENV])
+    cluster = start_local_cluster(workers, scheduler_port=port)
+    print(f"dask: LocalCluster with {workers} workers at {cluster.scheduler_address}", flush=True)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            cluster.close(timeout=10)
+
+
 def serve(host: str, port: int) -> int:
     """Run ``dagster dev`` until it ends or this process is asked to stop; its exit code."""
     stop: list[int] = []
@@ -89,21 +125,24 @@ def serve(host: str, port: int) -> int:
     for signo in STOP_SIGNALS:
         signal.signal(signo, on_signal)
     _die_with_parent(signal.SIGTERM)
+    scheduler_port = cluster_port()
+    # Started before the cluster, while this process has no thread besides the main one.
     process = subprocess.Popen(
         dagster_dev_command(host, port),
         cwd=REPO_ROOT,
         start_new_session=True,  # its own group: a terminal's Ctrl-C reaches it only from here
-        preexec_fn=lambda: _die_with_parent(signal.SIGINT),  # no threads yet
+        preexec_fn=lambda: _die_with_parent(signal.SIGINT),
     )
-    while not stop and process.poll() is None:
-        time.sleep(POLL_S)
-    if process.returncode is not None and not stop:
-        stop_group(process, grace=0.0)  # dagster dev ended: its leftovers go with it
-        return process.returncode
-    name = signal.Signals(stop[0]).name
-    print(f"\n{name}: stopping dagster dev (its webserver, daemon and code servers)", flush=True)
-    seconds = stop_group(process)
-    print(f"dagster dev stopped in {seconds} s", flush=True)
+    with shared_cluster(scheduler_port):
+        while not stop and process.poll() is None:
+            time.sleep(POLL_S)
+        if process.returncode is not None and not stop:
+            stop_group(process, grace=0.0)  # dagster dev ended: its leftovers go with it
+            return process.returncode
+        name = signal.Signals(stop[0]).name
+        print(f"\n{name}: stopping dagster dev (webserver, daemon, code servers)", flush=True)
+        seconds = stop_group(process)
+        print(f"dagster dev stopped in {seconds} s", flush=True)
     return 0
 
 

@@ -53,9 +53,10 @@ million page faults for three city-years, against 71 thousand without it). Proce
 its own memory (``citycube.processing.memory``) and needs neither."""
 
 
-def start_local_cluster(workers: int) -> Any:
+def start_local_cluster(workers: int, scheduler_port: int = 0) -> Any:
     """A ``LocalCluster`` of single-threaded worker processes that import the work stack as
-    they start; its workers come up in the background (``scale``), so the caller can go on."""
+    they start; its workers come up in the background (``scale``), so the caller can go on.
+    ``scheduler_port``: the scheduler's port on 127.0.0.1 (0: any free one)."""
     import dask
     from dask.distributed import LocalCluster
 
@@ -70,6 +71,8 @@ def start_local_cluster(workers: int) -> Any:
         dashboard_address=None,
         silence_logs=logging.ERROR,
         preload=[WORKER_PRELOAD],
+        host="127.0.0.1",
+        scheduler_port=scheduler_port,
     )
     cluster.scale(workers)
     return cluster

@@ -69,7 +69,7 @@ def test_make_dev_stops_every_process(tmp_path: Path, stop: str) -> None:
         "CITYCUBE_DATA": str(tmp_path / "data"),
     }
     make = subprocess.Popen(
-        ["make", "dev", f"DEV_PORT={port}", "WORKERS=1"],
+        ["make", "dev", f"DEV_PORT={port}", "WORKERS=2"],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -91,6 +91,7 @@ def test_make_dev_stops_every_process(tmp_path: Path, stop: str) -> None:
         started = descendants(make.pid)
         commands = " ".join(Path(f"/proc/{p}/cmdline").read_text() for p in started if alive(p))
         assert "dagster_webserver" in commands and "code-server" in commands
+        assert "multiprocessing" in commands  # the shared cluster's worker processes
 
         if stop == "Ctrl-C":
             os.killpg(make.pid, signal.SIGINT)
