@@ -1,4 +1,5 @@
-"""The yearly build: once a year has closed, build it for every city.
+"""Automation: the yearly build of every city once a year has closed, and the build of the
+city-years users request from the UI.
 
 A year needs more than its city-year partitions: the static and epoch products it reads must be
 materialised first (a city-year's observations refuse to run without them, CC303), and the cube
@@ -17,6 +18,10 @@ sensor" in the UI only shows what it would request); the sensor daemon launches 
 that failed stops the year where it is, with the failed runs named in the tick, until they are
 re-executed. Once the cube run succeeds the cursor records the year, and the sensor waits for
 the next 15 January.
+
+The ``city_year_requests`` sensor walks the same stages for the city-years a user requests from
+the UI, as partitions of ``requests/city_year`` (assets/requests.py): Dagster's launch dialog
+backfills from one partitioning only, so one launch of a request stands for the whole build.
 """
 
 from __future__ import annotations
