@@ -24,6 +24,7 @@ from pipelines.schedules import (
     STAGE_TAG,
     YEAR_TAG,
     build_yearly_build,
+    run_requests,
     year_stages,
 )
 from pipelines.selection import partitions_by_key
@@ -176,3 +177,19 @@ def test_stages_split_a_year_by_partitioning() -> None:
     stages = dict(year_stages(partitions_by_key(defs), 2024))
     assert all(keys is None for keys in stages["cube"].values())
     assert all(len(keys) == CITIES for keys in stages["city-years"].values())
+
+
+def test_every_stage_s_runs_take_their_run_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dagster's validate_run_config accepts each stage's run request (resources, the
+    benchmark assets' config defaults) for the asset job the daemon launches it as."""
+    monkeypatch.setenv("CITYCUBE_DATA", str(tmp_path))
+    monkeypatch.setenv("CITYCUBE_RELEASE", "yearly")
+    partitions = partitions_by_key(defs)
+    for stage, selection in year_stages(partitions, 2024):
+        for request in run_requests(partitions, {YEAR_TAG: "2024"}, "2024", stage, selection):
+            keys = list(request.asset_selection)
+            job = defs.resolve_implicit_job_def_def_for_assets(keys)
+            subset = job.get_subset(asset_selection=set(keys))
+            assert dg.validate_run_config(subset, request.run_config) is not None
