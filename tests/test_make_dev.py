@@ -77,6 +77,7 @@ def test_make_dev_stops_every_process(tmp_path: Path, stop: str) -> None:
         text=True,
         start_new_session=True,  # a terminal's process group of its own, as in a shell
     )
+    started: set[int] = set()
     try:
         deadline = time.monotonic() + STARTUP_S
         while True:
@@ -105,7 +106,7 @@ def test_make_dev_stops_every_process(tmp_path: Path, stop: str) -> None:
         assert not left, f"still running {time.monotonic() - sent:.0f} s after {stop}: {left}"
         make.wait(timeout=10)
     finally:
-        for pid in descendants(make.pid) | {make.pid}:
+        for pid in started | descendants(make.pid) | {make.pid}:  # left ones are adopted
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         make.wait()
