@@ -169,7 +169,7 @@ class ComputeResource(dg.ConfigurableResource):
         workers = self.workers or int(os.environ.get(WORKERS_ENV, "1") or 1)
         return scheduler, max(1, workers)
 
-    def _dask_client(self, log: logging.Logger | Any) -> Any:
+    def _dask_client(self, log: logging.Logger | Any = None) -> Any:
         if self._client is None:
             from dask.distributed import Client
 
@@ -179,7 +179,9 @@ class ComputeResource(dg.ConfigurableResource):
             else:
                 self._cluster = start_local_cluster(workers)
                 self._client = Client(self._cluster)
-            log.info(describe_cluster(self._client, external=bool(scheduler)))
+            (log or logging.getLogger(__name__)).info(
+                describe_cluster(self._client, external=bool(scheduler))
+            )
         return self._client
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
