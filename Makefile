@@ -11,6 +11,7 @@ CITIES ?= default
 YEARS ?= default
 WORKERS ?= 2
 TEST_WORKERS ?= 2
+DEV_PORT ?= 3000
 
 .PHONY: install run agents test dev lint bench docs fresh-runs clean
 
@@ -43,9 +44,11 @@ test: install
 	$(BIN)/python -m pytest -q -n '$(TEST_WORKERS)'
 
 ## Serve the Dagster UI and daemon offline (http://127.0.0.1:3000); runs use WORKERS dask workers.
+## SIGTERM or Ctrl-C stops all of it (pipelines/dev.py); the command has no shell in front of it.
+dev: export CITYCUBE_WORKERS = $(WORKERS)
 dev: install
 	$(BIN)/python -m pipelines.cli dagster-home
-	CITYCUBE_WORKERS=$(WORKERS) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	$(BIN)/python -m pipelines.dev --host 127.0.0.1 --port $(DEV_PORT)
 
 lint: install
 	$(BIN)/ruff check .

@@ -6,13 +6,17 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
 from citycube.errors import SourceFetchError
 from pipelines.partitions import PartitionsDef, split_key
 from pipelines.resources import ComputeResource, Outcome
+
+if TYPE_CHECKING:
+    from citycube.cube.release import Release
 
 with warnings.catch_warnings():  # single-run backfills are stable in use; Dagster flags them beta
     warnings.simplefilter("ignore", dg.BetaWarning)
@@ -43,6 +47,43 @@ def derived_asset_key(code: str) -> dg.AssetKey:
 def modality_asset_key(code: str) -> dg.AssetKey:
     """Asset key of a modality's observations."""
     return dg.AssetKey(["modalities", code.lower()])
+
+
+def table_metadata(path: str | Path, rows: int | None = None) -> dict[str, Any]:
+    """Dagster's ``dagster/row_count`` and ``dagster/column_schema`` of a Parquet table, read
+    from its footer (``rows`` when the writer counted them); nothing for a file that is not
+    Parquet or not there (e.g. a table with no rows to write)."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if path.suffix != ".parquet" or not path.is_file():
+        return {}
+    footer = pq.read_metadata(path)
+    columns = [
+        dg.TableColumn(field.name, str(field.type)) for field in footer.schema.to_arrow_schema()
+    ]
+    return {
+        "dagster/row_count": footer.num_rows if rows is None else int(rows),
+        "dagster/column_schema": dg.TableSchema(columns=columns),
+    }
+
+
+def published_path(release: Release, path: str | Path) -> Path:
+    """Where readers find a file a build writes into the release's draft once ``cube/database``
+    publishes it (a file outside the draft is where it is)."""
+    path = Path(path)
+    try:
+        return release.published_dir / path.relative_to(release.draft_dir)
+    except ValueError:
+        return path
+
+
+def published_table(release: Release, path: str | Path, name: str = "path") -> dict[str, Any]:
+    """A draft table's row count and column schema, and the path it is published at."""
+    return {
+        **table_metadata(path),
+        name: dg.MetadataValue.path(str(published_path(release, path))),
+    }
 
 
 def _metadata(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from assets.common import modality_asset_key
+from assets.common import modality_asset_key, published_path, table_metadata
 from citycube.catalogue.modalities import Catalogue
 from citycube.cube.release import build_duckdb, publish_database, release_metadata, write_tiles
 from citycube.tasks.views import task_views
@@ -38,6 +38,51 @@ DATABASE_CHECKS = [
     ("availability_floor", dg.AssetCheckSeverity.WARN),
 ]
 """Checks of the staged database; ERROR ones block publishing."""
+CHECK_DESCRIPTIONS = {
+    "tile_counts_match_spec": "Blocking: the 2 km and 5 km tile counts of every city match "
+    "AgenticCity-Bench Table 7.",
+    "schema_matches": "Blocking: the observations have exactly the documented columns and types.",
+    "unique_keys": "Blocking: no two observations share (tile, year, modality, field).",
+    "values_in_range_no_zero_fill": "Blocking: available values are finite and in their "
+    "modality's declared range; unavailable ones are NULL with a reason (never a zero fill).",
+    "availability_floor": "Warning only: where a source covers the year, at least a quarter "
+    "of the tiles are available for each modality.",
+}
+"""What each check verifies, shown with the check in the UI."""
+
+
+def database_tables(path: str) -> dict[str, object]:
+    """Every table and view of a DuckDB database with its row count, as a table the UI shows,
+    and the observations' row count as ``dagster/row_count``."""
+    import duckdb
+
+    with duckdb.connect(path, read_only=True) as con:
+        names = con.execute(
+            "SELECT table_name, table_type FROM information_schema.tables "
+            "WHERE table_schema = 'main' ORDER BY table_type, table_name"
+        ).fetchall()
+        rows = [
+            (name, "view" if kind == "VIEW" else "table", _count(con, name)) for name, kind in names
+        ]
+    schema = dg.TableSchema(
+        columns=[
+            dg.TableColumn("name", "string"),
+            dg.TableColumn("kind", "string"),
+            dg.TableColumn("rows", "int"),
+        ]
+    )
+    records = [dg.TableRecord({"name": n, "kind": k, "rows": r}) for n, k, r in rows]
+    counts = {n: r for n, _, r in rows}
+    return {
+        "tables": dg.MetadataValue.table(records, schema=schema),
+        "tables_and_views": len(rows),
+        **({"dagster/row_count": counts["observations"]} if "observations" in counts else {}),
+    }
+
+
+def _count(con: "duckdb.DuckDBPyConnection", name: str) -> int:
+    quoted = '"' + name.replace('"', '""') + '"'
+    return int(con.execute(f"SELECT count(*) FROM {quoted}").fetchone()[0])
 
 
 def _check_result(
@@ -56,7 +101,14 @@ def _check_result(
     key=TILES_KEY,
     group_name="cube",
     kinds={"python", "geoparquet"},
-    check_specs=[dg.AssetCheckSpec("tile_counts_match_spec", asset=TILES_KEY, blocking=True)],
+    check_specs=[
+        dg.AssetCheckSpec(
+            "tile_counts_match_spec",
+            asset=TILES_KEY,
+            blocking=True,
+            description=CHECK_DESCRIPTIONS["tile_counts_match_spec"],
+        )
+    ],
 )
 def tiles_table(cube: CubeResource) -> dg.MaterializeResult:
     """GeoParquet table of every 2 km and 5 km tile of the 16 cities (WGS84 geometry), in the
@@ -70,9 +122,11 @@ def tiles_table(cube: CubeResource) -> dg.MaterializeResult:
         con.read_parquet(str(path)).create_view("tiles")
         outcome = checks.check_tile_counts(con)
         per_scale = dict(con.sql("SELECT scale, count(*) FROM tiles GROUP BY 1").fetchall())
+    release = cube.release()
     return dg.MaterializeResult(
         metadata={
-            "path": str(path),
+            **table_metadata(path),
+            "path": dg.MetadataValue.path(str(published_path(release, path))),
             "tiles_2km": per_scale.get("2km"),
             "tiles_5km": per_scale.get("5km"),
         },
@@ -120,7 +174,10 @@ def build_cube_assets(
         kinds={"duckdb"},
         check_specs=[
             dg.AssetCheckSpec(
-                name, asset=STAGED_DATABASE_KEY, blocking=severity == dg.AssetCheckSeverity.ERROR
+                name,
+                asset=STAGED_DATABASE_KEY,
+                blocking=severity == dg.AssetCheckSeverity.ERROR,
+                description=CHECK_DESCRIPTIONS[name],
             )
             for name, severity in DATABASE_CHECKS
         ],
@@ -154,7 +211,8 @@ def build_cube_assets(
             preview = _preview(con)
         return dg.MaterializeResult(
             metadata={
-                "path": str(path),
+                **database_tables(str(path)),
+                "path": dg.MetadataValue.path(str(path)),
                 "release": release.version,
                 "observation_rows": rows,
                 "available_rows": available,
@@ -180,7 +238,8 @@ def build_cube_assets(
         path = publish_database(release, meta)
         return dg.MaterializeResult(
             metadata={
-                "path": str(path),
+                **database_tables(str(path)),
+                "path": dg.MetadataValue.path(str(path)),
                 "release": release.version,
                 "synthetic": meta["synthetic"],
                 "source_set": meta["source_set"],

@@ -17,6 +17,7 @@ from assets.common import (
     materialized,
     run_partitions,
     source_asset_key,
+    table_metadata,
 )
 from assets.sources import partitioning_name, product_temporal
 from citycube.catalogue.modalities import Catalogue, ModalitySpec
@@ -26,12 +27,15 @@ from pipelines.partitions import PartitionsDef, mapping_between, period_partitio
 from pipelines.resources import ComputeResource, CubeResource
 
 THUMBNAIL_PX = 200
-"""Longest side of a quick-look thumbnail embedded in the Dagster UI."""
+"""Longest side of a quick-look thumbnail embedded in the Dagster UI for one partition."""
+SMALL_THUMBNAIL_PX = 96
+"""The same when a step materialises several partitions (a backfill's hundreds of previews
+stay a few KB each in the event log)."""
 
 
-def _preview(metadata: dict) -> dict:
-    """A thumbnail of the period's quick-look (only when one partition is materialised: a
-    backfill's hundreds of previews would bloat the event log)."""
+def _preview(metadata: dict, max_px: int) -> dict:
+    """The period's quick-look shown in the UI (a PNG thumbnail embedded in Markdown, as the
+    UI renders ``data:image`` sources), with the full-size file's path."""
     if "quicklook" not in metadata:
         return {}
     from PIL import Image
@@ -39,8 +43,11 @@ def _preview(metadata: dict) -> dict:
     from citycube.reports.thumbnails import png_data_uri
 
     with Image.open(metadata["quicklook"]) as image:
-        uri = png_data_uri(image, THUMBNAIL_PX)
-    return {"preview": dg.MetadataValue.md(f"![quick-look]({uri})")}
+        uri = png_data_uri(image, max_px)
+    return {
+        "quicklook": dg.MetadataValue.path(metadata["quicklook"]),
+        "preview": dg.MetadataValue.md(f"![quick-look]({uri})"),
+    }
 
 
 def _spec(modality: ModalitySpec, catalogue: Catalogue, partitions: PartitionsDef) -> dg.AssetSpec:
@@ -83,12 +90,19 @@ def build_derived_asset(
         context: dg.AssetExecutionContext, cube: CubeResource, compute: ComputeResource
     ) -> Iterator[dg.MaterializeResult]:
         sources, release = cube.sources_for_tasks(), cube.release()
-        one = len(context.partition_keys) == 1
+        px = THUMBNAIL_PX if len(context.partition_keys) == 1 else SMALL_THUMBNAIL_PX
+
+        def metadata(values: dict) -> dict:
+            return {
+                **values,
+                **table_metadata(values["path"], values.get("rows")),
+                **_preview(values, px),
+            }
 
         def plan(modality: ModalitySpec) -> Plan:
             return Plan(
                 lambda city, period: (modality, catalogue, city, period, sources, release),
-                lambda metadata: {**metadata, **(_preview(metadata) if one else {})},
+                metadata,
             )
 
         run_partitions(

@@ -15,7 +15,9 @@ from assets.common import (
     derived_asset_key,
     materialized,
     modality_asset_key,
+    published_path,
     run_partitions,
+    table_metadata,
 )
 from citycube.catalogue.modalities import Catalogue, ModalitySpec
 from citycube.catalogue.versions import modality_code_version
@@ -60,8 +62,15 @@ def build_modality_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
     ) -> Iterator[dg.MaterializeResult]:
         release = cube.release()
 
+        def metadata(values: dict) -> dict:
+            return {
+                **values,
+                **table_metadata(values["path"], values.get("rows")),
+                "path": dg.MetadataValue.path(str(published_path(release, values["path"]))),
+            }
+
         def plan(modality: ModalitySpec) -> Plan:
-            return Plan(lambda city, year: (modality, city, year, release))
+            return Plan(lambda city, year: (modality, city, year, release), metadata)
 
         run_partitions(
             context,

@@ -40,7 +40,7 @@ def build_report_assets(
     @dg.asset(
         key=AVAILABILITY_REPORT_KEY,
         deps=[DATABASE_KEY],
-        group_name="reports",
+        group_name="cube",
         kinds={"python", "csv", "png"},
     )
     def availability_report(cube: CubeResource) -> dg.MaterializeResult:
@@ -75,7 +75,7 @@ def build_report_assets(
     @dg.asset(
         key=PAPER_COMPARISON_KEY,
         deps=[DATABASE_KEY],
-        group_name="reports",
+        group_name="cube",
         kinds={"python", "csv"},
     )
     def paper_comparison(cube: CubeResource) -> dg.MaterializeResult:
@@ -89,7 +89,7 @@ def build_report_assets(
     @dg.asset(
         key=DATASET_CARD_KEY,
         deps=[AVAILABILITY_REPORT_KEY],
-        group_name="reports",
+        group_name="cube",
         kinds={"json", "markdown"},
     )
     def dataset_card(cube: CubeResource) -> dg.MaterializeResult:
@@ -105,7 +105,7 @@ def build_report_assets(
     @dg.asset(
         key=MANIFEST_KEY,
         deps=[DATASET_CARD_KEY, PAPER_COMPARISON_KEY, *after],
-        group_name="reports",
+        group_name="cube",
         kinds={"json"},
     )
     def release_manifest(cube: CubeResource) -> dg.MaterializeResult:

@@ -58,7 +58,7 @@ class UnknownCityError(CityCubeError):
 
 
 class UnknownYearError(CityCubeError):
-    """A year outside the 2000–2025 calendar."""
+    """A year outside the calendar (2000 to the last closed year)."""
 
     code = "CC102"
 
@@ -244,6 +244,12 @@ class BuildBusyError(CityCubeError):
     """Another build is building the same release, or drives the same Dagster instance."""
 
     code = "CC305"
+
+
+class NoWorkersError(CityCubeError):
+    """The dask cluster a step sends its partitions to has had no worker for too long."""
+
+    code = "CC310"
 
 
 class DerivedResultsMissingError(CityCubeError):

@@ -237,6 +237,12 @@ def _stop_with_parent() -> None:
 def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[str]:
     """The scheduler the runs send partition work to: given, or a LocalCluster for the build."""
     if request.scheduler:
+        from dask.distributed import Client
+
+        from pipelines.resources import describe_cluster
+
+        with Client(request.scheduler, timeout="30s") as client:
+            print(f"dask: {describe_cluster(client, external=True)}", file=out, flush=True)
         yield request.scheduler
         return
     if request.workers <= 1:
@@ -318,8 +324,13 @@ def selected_asset_keys(prefixes: Sequence[str]) -> list[Any]:
     """
     from citycube.errors import UnknownAssetError
     from pipelines.definitions import defs
+    from pipelines.selection import REQUESTS_GROUP
 
-    keys = list(defs.resolve_asset_graph().materializable_asset_keys)
+    keys = [
+        key
+        for key in defs.resolve_asset_graph().materializable_asset_keys
+        if key.path[0] != REQUESTS_GROUP
+    ]
     names = {key: key.to_user_string() for key in keys}
     unmatched = [p for p in prefixes if not any(n.startswith(p) for n in names.values())]
     if unmatched:

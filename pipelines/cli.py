@@ -160,10 +160,15 @@ def build(args: argparse.Namespace) -> int:
     )
     with build_locks(request, Path(os.environ["DAGSTER_HOME"])) as locks:
         total = len(cities) * len(years)
+        where = (
+            f"on the dask scheduler at {request.scheduler}"
+            if request.scheduler
+            else f"with {args.workers} worker(s)"
+        )
         print(
             f"Building release {args.release} for {len(cities)} cities × {len(years)} years = "
-            f"{total} city-years into {os.environ['CITYCUBE_DATA']} with {args.workers} "
-            f"worker(s); sources: {_source_set_label()}",
+            f"{total} city-years into {os.environ['CITYCUBE_DATA']} {where}; "
+            f"sources: {_source_set_label()}",
             flush=True,
         )
         return run_build(request, keep_fds=locks)

@@ -12,6 +12,7 @@ from assets.cube import build_cube_assets
 from assets.derived import build_derived_assets
 from assets.modalities import build_modality_assets
 from assets.reports import build_report_assets
+from assets.requests import REQUEST_KEY, city_year_request
 from assets.sources import build_source_assets
 from assets.tasks import (
     FORECAST_CASES_KEY,
@@ -25,7 +26,7 @@ from assets.tasks import (
 from citycube.catalogue.modalities import Catalogue, load_catalogue
 from pipelines.lifetime import follow_build_process
 from pipelines.resources import ComputeResource, default_cube_resource
-from pipelines.schedules import build_yearly_backfill
+from pipelines.schedules import build_city_year_requests, build_yearly_build
 
 BENCHMARK_KEYS = (PAIRS_KEY, SPLITS_KEY, INSTANCES_KEY, FORECAST_CASES_KEY, FORECAST_SCORES_KEY)
 """The benchmark assets: computed from the staged cube and published with it."""
@@ -56,8 +57,11 @@ def build_definitions(
     assets = build_assets(catalogue or load_catalogue())
     partitions = {key: a.partitions_def for a in assets for key in a.keys}
     return dg.Definitions(
-        assets=assets,
-        sensors=[build_yearly_backfill(partitions)],
+        assets=[*assets, city_year_request],
+        sensors=[
+            build_yearly_build(partitions),
+            build_city_year_requests(partitions, REQUEST_KEY),
+        ],
         resources={
             "cube": default_cube_resource(),
             "compute": ComputeResource(),

@@ -4,6 +4,10 @@ Work is partitioned by the period its source publishes, so each result is comput
 writer: static products per city, 5-year products per city × epoch, annual and snapshot
 products per city × year. Observations are per city × year and reach their source period
 through the partition mappings below.
+
+The years are those of the open calendar on the day the code is loaded: the paper's 2000–2025
+and every year closed since (a year closes on 15 January of the next), so a code location
+loaded (or reloaded) after 15 January 2027 offers 2026.
 """
 
 from __future__ import annotations
@@ -15,15 +19,17 @@ import dagster as dg
 
 from citycube.catalogue.cities import load_cities
 from citycube.catalogue.modalities import Temporal
-from citycube.catalogue.temporal import CALENDAR, EPOCHS, epoch_of
+from citycube.catalogue.temporal import epoch_of, epochs_of, open_calendar
 
 CITY = "city"
 YEAR = "year"
 EPOCH = "epoch"
 
+YEARS: tuple[int, ...] = open_calendar()
+"""The years the partitions offer: the open calendar on the day the code was loaded."""
 city_partitions = dg.StaticPartitionsDefinition(list(load_cities()))
-year_partitions = dg.StaticPartitionsDefinition([str(y) for y in CALENDAR])
-epoch_partitions = dg.StaticPartitionsDefinition([str(e) for e in EPOCHS])
+year_partitions = dg.StaticPartitionsDefinition([str(y) for y in YEARS])
+epoch_partitions = dg.StaticPartitionsDefinition([str(e) for e in epochs_of(YEARS)])
 city_year_partitions = dg.MultiPartitionsDefinition({CITY: city_partitions, YEAR: year_partitions})
 city_epoch_partitions = dg.MultiPartitionsDefinition(
     {CITY: city_partitions, EPOCH: epoch_partitions}
@@ -68,7 +74,7 @@ def keys_for(partitions: PartitionsDef, cities: Iterable[str], years: Iterable[i
 
 
 def _epoch_years() -> dict[str, list[str]]:
-    return {str(e): [str(y) for y in CALENDAR if epoch_of(y) == e] for e in EPOCHS}
+    return {str(e): [str(y) for y in YEARS if epoch_of(y) == e] for e in epochs_of(YEARS)}
 
 
 def mapping_between(upstream: PartitionsDef, downstream: PartitionsDef) -> dg.PartitionMapping:

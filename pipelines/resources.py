@@ -16,6 +16,7 @@ from pydantic import PrivateAttr
 
 from citycube.catalogue.modalities import Catalogue, load_catalogue
 from citycube.cube.release import BUILD_CHIP_FORMAT, Release
+from citycube.errors import NoWorkersError
 from citycube.items.protocol import SourceSet
 from sources import SourceSetSpecFile, resolve_sources
 
@@ -35,6 +36,11 @@ PROGRESS_EVERY_S = 10.0
 """Seconds between progress lines of a long step."""
 FIRST_PRIORITY_BOOST = 10**13
 """Added to the dask priority of tasks that go first (more than any run's start in ms)."""
+NO_WORKER_WAIT_S = 120.0
+"""Seconds a step waits while the dask cluster has no worker (every one lost, or none started)
+before it fails with CC310; a worker that joins in time picks the work up."""
+WORKER_LOOK_S = 2.0
+"""Seconds between two looks at the cluster's workers while a step waits for its tasks."""
 WORKER_PRELOAD = "pipelines.worker_preload"
 """Module every dask worker imports as it starts, so its first task does not pay for it."""
 DASK_MALLOC_VARIABLE = "MALLOC_TRIM_THRESHOLD_"
@@ -47,9 +53,10 @@ million page faults for three city-years, against 71 thousand without it). Proce
 its own memory (``citycube.processing.memory``) and needs neither."""
 
 
-def start_local_cluster(workers: int) -> Any:
+def start_local_cluster(workers: int, scheduler_port: int = 0) -> Any:
     """A ``LocalCluster`` of single-threaded worker processes that import the work stack as
-    they start; its workers come up in the background (``scale``), so the caller can go on."""
+    they start; its workers come up in the background (``scale``), so the caller can go on.
+    ``scheduler_port``: the scheduler's port on 127.0.0.1 (0: any free one)."""
     import dask
     from dask.distributed import LocalCluster
 
@@ -64,6 +71,8 @@ def start_local_cluster(workers: int) -> Any:
         dashboard_address=None,
         silence_logs=logging.ERROR,
         preload=[WORKER_PRELOAD],
+        host="127.0.0.1",
+        scheduler_port=scheduler_port,
     )
     cluster.scale(workers)
     return cluster
@@ -149,6 +158,8 @@ class ComputeResource(dg.ConfigurableResource):
     """Address of a running dask scheduler; empty: start a LocalCluster when workers > 1."""
     workers: int = 0
     """Worker processes of the local cluster; 0: CITYCUBE_WORKERS, or 1."""
+    no_worker_wait_s: float = NO_WORKER_WAIT_S
+    """Seconds a step waits while the cluster has no worker before it fails (CC310)."""
     _client: Any = PrivateAttr(default=None)
     _cluster: Any = PrivateAttr(default=None)
 
@@ -158,7 +169,7 @@ class ComputeResource(dg.ConfigurableResource):
         workers = self.workers or int(os.environ.get(WORKERS_ENV, "1") or 1)
         return scheduler, max(1, workers)
 
-    def _dask_client(self) -> Any:
+    def _dask_client(self, log: logging.Logger | Any = None) -> Any:
         if self._client is None:
             from dask.distributed import Client
 
@@ -168,6 +179,9 @@ class ComputeResource(dg.ConfigurableResource):
             else:
                 self._cluster = start_local_cluster(workers)
                 self._client = Client(self._cluster)
+            (log or logging.getLogger(__name__)).info(
+                describe_cluster(self._client, external=bool(scheduler))
+            )
         return self._client
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
@@ -212,7 +226,8 @@ class ComputeResource(dg.ConfigurableResource):
     ) -> list[Outcome]:
         from dask.distributed import as_completed
 
-        client = self._dask_client()
+        client = self._dask_client(progress.log)
+        watch = WorkerWatch(client, progress.log, self.no_worker_wait_s)
         # First started, first run: several runs share the workers, and a run whose tasks all
         # finish early frees its slot in the run queue for the next one while the others'
         # tasks keep the workers busy. Interleaved, every run would end at about the same time
@@ -234,19 +249,87 @@ class ComputeResource(dg.ConfigurableResource):
         }
         outcomes: list[Outcome] = []
         try:
-            for future in as_completed(futures):
-                key = futures[future]
-                try:
-                    result, seconds = future.result()
-                    outcome = Outcome(key, result=result, seconds=seconds)
-                except Exception as exc:
-                    outcome = Outcome(key, error=exc, seconds=time.monotonic() - began)
-                outcomes.append(progress.add(outcome))
+            finished = as_completed(futures, with_results=False)
+            while len(outcomes) < len(futures):
+                batch = finished.next_batch(block=False)
+                if not batch:
+                    watch.look()  # raises NoWorkersError once the cluster has been empty too long
+                    time.sleep(0.05)
+                    continue
+                for future in batch:
+                    key = futures[future]
+                    try:
+                        result, seconds = future.result()
+                        outcome = Outcome(key, result=result, seconds=seconds)
+                    except Exception as exc:
+                        outcome = Outcome(key, error=exc, seconds=time.monotonic() - began)
+                    outcomes.append(progress.add(outcome))
         finally:
             pending = [f for f in futures if not f.done()]
             if pending:  # interrupted: nothing more is started for this step
                 client.cancel(pending)
         return outcomes
+
+
+def describe_cluster(client: Any, external: bool) -> str:
+    """One line about the cluster a run sends work to: scheduler, workers, dashboard."""
+    workers = sorted(client.nthreads())
+    kind = "dask scheduler" if external else "dask LocalCluster of this run, scheduler"
+    dashboard = _dashboard(client)
+    return (
+        f"{kind} {client.scheduler.address} with {len(workers)} worker(s)"
+        + (f": {', '.join(workers)}" if workers else " (waiting for one)")
+        + (f"; dashboard {dashboard}" if dashboard else "")
+    )
+
+
+def _dashboard(client: Any) -> str:
+    """The dask dashboard's address, when the scheduler serves one (bokeh installed)."""
+    try:
+        services = client.scheduler_info().get("services", {})
+    except Exception:
+        return ""
+    return client.dashboard_link if "dashboard" in services else ""
+
+
+class WorkerWatch:
+    """Follows a cluster's workers while a step waits: logs each one lost or joined, and fails
+    the step (CC310) when the cluster has had none for ``wait`` seconds."""
+
+    def __init__(self, client: Any, log: Any, wait: float = NO_WORKER_WAIT_S) -> None:
+        self.client, self.log, self.wait = client, log, wait
+        self.known = set(client.nthreads())
+        self.empty_since: float | None = None if self.known else time.monotonic()
+        self.last = time.monotonic()
+
+    def look(self) -> None:
+        """Compare the workers with the last look (at most every ``WORKER_LOOK_S``)."""
+        now = time.monotonic()
+        if now - self.last < WORKER_LOOK_S and self.empty_since is None:
+            return
+        self.last = now
+        workers = set(self.client.nthreads())
+        for lost in sorted(self.known - workers):
+            self.log.warning(f"dask worker {lost} lost; {len(workers)} left")
+        for joined in sorted(workers - self.known):
+            self.log.info(f"dask worker {joined} joined; {len(workers)} now")
+        self.known = workers
+        if workers:
+            self.empty_since = None
+            return
+        if self.empty_since is None:
+            self.empty_since = now
+            self.log.warning(
+                f"the dask cluster at {self.client.scheduler.address} has no worker left; "
+                f"waiting up to {self.wait:.0f} s for one"
+            )
+        elif now - self.empty_since >= self.wait:
+            raise NoWorkersError(
+                f"the dask cluster at {self.client.scheduler.address} has had no worker for "
+                f"{self.wait:.0f} s; start workers (`dask worker "
+                f"{self.client.scheduler.address}`) or unset CITYCUBE_DASK_SCHEDULER to use a "
+                "local cluster, then materialise the failed partitions again"
+            )
 
 
 def _broadcast_shared(client: Any, arguments: Sequence[tuple[Any, ...]]) -> dict[int, Any]:

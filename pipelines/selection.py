@@ -18,9 +18,18 @@ PartitionsByKey = Mapping[dg.AssetKey, dg.PartitionsDefinition | None]
 """Asset key → its partitions definition (``None``: unpartitioned)."""
 
 
+REQUESTS_GROUP = "requests"
+"""Assets that record what users ask for from the UI; a build never builds them."""
+
+
 def partitions_by_key(defs: dg.Definitions) -> dict[dg.AssetKey, dg.PartitionsDefinition | None]:
-    """The partitions definition of every asset of ``defs``."""
-    return {spec.key: spec.partitions_def for spec in defs.resolve_all_asset_specs()}
+    """The partitions definition of every asset of ``defs`` that a build builds (all but the
+    requests)."""
+    return {
+        spec.key: spec.partitions_def
+        for spec in defs.resolve_all_asset_specs()
+        if spec.group_name != REQUESTS_GROUP
+    }
 
 
 def build_selection(

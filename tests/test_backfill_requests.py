@@ -1,20 +1,15 @@
 """Backfill requests through Dagster's GraphQL API: a selection of partitions of the city,
 city × epoch and city × year partitionings (and unpartitioned assets) arrives whole, and only
-it; the yearly sensor asks for the same backfill as a build of that year would."""
+it."""
 
 from __future__ import annotations
-
-import datetime as dt
-from pathlib import Path
 
 import dagster as dg
 import pytest
 
 from pipelines.definitions import defs
-from pipelines.graphql import DagsterGraphQL, key_ranges, partitions_by_assets
-from pipelines.instance import ensure_dagster_home
+from pipelines.graphql import key_ranges, partitions_by_assets
 from pipelines.partitions import city_epoch_partitions, city_partitions, city_year_partitions
-from pipelines.schedules import WORKSPACE_FILE, launch_yearly, year_due, yearly_request
 from pipelines.selection import (
     build_selection,
     merged,
@@ -60,38 +55,3 @@ def test_a_selection_spans_every_partitioning_and_splits_into_two_phases() -> No
     opt_ranges = selectors[("modalities", "opt")]["ranges"]
     assert {"start": "Amsterdam|2020", "end": "Amsterdam|2020"} in opt_ranges
     assert len(opt_ranges) == 4
-
-
-def test_the_yearly_sensor_requests_last_years_backfill_through_graphql(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Launched with ``dagster-graphql`` on workspace.yaml, the backfill Dagster stores
-    targets exactly the year's partitions of every city, and the cube."""
-    from dagster._core.instance.ref import InstanceRef
-
-    home = ensure_dagster_home(tmp_path / "home")
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    partitions = partitions_by_key(defs)
-    assert year_due(dt.date(2025, 1, 14)) == 2023 and year_due(dt.date(2025, 1, 15)) == 2024
-    request = yearly_request(partitions, dt.date(2025, 1, 15), cursor=None)
-    assert not isinstance(request, dg.SkipReason)
-    assert isinstance(yearly_request(partitions, dt.date(2025, 6, 1), "2024"), dg.SkipReason)
-
-    backfill_id = launch_yearly(request, partitions, DagsterGraphQL(WORKSPACE_FILE))
-
-    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
-        backfill = instance.get_backfill(backfill_id)
-        target = backfill.asset_backfill_data.target_subset
-    assert backfill.status.value == "REQUESTED"
-    assert backfill.tags["citycube/year"] == "2024"
-    opt = target.get_partitions_subset(OPT).get_partition_keys()
-    assert len(opt) == 16 and all(k.endswith("|2024") for k in opt)
-    pop = target.get_partitions_subset(POP).get_partition_keys()
-    assert sorted(pop)[0] == "Amsterdam|2020"  # 2024's epoch
-    assert DATABASE in target.non_partitioned_asset_keys
-    for key, keys in request.selection.items():
-        if keys is not None:
-            assert set(target.get_partitions_subset(key).get_partition_keys()) == set(keys)
-    assert target.num_partitions_and_non_partitioned_assets == sum(
-        1 if keys is None else len(keys) for keys in request.selection.values()
-    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from citycube.catalogue.modalities import Temporal
-from citycube.catalogue.temporal import CALENDAR, epoch_of, parse_years, resolve
+from citycube.catalogue.temporal import CALENDAR, epoch_of, parse_years, resolve, today
 from citycube.errors import UnknownYearError
 
 EPOCHS = [2000, 2005, 2010, 2015, 2020, 2025]
@@ -47,7 +47,7 @@ def test_unknown_years_rejected() -> None:
     with pytest.raises(UnknownYearError):
         resolve(Temporal.ANNUAL, 1999, [1999])
     with pytest.raises(UnknownYearError, match="outside the calendar"):
-        parse_years("2024-2026")
+        parse_years(f"2024-{today().year}")  # this year has not closed yet
     with pytest.raises(UnknownYearError, match="cannot read"):
         parse_years("twenty")
 
@@ -60,3 +60,17 @@ def test_parse_years_forms() -> None:
 def test_source_without_any_year_for_the_city_is_outside_coverage() -> None:
     r = resolve(Temporal.ANNUAL, 2020, [])
     assert not r.available and r.missing_reason == "outside_source_coverage"
+
+
+def test_a_year_is_accepted_once_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """2026 can be built from 15 January 2027; 'all' stays the paper's 2000–2025."""
+    monkeypatch.setenv("CITYCUBE_TODAY", "2027-01-14")
+    with pytest.raises(UnknownYearError, match="2000–2025"):
+        parse_years("2026")
+    monkeypatch.setenv("CITYCUBE_TODAY", "2027-01-15")
+    assert parse_years("2025-2026") == [2025, 2026]
+    assert parse_years("all") == list(CALENDAR)
+    assert resolve(Temporal.EPOCH, 2026, EPOCHS).source_year == 2025
+    monkeypatch.setenv("CITYCUBE_TODAY", "soon")
+    with pytest.raises(UnknownYearError, match="CITYCUBE_TODAY"):
+        parse_years("2020")

@@ -9,6 +9,7 @@ scored as soon as the cases exist.
 import dagster as dg
 from pydantic import Field
 
+from assets.common import published_path, published_table, table_metadata
 from assets.cube import STAGED_DATABASE_KEY, TILES_KEY
 from pipelines.resources import CubeResource
 
@@ -58,9 +59,9 @@ def build_forecast_assets() -> list[dg.AssetsDefinition]:
         files = ForecastFiles.draft(release)
         return dg.MaterializeResult(
             metadata={
-                "cases": dg.MetadataValue.path(str(files.cases)),
-                "references": dg.MetadataValue.path(str(files.references)),
-                "manifest": dg.MetadataValue.path(str(files.manifest)),
+                **published_table(release, files.cases, name="cases"),
+                "references": dg.MetadataValue.path(str(published_path(release, files.references))),
+                "manifest": dg.MetadataValue.path(str(published_path(release, files.manifest))),
                 "requested": dg.MetadataValue.json(found.requested),
                 "achieved": dg.MetadataValue.json(found.achieved),
                 "complete": found.complete,
@@ -85,7 +86,11 @@ def build_forecast_assets() -> list[dg.AssetsDefinition]:
         views = stage_views(release, cube.catalogue())
         return dg.MaterializeResult(
             metadata={
-                **{suffix: dg.MetadataValue.path(str(p)) for suffix, p in paths.items()},
+                **{
+                    suffix: dg.MetadataValue.path(str(published_path(release, p)))
+                    for suffix, p in paths.items()
+                },
+                **table_metadata(paths.get("parquet", ""), scores.num_rows),
                 "rows": scores.num_rows,
                 "summary": dg.MetadataValue.md(paths["md"].read_text(encoding="utf-8")),
                 "views": dg.MetadataValue.json(views),

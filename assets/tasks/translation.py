@@ -12,6 +12,7 @@ without reshuffling the others.
 import dagster as dg
 from pydantic import Field
 
+from assets.common import published_path, published_table
 from assets.cube import STAGED_DATABASE_KEY, TILES_KEY
 from citycube.catalogue.modalities import Catalogue
 from citycube.tasks.sampling import DEFAULT_TOTAL, SAMPLING_SEED
@@ -60,8 +61,10 @@ def build_benchmark_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
             uri = png_data_uri(heatmap.convert("RGB"), HEATMAP_PREVIEW_PX)
         return dg.MaterializeResult(
             metadata={
-                "path": dg.MetadataValue.path(str(files.pairs)),
-                "route_counts": dg.MetadataValue.path(str(files.route_counts)),
+                **published_table(release, files.pairs),
+                "route_counts": dg.MetadataValue.path(
+                    str(published_path(release, files.route_counts))
+                ),
                 "keys": found["keys"],
                 "city_years": found["city_years"],
                 "pairs": found["pairs"],
@@ -79,7 +82,15 @@ def build_benchmark_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         deps=[TILES_KEY, STAGED_DATABASE_KEY],
         group_name=GROUP,
         kinds={"parquet"},
-        check_specs=[dg.AssetCheckSpec("no_cross_split_overlap", asset=SPLITS_KEY, blocking=True)],
+        check_specs=[
+            dg.AssetCheckSpec(
+                "no_cross_split_overlap",
+                asset=SPLITS_KEY,
+                blocking=True,
+                description="Blocking: no tile of one split (train, validation, test) overlaps "
+                "a tile of another, at either scale.",
+            )
+        ],
     )
     def splits(cube: CubeResource) -> dg.MaterializeResult:
         """Train / validation / test by whole 10 km parent cells (seeded, stable over years)."""
@@ -92,7 +103,7 @@ def build_benchmark_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         overlaps = found["overlaps"]
         return dg.MaterializeResult(
             metadata={
-                "path": dg.MetadataValue.path(str(BenchmarkFiles.draft(release).splits)),
+                **published_table(release, BenchmarkFiles.draft(release).splits),
                 "seed": found["seed"],
                 "partitions": dg.MetadataValue.json(found["summary"]),
                 "views": dg.MetadataValue.json(views),
@@ -125,8 +136,8 @@ def build_benchmark_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         files = BenchmarkFiles.draft(release)
         return dg.MaterializeResult(
             metadata={
-                "path": dg.MetadataValue.path(str(files.instances)),
-                "manifest": dg.MetadataValue.path(str(files.manifest)),
+                **published_table(release, files.instances),
+                "manifest": dg.MetadataValue.path(str(published_path(release, files.manifest))),
                 "seed": config.seed,
                 "requested": dg.MetadataValue.json(result.requested),
                 "achieved": dg.MetadataValue.json(result.achieved),

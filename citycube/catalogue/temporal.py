@@ -7,8 +7,10 @@ missing. Reuse (epoch, static) is labelled so it never passes as an independent 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 
 from citycube.catalogue.modalities import Temporal
 from citycube.errors import UnknownYearError
@@ -16,15 +18,52 @@ from citycube.errors import UnknownYearError
 FIRST_YEAR = 2000
 LAST_YEAR = 2025
 CALENDAR: tuple[int, ...] = tuple(range(FIRST_YEAR, LAST_YEAR + 1))
+"""The paper's calendar: the default scope of a release (``--years all``)."""
 EPOCH_LENGTH = 5
+RELEASE_DAY = (1, 15)
+"""(month, day) from which last year counts as closed: most annual products are out by then."""
+TODAY_ENV = "CITYCUBE_TODAY"
+"""An ISO date taken as today by the calendar and the yearly automation (unset: the UTC date),
+e.g. to see what they would do on a later day."""
+
+
+def today() -> date:
+    """Today's date (UTC), or the date ``CITYCUBE_TODAY`` names."""
+    text = os.environ.get(TODAY_ENV, "").strip()
+    if not text:
+        return datetime.now(UTC).date()
+    try:
+        return date.fromisoformat(text)
+    except ValueError as exc:
+        raise UnknownYearError(
+            f"{TODAY_ENV}={text!r} is not a date; write it as YYYY-MM-DD or unset it"
+        ) from exc
+
+
+def last_closed_year(on: date) -> int:
+    """The latest year that is closed on ``on``: last year from 15 January, else the one before."""
+    return on.year - 1 if (on.month, on.day) >= RELEASE_DAY else on.year - 2
+
+
+def open_calendar(on: date | None = None) -> tuple[int, ...]:
+    """Every year that can be built on ``on`` (default: today): the paper's 2000–2025 and each
+    year closed since, so the calendar grows by one year every 15 January."""
+    last = max(LAST_YEAR, last_closed_year(on or today()))
+    return tuple(range(FIRST_YEAR, last + 1))
+
+
+def epochs_of(years: Iterable[int]) -> tuple[int, ...]:
+    """First years of the 5-year epochs that ``years`` fall in, in order."""
+    return tuple(sorted({epoch_of(y) for y in years}))
 
 
 def check_year(year: int) -> int:
-    """Reject years outside the calendar with an error that says what is allowed."""
-    if year not in CALENDAR:
+    """Reject years outside the open calendar with an error that says what is allowed."""
+    calendar = open_calendar()
+    if year not in calendar:
         raise UnknownYearError(
-            f"year {year} is outside the calendar {FIRST_YEAR}–{LAST_YEAR}; choose a year in "
-            "that range"
+            f"year {year} is outside the calendar {FIRST_YEAR}–{calendar[-1]} (a year can be "
+            f"built from 15 January of the next); choose a year in that range"
         )
     return year
 
