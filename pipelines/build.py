@@ -150,11 +150,16 @@ def build_locks(request: BuildRequest, home: Path) -> Iterator[tuple[int, ...]]:
         yield tuple(fds)
 
 
-def run_build(request: BuildRequest, keep_fds: Sequence[int] = ()) -> int:
+def run_build(
+    request: BuildRequest, keep_fds: Sequence[int] = (), pending: list[int] | None = None
+) -> int:
     """Start the driver in its own session and relay stop requests to it; its exit code.
 
     ``keep_fds`` (the build locks) are handed to the driver, which holds them to its end.
+    ``pending`` is the list a caller's early handler notes signals in until this one takes
+    over: what it noted is relayed as soon as the driver runs.
     """
+    pending = [] if pending is None else pending
     command = [sys.executable, "-m", "pipelines.build", request.to_json()]
     driver = subprocess.Popen(
         command, cwd=REPO_ROOT, start_new_session=True, pass_fds=tuple(keep_fds)
@@ -179,6 +184,8 @@ def run_build(request: BuildRequest, keep_fds: Sequence[int] = ()) -> int:
                 driver.send_signal(signal.SIGINT)
 
     previous = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM)}
+    for signo in list(pending):  # noted by the early handler while the driver was starting
+        relay(signo, None)
     try:
         while True:
             try:
@@ -189,6 +196,14 @@ def run_build(request: BuildRequest, keep_fds: Sequence[int] = ()) -> int:
     finally:
         for signo, handler in previous.items():
             signal.signal(signo, handler)
+    if code == -signal.SIGTERM and requests:  # stopped while it was still starting
+        print(
+            "\nThe build stopped before its backfill began; nothing was built. Run the same "
+            "command again to build.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 130
     if code < 0:  # killed: it could not say so itself
         print(
             f"\nThe build was killed ({signal.Signals(-code).name}); its processes ended with "
@@ -721,6 +736,8 @@ def close_abandoned_builds(
 
 def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     """The driver's work: cluster, backfill, progress, summary; the command's exit code."""
+    stop = StopFlags()
+    stop.install()  # first: a stop relayed while Dagster loads is kept, not fatal
     import dagster as dg
 
     from pipelines.daemon import BuildServices
@@ -729,8 +746,6 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     from pipelines.resources import SCHEDULER_ENV, WORKERS_ENV
     from pipelines.selection import is_empty, merged, unmaterialized
 
-    stop = StopFlags()
-    stop.install()
     _stop_with_parent()
     mark_build_process()  # the cluster, the code server and the runs end with this process
     started = time.monotonic()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -158,6 +159,10 @@ def build(args: argparse.Namespace) -> int:
         scheduler=os.environ.get("CITYCUBE_DASK_SCHEDULER", ""),
         assets=assets,
     )
+    early: EarlyStop | None = getattr(args, "early_stop", None)
+    if early is not None and early.exit_code() is not None:  # stopped while it was loading
+        print(INTERRUPTED, file=sys.stderr)
+        return early.exit_code() or 130
     with build_locks(request, Path(os.environ["DAGSTER_HOME"])) as locks:
         total = len(cities) * len(years)
         where = (
@@ -171,7 +176,11 @@ def build(args: argparse.Namespace) -> int:
             f"sources: {_source_set_label()}",
             flush=True,
         )
-        return run_build(request, keep_fds=locks)
+        pending = early.signals if early is not None else []
+        if pending:  # stopped while the locks were taken: no driver is started
+            print(INTERRUPTED, file=sys.stderr)
+            return 128 + pending[0]
+        return run_build(request, keep_fds=locks, pending=pending)
 
 
 def _source_set_label() -> str:
@@ -826,17 +835,52 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class EarlyStop:
+    """Ctrl-C or SIGTERM that comes while a command is still loading, kept until it can act.
+
+    Python's own Ctrl-C handler raises KeyboardInterrupt wherever the main thread is, and one
+    raised inside a finaliser is printed and swallowed: a build interrupted in its first
+    seconds went on to the end. So the signal is only noted here; a command checks the note
+    before it writes anything, and a build hands it to the handler that stops its driver.
+    """
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self._previous = {s: signal.signal(s, self._note) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _note(self, signo: int, _frame: object) -> None:
+        self.signals.append(signo)
+
+    def exit_code(self) -> int | None:
+        """128 + the first signal noted, or None when none came."""
+        return 128 + self.signals[0] if self.signals else None
+
+    def release(self) -> None:
+        """Give the signals their usual handlers back (commands that need no deferral)."""
+        for signo, handler in self._previous.items():
+            signal.signal(signo, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
+    early = EarlyStop()
     from citycube.errors import CityCubeError
 
     try:
-        args = parser().parse_args(argv)  # loads the libraries: Ctrl-C may come here
+        args = parser().parse_args(argv)  # loads the libraries: a stop may come here
+        code = early.exit_code()
+        if code is not None:
+            print(INTERRUPTED, file=sys.stderr)
+            return code
+        if args.func is build:
+            args.early_stop = early  # run_build takes the signals over from here
+        else:
+            early.release()
         return int(args.func(args))
     except CityCubeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C before a build hands stopping to its own handler
+    except KeyboardInterrupt:  # Ctrl-C in a command that is not a build
         print(INTERRUPTED, file=sys.stderr)
         return 130
 

@@ -190,9 +190,12 @@ def _assert_readers_see_only_whole_partitions(release: Release) -> None:
     for store in release.root.glob("chips/*/*/*.icechunk"):  # what a build writes by default
         with open_chips(store) as chips:  # its last commit, whole
             assert chips["valid"].shape == chips["data"].shape[1:], store
-    for record in release.data_root.glob("sources/*/*/*"):  # items are whole or absent
-        if not record.name.startswith("."):
+    sources = release.data_root / "sources"
+    for record in sources.glob("*/*/*"):  # items are whole or absent
+        if not any(part.startswith(".") for part in record.relative_to(sources).parts):
             assert (record / "_complete.json").exists(), record
+    for fetched in sources.glob(".fetched/*/*/*.json"):  # fetch records: written whole
+        assert json.loads(fetched.read_text())["format"] == 1, fetched
     if release.duckdb_file.exists():
         with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
             con.sql("SELECT count(*) FROM observations").fetchall()
