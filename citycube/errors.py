@@ -201,3 +201,9 @@ class ReleaseNotFoundError(CityCubeError):
     """A release, or its DuckDB database, is not where the data root and version point."""
 
     code = "CC302"
+
+
+class EmbeddingError(CityCubeError):
+    """An embedding, task or split of the representation evaluation cannot be used as given."""
+
+    code = "CC400"
