@@ -6,8 +6,8 @@ epochs, and stop when the validation loss has not improved for 10 epochs, restor
 of the best validation epoch. Features and regression targets are z-scored with training
 statistics only. Losses: squared error (regression), softmax cross-entropy (classification),
 softmax cross-entropy against the target fractions (distribution; its minimum is the KL
-divergence plus the target's entropy). Everything runs in float64 on the CPU, so the same seed
-gives the same numbers.
+divergence plus the target's entropy). Training runs in float32 on the CPU; the seed fixes the
+initial weights and the batch order, so a rerun on the same machine gives the same numbers.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ LEARNING_RATE = 1e-3
 BATCH_SIZE = 512
 MAX_EPOCHS = 100
 PATIENCE = 10
+DTYPE = np.float32
+"""Weights and activations in single precision, as a GPU head would train; statistics, targets
+and metrics stay in double."""
 HEADS = ("mlp", "linear")
 
 
@@ -79,7 +82,10 @@ class Head:
         self.params = []
         for a, b in itertools.pairwise(sizes):
             bound = 1.0 / np.sqrt(a)
-            self.params += [rng.uniform(-bound, bound, (a, b)), rng.uniform(-bound, bound, b)]
+            self.params += [
+                rng.uniform(-bound, bound, (a, b)).astype(DTYPE),
+                rng.uniform(-bound, bound, b).astype(DTYPE),
+            ]
 
     def _forward(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         if self.config.hidden:
@@ -114,12 +120,12 @@ class Head:
     # --- targets ----------------------------------------------------------------------
     def _encode(self, y: np.ndarray) -> np.ndarray:
         if self.kind == "regression":
-            return ((y - self.y_mean) / self.y_std)[:, None]
+            return ((y - self.y_mean) / self.y_std)[:, None].astype(DTYPE)
         if self.kind == "classification":
-            onehot = np.zeros((len(y), len(self.classes)))
+            onehot = np.zeros((len(y), len(self.classes)), DTYPE)
             onehot[np.arange(len(y)), np.searchsorted(self.classes, y)] = 1.0
             return onehot
-        return np.asarray(y, np.float64)
+        return np.asarray(y, DTYPE)
 
     # --- public -----------------------------------------------------------------------
     def fit(self, X: np.ndarray, y: np.ndarray, X_val: np.ndarray, y_val: np.ndarray) -> FitResult:
@@ -175,13 +181,13 @@ class Head:
         return result
 
     def _scale(self, X: np.ndarray) -> np.ndarray:
-        return (np.asarray(X, np.float64) - self.x_mean) / self.x_std
+        return ((np.asarray(X, np.float64) - self.x_mean) / self.x_std).astype(DTYPE)
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Regression values in target units, class ids, or class fractions."""
         out, _ = self._forward(self._scale(X))
         if self.kind == "regression":
-            return out[:, 0] * self.y_std + self.y_mean
+            return out[:, 0].astype(np.float64) * self.y_std + self.y_mean
         if self.kind == "classification":
             return self.classes[out.argmax(axis=1)]
-        return _softmax(out)
+        return _softmax(out.astype(np.float64))
