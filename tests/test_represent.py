@@ -403,3 +403,69 @@ def test_one_run_writes_every_artifact(con, release) -> None:
     preds = pq.read_table(out / "predictions.parquet").to_pandas()
     lcd = preds[preds["task"] == "LCD"]
     assert lcd["pred"].isna().all() and np.allclose([sum(p) for p in lcd["pred_fractions"]], 1)
+
+
+# --- command line --------------------------------------------------------------------------
+
+
+def test_cli_writes_the_summary_tables(release, tmp_path: Path, capsys) -> None:
+    from pipelines.cli import main
+
+    data = str(release.data_root)
+    code = main(
+        [
+            "--data",
+            data,
+            "--release",
+            release.version,
+            "represent",
+            "--name",
+            "cli",
+            "--cities",
+            "Amsterdam",
+            "--tasks",
+            "NTL,LCC",
+            "--seeds",
+            "42,24",
+            "--heads",
+            "mlp,linear",
+            "--max-epochs",
+            "15",
+            "--missing",
+            "zero",
+            "--l2",
+        ]
+    )
+    assert code == 0
+    out = release.data_root / "evaluations" / release.version / "represent" / "cli"
+    tasks = pd.read_csv(out / "task_scores.csv")
+    assert set(tasks["embedding"]) == {"sinusoidal", "cube", "random"}
+    assert set(tasks["protocol"]) == {"block10", "random"} and set(tasks["head"]) == {
+        "mlp",
+        "linear",
+    }
+    report = pd.read_csv(out / "alignment_report.csv")
+    assert report["l2"].all() and (report["policy"] == "zero").all()
+    printed = capsys.readouterr().out
+    assert "block10 · mlp" in printed and "mean city rank" in printed
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tasks", "GDP"], "unknown task 'GDP'"),
+        (["--protocols", "block5"], "unknown protocol"),
+        (["--embedding", "mine"], "give NAME=PATH"),
+        (["--embedding", "mine=/nonexistent/emb.tif"], "no file at"),
+        (["--name", "../escape"], "run name"),
+    ],
+)
+def test_cli_refuses_bad_input_and_writes_nothing(release, args, message, capsys) -> None:
+    from pipelines.cli import main
+
+    base = ["--data", str(release.data_root), "--release", release.version, "represent"]
+    code = main([*base, "--name", "bad", "--cities", "Amsterdam", *args])  # the last --name wins
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (release.data_root / "evaluations" / release.version / "represent" / "bad").exists()

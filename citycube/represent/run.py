@@ -392,3 +392,26 @@ def _finish(
     with atomic_path(folder / "run.json") as tmp:
         tmp.write_text(json.dumps(run, indent=2, default=str), encoding="utf-8")
     return RunResult(folder, res, tasks, ranks, report, skip, seconds)
+
+
+def release_cities(con: duckdb.DuckDBPyConnection) -> tuple[str, ...]:
+    """The cities that have observations in the release."""
+    rows = con.execute("SELECT DISTINCT city FROM observations ORDER BY city").fetchall()
+    return tuple(r[0] for r in rows)
+
+
+def summary(result: RunResult) -> str:
+    """The task table (mean over cities ± cross-city std) and mean city ranks, as text."""
+    if result.tasks.empty:
+        return "no task could be scored (see skipped.csv)"
+    lines = []
+    for (protocol, head), part in result.tasks.groupby(["protocol", "head"]):
+        table = part.pivot(index="embedding", columns="task", values="avg")
+        ranks = result.ranks[
+            (result.ranks["protocol"] == protocol) & (result.ranks["head"] == head)
+        ]
+        overall = ranks[ranks["task"] == "overall"].set_index("embedding")["mean_rank"]
+        table["mean city rank"] = overall
+        lines.append(f"{protocol} · {head} (primary metric: R², macro F1 or KL)")
+        lines.append(table.to_string(float_format=lambda v: f"{v:.3f}"))
+    return "\n".join(lines)
