@@ -392,7 +392,7 @@ def test_one_run_writes_every_artifact(con, release) -> None:
     assert fits["LCD", "random"] == 1 * 3 * 2 * 2
     report = result.alignment.set_index(["embedding", "city", "task"])
     assert report.loc[("sinusoidal", "Amsterdam", "POP"), "coverage"] == 1.0
-    assert report.loc[("cube", "Amsterdam", "NTL" if False else "POP"), "dim"] == 4
+    assert report.loc[("cube", "Amsterdam", "POP"), "dim"] == 4
     splits = pq.read_table(out / "splits.parquet").to_pandas()
     spatial = splits[splits["protocol"] == "block10"]
     assert (spatial.groupby(["city", "task", "seed", "block"])["split"].nunique() == 1).all()
@@ -469,3 +469,42 @@ def test_cli_refuses_bad_input_and_writes_nothing(release, args, message, capsys
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (release.data_root / "evaluations" / release.version / "represent" / "bad").exists()
+
+
+# --- Dagster asset -------------------------------------------------------------------------
+
+
+def test_asset_evaluates_the_published_cube(release) -> None:
+    import dagster as dg
+
+    from assets.tasks import REPRESENT_KEY, build_represent_assets
+    from pipelines.build import selected_asset_keys
+    from pipelines.resources import CubeResource
+
+    result = dg.materialize(
+        build_represent_assets(),
+        resources={
+            "cube": CubeResource(data_root=str(release.data_root), release_version=release.version)
+        },
+        instance=dg.DagsterInstance.ephemeral(),
+        run_config={
+            "ops": {
+                "represent__builtin_scores": {
+                    "config": {
+                        "cities": ["Amsterdam"],
+                        "tasks": ["LST"],
+                        "seeds": [42],
+                        "protocols": ["block10", "random", "parent"],
+                    }
+                }
+            }
+        },
+    )
+    assert result.success
+    meta = result.asset_materializations_for_node("represent__builtin_scores")[0].metadata
+    assert meta["fits"].value == 3 * 3
+    folder = release.data_root / "evaluations" / release.version / "represent" / "builtin"
+    assert (folder / "task_scores.csv").is_file()
+    # a build without --assets leaves the evaluation out; asking for it by name selects it
+    assert REPRESENT_KEY not in selected_asset_keys([])
+    assert selected_asset_keys(["represent"]) == [REPRESENT_KEY]
