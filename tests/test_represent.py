@@ -302,6 +302,23 @@ def test_metrics_match_their_definitions() -> None:
     assert metrics.distribution(p, p)["kl"] == pytest.approx(0.0, abs=1e-12)
 
 
+def test_metrics_agree_with_scikit_learn() -> None:
+    from sklearn import metrics as sk
+
+    rng = np.random.default_rng(11)
+    y, pred = rng.normal(size=300), rng.normal(size=300) * 0.5
+    r = metrics.regression(y, pred)
+    assert r["r2"] == pytest.approx(sk.r2_score(y, pred))
+    assert r["mae"] == pytest.approx(sk.mean_absolute_error(y, pred))
+    assert r["rmse"] == pytest.approx(sk.root_mean_squared_error(y, pred))
+    labels, guess = rng.integers(0, 5, 300), rng.integers(1, 7, 300)  # classes 0 and 6 one-sided
+    c = metrics.classification(labels, guess)
+    kw = {"average": "macro", "zero_division": 0}
+    assert c["macro_f1"] == pytest.approx(sk.f1_score(labels, guess, **kw))
+    assert c["macro_precision"] == pytest.approx(sk.precision_score(labels, guess, **kw))
+    assert c["macro_recall"] == pytest.approx(sk.recall_score(labels, guess, **kw))
+
+
 def test_aggregation_ranks_ties_and_spread() -> None:
     rows = []
     scores = {  # embedding → city → per-seed R²

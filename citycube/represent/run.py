@@ -254,8 +254,10 @@ def evaluate(
                         if config.max_epochs:
                             cfg = type(cfg)(**{**asdict(cfg), "max_epochs": config.max_epochs})
                         model = Head(task.kind, cfg, seed=s.seed)
+                        tick = time.perf_counter()
                         fit = model.fit(feats.X[tr], y[tr], feats.X[va], y[va])
                         pred = model.predict(feats.X[te])
+                        fit_seconds = time.perf_counter() - tick
                         metrics = score(task.kind, y[te], pred)
                         results.append(
                             {
@@ -275,6 +277,7 @@ def evaluate(
                                 "n_test": int(te.sum()),
                                 "epochs": fit.epochs,
                                 "best_epoch": fit.best_epoch,
+                                "fit_seconds": fit_seconds,
                             }
                         )
                         prediction_tables.append(
