@@ -12,7 +12,7 @@ YEARS ?= default
 WORKERS ?= 2
 TEST_WORKERS ?= 2
 
-.PHONY: install run test dev lint bench docs fresh-runs clean
+.PHONY: install run test dev lint bench docs fresh-runs represent clean
 
 install: $(STAMP)
 
@@ -30,6 +30,10 @@ $(STAMP): pyproject.toml constraints.txt
 ## Build the default sample release as a Dagster asset backfill and print a DuckDB summary.
 run: install
 	$(BIN)/python -m pipelines.cli build --cities '$(CITIES)' --years '$(YEARS)' --workers '$(WORKERS)'
+
+## Evaluate the built-in embeddings on the built release (CityRep protocol; docs/representation.md).
+represent: install
+	$(BIN)/python -m pipelines.cli represent
 
 ## Run the test suite, spread over TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0 runs it in one).
 test: install

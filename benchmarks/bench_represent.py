@@ -48,7 +48,7 @@ def _sklearn_seconds(folder: Path, results: pd.DataFrame, targets: dict) -> floa
     from sklearn.neural_network import MLPClassifier, MLPRegressor
 
     splits = pq.read_table(folder / "splits.parquet").to_pandas()
-    splits = splits.set_index(["city", "task", "protocol", "seed", "tile_id"])["split"]
+    splits = splits.set_index(["city", "task", "protocol", "seed", "tile_id"])["split"].sort_index()
     total = 0.0
     for row in results.itertuples():
         table = pq.read_table(folder / "aligned" / row.embedding / row.city / f"{row.task}.parquet")

@@ -158,3 +158,18 @@ def build_smooth_release(data_root: Path, version: str = "rep") -> Release:
     with duckdb.connect(str(release.duckdb_file)) as con:
         con.execute(f"CREATE VIEW splits AS SELECT * FROM read_parquet('{path}')")
     return release
+
+
+def build_single_modality_release(data_root: Path, version: str = "pop-only") -> Release:
+    """Amsterdam 2020 with POP alone: the ``cube`` embedding has nothing to offer POP."""
+    release = Release(data_root, version)
+    write_tiles(release)
+    tiles = list(city_grid("Amsterdam", "2km").tiles())
+    row = np.array([t.row for t in tiles], float)
+    col = np.array([t.col for t in tiles], float)
+    values = smooth_fields(row, col, 0)["POP"]
+    unit = next(f.unit for f in CAT.get("POP").fields)
+    table = _partition("Amsterdam", "POP", FIELDS["POP"], unit, tiles, values, np.ones(140, bool))
+    write_parquet_atomic(table, release.observations_file("Amsterdam", YEAR, "POP"))
+    build_duckdb(release, CAT, release_metadata(release, source_set="test", synthetic=True))
+    return release

@@ -34,7 +34,7 @@ from citycube.represent.run import RunConfig, evaluate
 from citycube.represent.splits import SEEDS, block_ids, block_split, make_split, random_split
 from citycube.represent.tasks import TASKS, load_target
 from tests.conftest import write_tif
-from tests.represent_fixtures import YEAR, build_smooth_release
+from tests.represent_fixtures import YEAR, build_single_modality_release, build_smooth_release
 
 
 @pytest.fixture(scope="module")
@@ -420,6 +420,16 @@ def test_one_run_writes_every_artifact(con, release) -> None:
     preds = pq.read_table(out / "predictions.parquet").to_pandas()
     lcd = preds[preds["task"] == "LCD"]
     assert lcd["pred"].isna().all() and np.allclose([sum(p) for p in lcd["pred_fractions"]], 1)
+
+
+def test_an_embedding_without_features_is_skipped_not_fatal(tmp_path: Path) -> None:
+    release = build_single_modality_release(tmp_path / "data")
+    config = RunConfig(cities=("Amsterdam",), tasks=("POP",), seeds=(42,), max_epochs=3)
+    with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
+        result = evaluate(con, release.root, config, tmp_path / "run")
+    assert set(result.results["embedding"]) == {"sinusoidal", "random"}
+    skipped = result.skipped.set_index("embedding")
+    assert "covers half the tiles" in skipped.loc["cube", "reason"]
 
 
 # --- command line --------------------------------------------------------------------------

@@ -225,6 +225,17 @@ def evaluate(
                 split_tables.append(split_table(city, code, config.scale, target.tile_ids, s))
             for name in config.embeddings:
                 aligned = _aligned(name, units, task, year, con, user, shared)
+                if aligned is None:
+                    skipped.append(
+                        {
+                            "city": city,
+                            "task": code,
+                            "year": year,
+                            "embedding": name,
+                            "reason": "no other modality's numeric field covers half the tiles",
+                        }
+                    )
+                    continue
                 feats, record = prepare(aligned, target.tile_ids, config.policy, config.l2)
                 record.update(task=code, year=year)
                 reports.append(record)
@@ -300,6 +311,8 @@ def _unusable(target: Target) -> str | None:
         return f"{len(target)} labelled units (fewer than {MIN_UNITS})"
     if target.task.kind == "classification" and len(np.unique(target.y)) < 2:
         return "one class only"
+    if target.task.kind == "distribution" and target.y.shape[1] < 2:
+        return "one class only"
     if target.task.kind == "regression" and np.ptp(target.y) == 0:
         return "constant target"
     return None
@@ -332,10 +345,12 @@ def _aligned(
     con: duckdb.DuckDBPyConnection,
     user: dict[str, Embedding],
     shared: dict[str, Aligned],
-) -> Aligned:
-    """The embedding aligned to the city's tiles (cached, except ``cube`` which is per task)."""
+) -> Aligned | None:
+    """The embedding aligned to the city's tiles (cached, except ``cube`` which is per task;
+    None when the release has no field to offer as ``cube`` features)."""
     if name == "cube":
-        return align(cube_features(con, units, year, task.modality), units)
+        features = cube_features(con, units, year, task.modality)
+        return align(features, units) if features.values.shape[1] else None
     if name not in shared:
         if name == "sinusoidal":
             shared[name] = align(sinusoidal(), units)
