@@ -13,7 +13,7 @@ WORKERS ?= 2
 TEST_WORKERS ?= 2
 DEV_PORT ?= 3000
 
-.PHONY: install run agents test dev lint bench docs fresh-runs clean
+.PHONY: install run agents test dev lint bench docs fresh-runs represent clean
 
 install: $(STAMP)
 
@@ -38,6 +38,10 @@ AGENTS_RELEASE ?= agents-sample-0.1.0
 agents: install
 	$(BIN)/python -m pipelines.cli --release '$(AGENTS_RELEASE)' build --cities Boston --years 2010-2024 --workers '$(WORKERS)'
 	$(BIN)/python -m pipelines.cli --release '$(AGENTS_RELEASE)' agents show
+
+## Evaluate the built-in embeddings on the built release (CityRep protocol; docs/representation.md).
+represent: install
+	$(BIN)/python -m pipelines.cli represent
 
 ## Run the test suite, spread over TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0 runs it in one).
 test: install

@@ -300,3 +300,9 @@ class WorkspacePathError(CityCubeError):
     """A path an agent named would leave its case's workspace."""
 
     code = "CC402"
+
+
+class EmbeddingError(CityCubeError):
+    """An embedding, task or split of the representation evaluation cannot be used as given."""
+
+    code = "CC403"

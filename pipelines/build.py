@@ -332,13 +332,14 @@ def submit_backfill(
 
 
 def selected_asset_keys(prefixes: Sequence[str]) -> list[Any]:
-    """Keys of the assets whose key starts with one of ``prefixes`` (all when none is given).
+    """Keys of the assets whose key starts with one of ``prefixes`` (when none is given, all
+    but the evaluations materialised on request, ``pipelines.definitions.ON_REQUEST``).
 
     A prefix that matches nothing is refused with the prefixes that exist: a typo would
     otherwise build nothing of what was meant, or everything.
     """
     from citycube.errors import UnknownAssetError
-    from pipelines.definitions import defs
+    from pipelines.definitions import ON_REQUEST, defs
     from pipelines.selection import REQUESTS_GROUP
 
     keys = [
@@ -354,7 +355,9 @@ def selected_asset_keys(prefixes: Sequence[str]) -> list[Any]:
             f"--assets {','.join(unmatched)} matches no asset; give prefixes of asset keys such "
             f"as {', '.join(groups)} or e.g. derived/opt (see `make dev` for every key)"
         )
-    return [k for k in keys if not prefixes or any(names[k].startswith(p) for p in prefixes)]
+    if not prefixes:  # a build makes the cube; evaluations run when asked for by name
+        return [k for k in keys if not names[k].startswith(ON_REQUEST)]
+    return [k for k in keys if any(names[k].startswith(p) for p in prefixes)]
 
 
 def _describe(request: BuildRequest) -> str:

@@ -22,11 +22,16 @@ from assets.tasks import (
     SPLITS_KEY,
     build_benchmark_assets,
     build_forecast_assets,
+    build_represent_assets,
 )
 from citycube.catalogue.modalities import Catalogue, load_catalogue
 from pipelines.lifetime import follow_build_process
 from pipelines.resources import ComputeResource, default_cube_resource
 from pipelines.schedules import build_city_year_requests, build_yearly_build
+
+ON_REQUEST = "represent/"
+"""Key prefix of the assets that builds and the yearly backfill leave out (the representation
+evaluation): they are materialised when asked for by name."""
 
 BENCHMARK_KEYS = (PAIRS_KEY, SPLITS_KEY, INSTANCES_KEY, FORECAST_CASES_KEY, FORECAST_SCORES_KEY)
 """The benchmark assets: computed from the staged cube and published with it."""
@@ -43,6 +48,7 @@ def build_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         *build_forecast_assets(),
         *build_agent_assets(),
         *build_report_assets(catalogue, after=(*BENCHMARK_KEYS, AGENT_RUNS_KEY)),
+        *build_represent_assets(),
     ]
 
 
@@ -56,11 +62,12 @@ def build_definitions(
     """
     assets = build_assets(catalogue or load_catalogue())
     partitions = {key: a.partitions_def for a in assets for key in a.keys}
+    built = {k: p for k, p in partitions.items() if not k.to_user_string().startswith(ON_REQUEST)}
     return dg.Definitions(
         assets=[*assets, city_year_request],
         sensors=[
-            build_yearly_build(partitions),
-            build_city_year_requests(partitions, REQUEST_KEY),
+            build_yearly_build(built),
+            build_city_year_requests(built, REQUEST_KEY),
         ],
         resources={
             "cube": default_cube_resource(),

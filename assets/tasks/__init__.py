@@ -2,7 +2,9 @@
 
 Thin wrappers over the pure core (``citycube.tasks.pairs``, ``citycube.tasks.splits``,
 ``citycube.tasks.sampling``, ``citycube.tasks.translation``, ``citycube.tasks.forecast``), in their
-own asset group ``benchmark``: the translation track's inputs and the forecasting cases.
+own asset group ``benchmark``: the translation track's inputs and the forecasting cases; and
+the representation evaluation of the built-in embeddings (``citycube.represent``), in group
+``represent``, downstream of the published cube.
 """
 
 from assets.tasks.forecast import (
@@ -10,6 +12,7 @@ from assets.tasks.forecast import (
     FORECAST_SCORES_KEY,
     build_forecast_assets,
 )
+from assets.tasks.represent import REPRESENT_KEY, build_represent_assets
 from assets.tasks.translation import (
     INSTANCES_KEY,
     PAIRS_KEY,
@@ -22,7 +25,9 @@ __all__ = [
     "FORECAST_SCORES_KEY",
     "INSTANCES_KEY",
     "PAIRS_KEY",
+    "REPRESENT_KEY",
     "SPLITS_KEY",
     "build_benchmark_assets",
     "build_forecast_assets",
+    "build_represent_assets",
 ]
