@@ -69,6 +69,38 @@ def test_fine_raster_is_averaged_within_each_tile(tmp_path: Path) -> None:
     assert aligned.features[first, 0] == pytest.approx((0 + 1 + 2 + 3) * 4 / 15)
 
 
+def test_a_zarr_raster_aligns_as_its_geotiff_twin(tmp_path: Path) -> None:
+    """A (band, y, x) Zarr store written by rioxarray is read like the same GeoTIFF."""
+    import rioxarray  # noqa: F401
+    import xarray as xr
+
+    units = tile_units("Amsterdam", "2km")
+    grid = city_grid("Amsterdam", "2km")
+    h, w = grid.n_rows * 4, grid.n_cols * 4
+    data = np.stack(
+        [np.tile(np.arange(w, dtype=np.float32), (h, 1)), np.full((h, w), 3.0, np.float32)]
+    )
+    data[:, 5, 7] = np.nan
+    transform = Affine(500, 0, grid.x_min, 0, -500, grid.y_max)
+    tif = write_tif(
+        tmp_path / "emb.tif",
+        np.nan_to_num(data, nan=-1),
+        crs="EPSG:32631",
+        transform=transform,
+        nodata=-1,
+    )
+    xs = grid.x_min + (np.arange(w) + 0.5) * 500
+    ys = grid.y_max - (np.arange(h) + 0.5) * 500
+    array = xr.DataArray(data, dims=("band", "y", "x"), coords={"band": [0, 1], "y": ys, "x": xs})
+    array = array.rio.write_crs("EPSG:32631").rio.write_transform(transform)
+    store = tmp_path / "emb.zarr"
+    array.to_dataset(name="embedding").to_zarr(store)
+    from_zarr = align(RasterEmbedding.from_zarr("z", store), units)
+    from_tif = align(RasterEmbedding.from_geotiff("t", tif), units)
+    assert from_zarr.rule == from_tif.rule == "raster mean"
+    np.testing.assert_allclose(from_zarr.features, from_tif.features)
+
+
 def test_coarse_raster_is_broadcast_to_the_tiles_it_covers(tmp_path: Path) -> None:
     units = tile_units("Amsterdam", "2km")
     grid = city_grid("Amsterdam", "2km")

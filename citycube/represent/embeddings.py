@@ -110,6 +110,35 @@ class RasterEmbedding:
                 f"cannot read the embedding raster {path}: {exc}; give a GeoTIFF"
             ) from exc
 
+    @classmethod
+    def from_zarr(cls, name: str, path: Path) -> RasterEmbedding:
+        """Read a Zarr store's one (band, y, x) array, georeferenced as rioxarray writes it
+        (a CF grid mapping with the CRS and transform); its fill value becomes NaN."""
+        import rioxarray  # noqa: F401  (the .rio accessor)
+        import xarray as xr
+
+        try:
+            dataset = xr.open_zarr(path, mask_and_scale=True, decode_coords="all")
+        except (OSError, ValueError, KeyError) as exc:
+            raise EmbeddingError(
+                f"cannot read the embedding store {path}: {exc}; give a Zarr store"
+            ) from exc
+        arrays = [v for v in dataset.data_vars.values() if v.ndim in (2, 3)]
+        if len(arrays) != 1:
+            raise EmbeddingError(
+                f"embedding store {path} holds {len(arrays)} gridded arrays "
+                f"({', '.join(str(a.name) for a in arrays) or 'none'}); give one (band, y, x) array"
+            )
+        array = arrays[0] if arrays[0].ndim == 3 else arrays[0].expand_dims("band")
+        if array.rio.crs is None:
+            raise EmbeddingError(
+                f"embedding store {path} has no CRS; write it with rioxarray's rio.write_crs"
+            )
+        y, x = array.rio.y_dim, array.rio.x_dim
+        (band,) = (d for d in array.dims if d not in (y, x))
+        data = np.asarray(array.transpose(band, y, x), dtype=np.float64)
+        return cls(name, data, array.rio.transform(), str(array.rio.crs))
+
 
 @dataclass(frozen=True)
 class RegionEmbedding:

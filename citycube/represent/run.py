@@ -95,13 +95,17 @@ class RunConfig:
 
 
 def _user_embedding(name: str, path: Path) -> Embedding:
+    if path.suffix.lower() == ".zarr" and path.is_dir():
+        return RasterEmbedding.from_zarr(name, path)
     if not path.is_file():
         raise EmbeddingError(f"embedding {name}: no file at {path}")
     if path.suffix.lower() in (".tif", ".tiff"):
         return RasterEmbedding.from_geotiff(name, path)
     if path.suffix.lower() == ".parquet":
         return read_table_embedding(name, path)
-    raise EmbeddingError(f"embedding {name}: {path} is neither a GeoTIFF nor a Parquet table")
+    raise EmbeddingError(
+        f"embedding {name}: {path} is neither a GeoTIFF, a Zarr store nor a Parquet table"
+    )
 
 
 @dataclass
