@@ -61,9 +61,15 @@ def check_year(year: int) -> int:
     """Reject years outside the open calendar with an error that says what is allowed."""
     calendar = open_calendar()
     if year not in calendar:
+        when = (
+            f" (a year can be built from 15 January of the next; {year} from 15 January "
+            f"{year + 1})"
+            if year > calendar[-1]
+            else ""
+        )
         raise UnknownYearError(
-            f"year {year} is outside the calendar {FIRST_YEAR}–{calendar[-1]} (a year can be "
-            f"built from 15 January of the next); choose a year in that range"
+            f"year {year} is outside the calendar {FIRST_YEAR}–{calendar[-1]}{when}; choose a "
+            "year in that range"
         )
     return year
 
