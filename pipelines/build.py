@@ -784,9 +784,13 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
             printer = ProgressPrinter(instance, out)
             backfill_id = ""
             previous: Selection = {}
+            previous_since = time.time()
             for number, (what, selection) in enumerate(phases, 1):
                 if number > 1:  # what the first left unmaterialised (failed) is tried again
-                    selection = merged(selection, unmaterialized(instance, partitions, previous))
+                    failed = unmaterialized(instance, partitions, previous, since=previous_since)
+                    selection = merged(selection, failed)
+                # what this build's own backfill makes counts, not an earlier build's
+                since = previous_since = time.time()
                 part = f" ({number}/{len(phases)}: {what})" if what else ""
                 title = f"citycube build {_describe(request)}{part}"
                 priority = FIRST_PRIORITY if number < len(phases) else None
@@ -814,8 +818,8 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
                 )
                 printer.follow(backfill_id)
 
-                def done_when(phase: Selection = selection) -> bool:
-                    return is_empty(unmaterialized(instance, partitions, phase))
+                def done_when(phase: Selection = selection, after: float = since) -> bool:
+                    return is_empty(unmaterialized(instance, partitions, phase, since=after))
 
                 report = drive_backfill(
                     instance,

@@ -90,12 +90,27 @@ def merged(*selections: Selection) -> Selection:
 
 
 def unmaterialized(
-    instance: dg.DagsterInstance, partitions: PartitionsByKey, selection: Selection
+    instance: dg.DagsterInstance,
+    partitions: PartitionsByKey,
+    selection: Selection,
+    since: float | None = None,
 ) -> Selection:
-    """The partitions of ``selection`` that have no materialisation (e.g. their run failed)."""
+    """The partitions of ``selection`` that have no materialisation (e.g. their run failed).
+
+    With ``since`` (a Unix time), only materialisations after it count: a build asks what its
+    own backfill has made, not what an earlier build of this or another release made.
+    """
     missing: Selection = {}
     for key, keys in selection.items():
         partitions_def = partitions[key]
+        if since is not None:
+            made = _materialized_since(instance, key, since)
+            if keys is None or partitions_def is None:
+                if not made:
+                    missing[key] = None
+            elif left := tuple(k for k in keys if k not in made):
+                missing[key] = left
+            continue
         if keys is None or partitions_def is None:
             if instance.get_latest_materialization_event(key) is None:
                 missing[key] = None
@@ -105,6 +120,22 @@ def unmaterialized(
         if left:
             missing[key] = left
     return missing
+
+
+def _materialized_since(
+    instance: dg.DagsterInstance, key: dg.AssetKey, since: float
+) -> set[str | None]:
+    """Partition keys of ``key`` materialised after ``since`` (None for an unpartitioned one)."""
+    made: set[str | None] = set()
+    cursor = None
+    while True:
+        result = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, after_timestamp=since), limit=1000, cursor=cursor
+        )
+        made.update(record.partition_key for record in result.records)
+        if not result.has_more:
+            return made
+        cursor = result.cursor
 
 
 def _not_materialized(keys: Sequence[str], status: Mapping[str, object] | None) -> tuple[str, ...]:

@@ -55,3 +55,25 @@ def test_a_selection_spans_every_partitioning_and_splits_into_two_phases() -> No
     opt_ranges = selectors[("modalities", "opt")]["ranges"]
     assert {"start": "Amsterdam|2020", "end": "Amsterdam|2020"} in opt_ranges
     assert len(opt_ranges) == 4
+
+
+def test_what_a_build_made_counts_not_what_an_earlier_build_made() -> None:
+    """A second release built on the same DAGSTER_HOME waits for its own cube, not the first's."""
+    import time
+
+    from pipelines.selection import unmaterialized
+
+    @dg.asset
+    def cube_database() -> None:
+        return None
+
+    instance = dg.DagsterInstance.ephemeral()
+    key = cube_database.key
+    assert dg.materialize([cube_database], instance=instance).success  # an earlier build
+    since = time.time()
+    selection = {key: None}
+    partitions = {key: None}
+    assert unmaterialized(instance, partitions, selection) == {}
+    assert unmaterialized(instance, partitions, selection, since=since) == {key: None}
+    assert dg.materialize([cube_database], instance=instance).success  # this build's
+    assert unmaterialized(instance, partitions, selection, since=since) == {}
