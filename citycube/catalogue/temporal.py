@@ -62,8 +62,7 @@ def check_year(year: int) -> int:
     calendar = open_calendar()
     if year not in calendar:
         when = (
-            f" (a year can be built from 15 January of the next; {year} from 15 January "
-            f"{year + 1})"
+            f" (a year can be built from 15 January of the next; {year} from 15 January {year + 1})"
             if year > calendar[-1]
             else ""
         )
