@@ -160,9 +160,10 @@ def build(args: argparse.Namespace) -> int:
         assets=assets,
     )
     early: EarlyStop | None = getattr(args, "early_stop", None)
-    if early is not None and early.exit_code() is not None:  # stopped while it was loading
+    stopped = early.exit_code() if early is not None else None
+    if stopped is not None:  # stopped while it was loading
         print(INTERRUPTED, file=sys.stderr)
-        return early.exit_code() or 130
+        return stopped
     with build_locks(request, Path(os.environ["DAGSTER_HOME"])) as locks:
         total = len(cities) * len(years)
         where = (

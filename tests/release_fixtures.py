@@ -11,16 +11,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import zarr
 from affine import Affine
+from zarr.dtype import VariableLengthUTF8
 
+from citycube.catalogue.cities import SCALES
 from citycube.catalogue.modalities import Catalogue, ModalitySpec, load_catalogue
 from citycube.cube.manifest import write_manifest
 from citycube.cube.release import (
+    CHIP_INDEX_SCHEMA,
     Release,
     build_duckdb,
     publish_database,
     release_metadata,
     tiles_frame,
+    write_parquet_atomic,
 )
 from citycube.grid.tiles import city_grid, pixel_grid
 from citycube.processing.compute import process_partition
@@ -151,3 +157,48 @@ def rebuild_partitions(
     backend = LocalFilesBackend(items)
     for code in modalities:
         process_partition(_local(catalogue.get(code)), catalogue, CITY, YEAR, backend, release)
+
+
+def write_mixed_lc_chips(
+    release: Release, city: str, source_year: int, years: tuple[int, ...]
+) -> None:
+    """One LC chip store of ``source_year`` (west half class 10, east half a seeded mix of 10,
+    51 and 190) and the chip index rows that serve it for each of ``years``."""
+    grid = pixel_grid(city, 25)
+    store = release.chip_store("LC", city, str(source_year))
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    rng = np.random.default_rng(0)
+    data = rng.choice(np.array([10, 51, 190], np.uint8), size=(1, grid.height, grid.width))
+    data[:, :, : grid.width // 2] = 10
+    group.create_array("data", data=data, chunks=(1, 400, 400))
+    group.create_array("valid", data=np.ones((grid.height, grid.width), np.uint8))
+    band = group.create_array("band", shape=(1,), dtype=VariableLengthUTF8())  # type: ignore[arg-type]
+    band[:] = np.array(["class_id"], dtype=object)
+    for year in years:
+        rows = []
+        for scale in SCALES:
+            for tile in city_grid(city, scale).tiles():
+                r, c, h, w = grid.window(tile)
+                rows.append(
+                    {
+                        "tile_id": tile.tile_id,
+                        "city": city,
+                        "scale": scale,
+                        "year": year,
+                        "modality": "LC",
+                        "store": str(store.relative_to(release.root)),
+                        "row_off": r,
+                        "col_off": c,
+                        "height": h,
+                        "width": w,
+                        "resolution_m": 25.0,
+                        "valid_fraction": 1.0,
+                        "available": True,
+                        "temporal_basis": "annual",
+                        "source_year": source_year,
+                    }
+                )
+        write_parquet_atomic(
+            pa.Table.from_pylist(rows, schema=CHIP_INDEX_SCHEMA),
+            release.chip_index_file(city, year, "LC"),
+        )

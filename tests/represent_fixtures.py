@@ -15,13 +15,10 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
-import zarr
-from zarr.dtype import VariableLengthUTF8
 
 from citycube.catalogue.cities import SCALES
 from citycube.catalogue.modalities import load_catalogue
 from citycube.cube.release import (
-    CHIP_INDEX_SCHEMA,
     OBSERVATION_SCHEMA,
     Release,
     build_duckdb,
@@ -29,8 +26,9 @@ from citycube.cube.release import (
     write_parquet_atomic,
     write_tiles,
 )
-from citycube.grid.tiles import city_grid, pixel_grid
+from citycube.grid.tiles import city_grid
 from citycube.tasks.splits import tile_parent_table, tile_splits
+from tests.release_fixtures import write_mixed_lc_chips
 
 CITIES = ("Amsterdam", "Christchurch")
 YEAR = 2020
@@ -104,43 +102,7 @@ def _observations(release: Release, city: str, seed: int) -> None:
 
 def _lc_chips(release: Release, city: str) -> None:
     """LC chips of the city: west half class 10, east half a mix of 10, 51 and 190."""
-    grid = pixel_grid(city, 25)
-    store = release.chip_store("LC", city, str(YEAR))
-    group = zarr.open_group(str(store), mode="w", zarr_format=3)
-    rng = np.random.default_rng(0)
-    data = rng.choice(np.array([10, 51, 190], np.uint8), size=(1, grid.height, grid.width))
-    data[:, :, : grid.width // 2] = 10
-    group.create_array("data", data=data, chunks=(1, 400, 400))
-    group.create_array("valid", data=np.ones((grid.height, grid.width), np.uint8))
-    band = group.create_array("band", shape=(1,), dtype=VariableLengthUTF8())  # type: ignore[arg-type]
-    band[:] = np.array(["class_id"], dtype=object)
-    rows = []
-    for scale in SCALES:
-        for tile in city_grid(city, scale).tiles():
-            r, c, h, w = grid.window(tile)
-            rows.append(
-                {
-                    "tile_id": tile.tile_id,
-                    "city": city,
-                    "scale": scale,
-                    "year": YEAR,
-                    "modality": "LC",
-                    "store": str(store.relative_to(release.root)),
-                    "row_off": r,
-                    "col_off": c,
-                    "height": h,
-                    "width": w,
-                    "resolution_m": 25.0,
-                    "valid_fraction": 1.0,
-                    "available": True,
-                    "temporal_basis": "annual",
-                    "source_year": YEAR,
-                }
-            )
-    write_parquet_atomic(
-        pa.Table.from_pylist(rows, schema=CHIP_INDEX_SCHEMA),
-        release.chip_index_file(city, YEAR, "LC"),
-    )
+    write_mixed_lc_chips(release, city, YEAR, (YEAR,))
 
 
 def build_smooth_release(data_root: Path, version: str = "rep") -> Release:

@@ -37,6 +37,7 @@ from pyproj import CRS, Transformer
 from rasterio.windows import Window, from_bounds
 
 from sources.stac.grids import geographic_grid, landsat_grid
+from tests.processes import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 SR_SCALE, SR_OFFSET = 0.0000275, -0.2
@@ -893,11 +894,7 @@ def loopback_stac_world(base: Path) -> Iterator[StacWorld]:
         sas.shutdown()
         sas.server_close()
         for process in (api, files):
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_process(process)
 
 
 # ---- bytes fetched against bytes needed ------------------------------------------------------

@@ -14,31 +14,26 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import zarr
-from zarr.dtype import VariableLengthUTF8
 
 from assets.tasks import build_benchmark_assets
 from benchmarks.bench_translation import write_synthetic_observations
-from citycube.catalogue.cities import SCALES
 from citycube.catalogue.modalities import load_catalogue
 from citycube.cube.release import (
-    CHIP_INDEX_SCHEMA,
     Release,
     build_duckdb,
     publish_database,
     release_metadata,
-    write_parquet_atomic,
     write_tiles,
 )
 from citycube.errors import UnknownModalityError
-from citycube.grid.tiles import city_grid, pixel_grid
+from citycube.grid.tiles import city_grid
 from citycube.tasks.loader import InstanceLoader
 from citycube.tasks.translation import BenchmarkFiles
 from citycube.tasks.views import task_views
 from pipelines.resources import CubeResource
+from tests.release_fixtures import write_mixed_lc_chips
 
 CITY, YEARS = "Amsterdam", (2020, 2021)
 CAT = load_catalogue()
@@ -46,42 +41,7 @@ CAT = load_catalogue()
 
 def _lc_store(release: Release) -> None:
     """One LC chip store (west half one class, east half mixed) and its chip index rows."""
-    grid = pixel_grid(CITY, 25)
-    store = release.chip_store("LC", CITY, "2020")
-    group = zarr.open_group(str(store), mode="w", zarr_format=3)
-    rng = np.random.default_rng(0)
-    data = rng.choice(np.array([10, 51, 190], np.uint8), size=(1, grid.height, grid.width))
-    data[:, :, : grid.width // 2] = 10
-    group.create_array("data", data=data, chunks=(1, 400, 400))
-    group.create_array("valid", data=np.ones((grid.height, grid.width), np.uint8))
-    band = group.create_array("band", shape=(1,), dtype=VariableLengthUTF8())  # type: ignore[arg-type]
-    band[:] = np.array(["class_id"], dtype=object)
-    for year in YEARS:
-        rows = []
-        for scale in SCALES:
-            for tile in city_grid(CITY, scale).tiles():
-                r, c, h, w = grid.window(tile)
-                rows.append(
-                    {
-                        "tile_id": tile.tile_id,
-                        "city": CITY,
-                        "scale": scale,
-                        "year": year,
-                        "modality": "LC",
-                        "store": str(store.relative_to(release.root)),
-                        "row_off": r,
-                        "col_off": c,
-                        "height": h,
-                        "width": w,
-                        "resolution_m": 25.0,
-                        "valid_fraction": 1.0,
-                        "available": True,
-                        "temporal_basis": "annual",
-                        "source_year": 2020,
-                    }
-                )
-        table = pa.Table.from_pylist(rows, schema=CHIP_INDEX_SCHEMA)
-        write_parquet_atomic(table, release.chip_index_file(CITY, year, "LC"))
+    write_mixed_lc_chips(release, CITY, 2020, YEARS)
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +150,6 @@ def test_loader_resolves_chips_and_fields(materialised: Release) -> None:
 
 def test_each_instance_carries_its_grid_context(materialised: Release) -> None:
     """The paper's model is f(x, c): city, year, scale and the tile's place come with x."""
-    from citycube.grid.tiles import city_grid
 
     loader = InstanceLoader(materialised, split="test")
     numeric = {m.code for m in CAT.modalities if not m.is_image}  # only LC has chips here

@@ -32,6 +32,7 @@ from citycube.errors import SourceReadError, SourceUnavailableError
 from sources.stac import stac_adapters
 from sources.stac.adapter import StacSource
 from sources.stac.grids import landsat_grid
+from tests.processes import stop_process
 from tests.stac_expected import expected_stacks, quiet
 from tests.stac_fixtures import (
     CITY,
@@ -202,11 +203,7 @@ def _world(base: Path) -> Iterator[tuple[StacWorld, list[dict[str, Any]]]]:
         sas.shutdown()
         sas.server_close()
         for process in (api, files):
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_process(process)
 
 
 @pytest.fixture(scope="module")

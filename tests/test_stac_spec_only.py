@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -23,6 +22,7 @@ import yaml
 
 from citycube.errors import SpecError
 from sources.stac import stac_adapters
+from tests.processes import stop_process
 from tests.stac_fixtures import CITY, StacWorld, collection, start_stac_api, wait_for
 
 OTHER = "nasadem-loopback"
@@ -52,12 +52,7 @@ def other_api(stac_world: StacWorld, tmp_path_factory: pytest.TempPathFactory) -
         wait_for(url + "/", process, "rustac serve", base / "rustac.log")
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # a loaded machine: make sure it ends
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 def _spec_with_dem_from(path: Path, collection_id: str, asset: str) -> Path:

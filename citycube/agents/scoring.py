@@ -25,7 +25,12 @@ import pyarrow as pa
 from citycube.agents.tools import UNCOUNTED
 from citycube.agents.trajectory import read_trajectory
 from citycube.errors import AgentCaseError
-from citycube.tasks.forecast import BOOTSTRAP_REPLICATES, BOOTSTRAP_SEED, score_cases
+from citycube.tasks.forecast import (
+    BOOTSTRAP_REPLICATES,
+    BOOTSTRAP_SEED,
+    SCORE_SCHEMA,
+    score_cases,
+)
 
 RUN_SCHEMA = pa.schema(
     [
@@ -72,15 +77,7 @@ AGENT_SCORE_SCHEMA = pa.schema(
         ("run", pa.string()),
         ("release", pa.string()),
         ("catalogue_digest", pa.string()),
-        ("target", pa.string()),
-        ("group", pa.string()),
-        ("metric", pa.string()),
-        ("value", pa.float64()),
-        ("ci_low", pa.float64()),
-        ("ci_high", pa.float64()),
-        ("unit", pa.string()),
-        ("cases", pa.int64()),
-        ("blocks", pa.int64()),
+        *(f for f in SCORE_SCHEMA if f.name != "method"),  # the forecasting track's score rows
         ("submitted", pa.int64()),
     ]
 )
@@ -95,16 +92,17 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def _identity(record: dict[str, Any]) -> dict[str, Any]:
+    """The columns every row of a run carries: the run, the release and the catalogue digest."""
+    return {k: record[k] for k in ("run", "release", "catalogue_digest")}
+
+
 def run_tables(
     run_dir: Path, references: pa.Table
 ) -> tuple[dict[str, Any], pa.Table, pa.Table, dict[str, float]]:
     """(run record, ``agent_runs`` rows, ``agent_tool_calls`` rows, predictions by case key)."""
     record = read_run(run_dir)
-    common = {
-        "run": record["run"],
-        "release": record["release"],
-        "catalogue_digest": record["catalogue_digest"],
-    }
+    common = _identity(record)
     runs: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     predictions: dict[str, float] = {}
@@ -193,11 +191,7 @@ def score_run(
         replicates=replicates,
         seed=seed,
     )
-    common = {
-        "run": record["run"],
-        "release": record["release"],
-        "catalogue_digest": record["catalogue_digest"],
-    }
+    common = _identity(record)
     rows: list[dict[str, Any]] = []
     submitted = {
         t: sum(1 for r in runs.to_pylist() if r["target"] == t and r["submitted"])
