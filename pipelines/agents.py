@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from citycube.agents.cases import Case, release_cases
-from citycube.agents.tools import PROFILES, AgentRun, ToolResult, validate_run_name
+from citycube.agents.session import ToolResult, validate_run_name
+from citycube.agents.tools import PROFILES, AgentRun
 from citycube.errors import AgentCaseError, CityCubeError, WorkspacePathError
 
 if TYPE_CHECKING:

@@ -18,6 +18,7 @@ import pytest
 
 from citycube.agents.cases import YEAR_PATTERN, Case, hide_years, release_cases
 from citycube.agents.scoring import score_run
+from citycube.agents.session import ToolResult
 from citycube.agents.strategies import (
     STRATEGIES,
     ar1_one_step,
@@ -26,7 +27,7 @@ from citycube.agents.strategies import (
     median_of_four,
 )
 from citycube.agents.submission import validate_submission
-from citycube.agents.tools import PROFILES, AgentRun, ToolResult, replay_case
+from citycube.agents.tools import PROFILES, AgentRun, replay_case
 from citycube.agents.trajectory import read_trajectory, without_timing
 from citycube.catalogue.modalities import load_catalogue
 from citycube.errors import AgentCaseError, SubmissionError, WorkspacePathError

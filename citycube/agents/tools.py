@@ -1,10 +1,10 @@
 """The forecasting tools of one case (AgenticCity-Bench App. D) and the run that serves them.
 
-Every tool is a method of :class:`CaseSession`, called through :meth:`CaseSession.call`, which
-numbers the call, gives it a citable evidence id, logs it to the case's trajectory and returns
-a result that is a function of the release, the case and the arguments only (no clock, no
-random state), so a recorded run replays call for call. The tools read a :class:`CaseView`
-(periods −10…−1, no calendar year, no reference) and write only into the case's workspace.
+Every tool is a method of :class:`CaseSession`; the shared :class:`ToolSession` numbers each
+call, gives it a citable evidence id, logs it to the case's trajectory and returns a result
+that is a function of the release, the case and the arguments only (no clock, no random
+state), so a recorded run replays call for call. The tools read a :class:`CaseView` (periods
+−10…−1, no calendar year, no reference) and write only into the case's workspace.
 
 Two profiles: ``forecast`` (App. D's tool names) and ``analysis``, which adds the trend,
 summary-statistics and time-series-diagnostics tools that Earth-Agent's adapter gives.
@@ -16,9 +16,7 @@ import contextlib
 import io
 import json
 import re
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,16 +24,14 @@ import numpy as np
 
 from citycube.agents import analysis
 from citycube.agents.cases import Case, CaseView, hide_years
-from citycube.agents.submission import Submission, validate_submission
-from citycube.agents.trajectory import (
-    Call,
-    TrajectoryWriter,
-    canonical_json,
-    digest,
-    evidence_id,
-    read_trajectory,
+from citycube.agents.session import (
+    ToolResult,
+    ToolSession,
+    workspace_file,
 )
-from citycube.errors import AgentCaseError, CityCubeError, WorkspacePathError
+from citycube.agents.submission import Submission, validate_submission
+from citycube.agents.trajectory import canonical_json, read_trajectory
+from citycube.errors import AgentCaseError, CityCubeError
 
 if TYPE_CHECKING:
     import duckdb
@@ -63,28 +59,6 @@ UNCOUNTED = ("submit_answer",)
 """Calls not counted as tool use (App. 10.4.1 leaves the submission out)."""
 MAX_ROWS = 5_000
 """Most rows one read_table returns (the rest is reported as truncated)."""
-LOCAL_FIELDS = ("workspace_path",)
-"""Result fields that depend on where the run is written, left out of the result digest."""
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-"""File names materialize_asset accepts: no separator, no leading dot."""
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """What a tool hands back: JSON data, and for view_raster a PNG."""
-
-    data: dict[str, Any]
-    """The result (with its ``evidence_id``)."""
-    image: bytes | None = None
-    """PNG bytes of view_raster."""
-
-    @property
-    def digest(self) -> str:
-        """SHA-256 of the result (the data, and the image's bytes)."""
-        data = {k: v for k, v in self.data.items() if k not in LOCAL_FIELDS}
-        if self.image is None:
-            return digest(data)
-        return digest(canonical_json(data).encode() + self.image)
 
 
 def parse_asset_id(asset_id: Any) -> tuple[str, str]:
@@ -100,31 +74,8 @@ def parse_asset_id(asset_id: Any) -> tuple[str, str]:
     return modality, kind
 
 
-def workspace_file(workspace: Path, name: Any, suffix: str) -> Path:
-    """The path of ``name`` inside ``workspace``, after checking it cannot leave it.
-
-    The name must be a plain file name (letters, digits, ``_.-``; no separator, no leading
-    dot) and gets ``suffix`` if it lacks it; the resolved path must sit directly in the
-    resolved workspace, and an existing symbolic link there is refused.
-    """
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or ".." in name:
-        raise WorkspacePathError(
-            f"file name {name!r} is not allowed: use a plain name of letters, digits, '_', '.' "
-            "and '-' (at most 64, no path separators, no '..', not starting with a dot)"
-        )
-    if not name.endswith(suffix):
-        name += suffix
-    root = workspace.resolve()
-    path = root / name
-    if path.is_symlink() or path.resolve().parent != root:
-        raise WorkspacePathError(
-            f"{name!r} would be written outside the case workspace: choose another name"
-        )
-    return path
-
-
-class CaseSession:
-    """One case being solved: its tools, its trajectory and, once valid, its submission."""
+class CaseSession(ToolSession):
+    """One forecasting case being solved: the profile's tools over a :class:`CaseView`."""
 
     def __init__(
         self,
@@ -136,80 +87,12 @@ class CaseSession:
     ) -> None:
         if profile not in PROFILES:
             raise AgentCaseError(f"unknown tool profile {profile!r}: one of {', '.join(PROFILES)}")
+        super().__init__(case_dir, PROFILES[profile], profile)
         self.view = view
         self.case = view.case
         self.catalogue = catalogue
         self.release_root = release_root
-        self.case_dir = case_dir
-        self.workspace = case_dir / "workspace"
-        self.workspace.mkdir(parents=True, exist_ok=True)
-        self.profile = profile
-        self.tools = PROFILES[profile]
-        self.calls: list[Call] = []
         self.submission: Submission | None = None
-        self._trajectory = TrajectoryWriter(case_dir / "trajectory.jsonl")
-
-    # ------------------------------------------------------------------ dispatch
-
-    @property
-    def done(self) -> bool:
-        """A valid submission ended the case."""
-        return self.submission is not None
-
-    def call(self, tool: str, arguments: Mapping[str, Any] | None = None) -> ToolResult:
-        """Run one tool call and log it; a tool's error is logged and raised again."""
-        arguments = dict(arguments or {})
-        seq = len(self.calls) + 1
-        evidence = evidence_id(seq)
-        start = time.perf_counter()
-        try:
-            if self.done:
-                raise AgentCaseError(
-                    "this case has ended with a valid submission: start the next case"
-                )
-            if tool not in self.tools:
-                raise AgentCaseError(
-                    f"tool {tool!r} is not in the {self.profile!r} profile: one of "
-                    f"{', '.join(self.tools)}"
-                )
-            method: Callable[..., ToolResult] = getattr(self, f"_tool_{tool}")
-            try:
-                result = method(evidence, **arguments)
-            except (TypeError, ValueError) as exc:
-                raise AgentCaseError(f"{tool}: bad arguments ({exc})") from exc
-        except CityCubeError as exc:
-            self._log(seq, tool, arguments, evidence, False, digest(exc.message), start, exc)
-            raise
-        self._log(seq, tool, arguments, evidence, True, result.digest, start, None)
-        return result
-
-    def _log(
-        self,
-        seq: int,
-        tool: str,
-        arguments: Mapping[str, Any],
-        evidence: str,
-        ok: bool,
-        result_digest: str,
-        start: float,
-        error: CityCubeError | None,
-    ) -> None:
-        call = Call(
-            seq=seq,
-            tool=tool,
-            arguments=arguments,
-            evidence_id=evidence,
-            ok=ok,
-            result_digest=result_digest,
-            duration_ms=(time.perf_counter() - start) * 1000.0,
-            error=None if error is None else error.message,
-        )
-        self.calls.append(call)
-        self._trajectory.write(call)
-
-    def close(self) -> None:
-        """Close the trajectory file."""
-        self._trajectory.close()
 
     # ------------------------------------------------------------------ forecast profile
 
@@ -428,7 +311,7 @@ class CaseSession:
             **extra,
         }
         answer = {k: v for k, v in given.items() if v is not None or k in extra}
-        called = {c.tool for c in self.calls if c.ok and c.tool not in UNCOUNTED}
+        called = self.called(UNCOUNTED)
         submission = validate_submission(
             answer,
             unit=self.case.unit,
@@ -485,20 +368,6 @@ def neighbours(tile: str, tiles: Sequence[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ runs
-
-
-RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-"""Run names: a folder name under the runs root."""
-
-
-def validate_run_name(name: str) -> str:
-    """``name`` if it is a safe folder name for a run."""
-    if not isinstance(name, str) or not RUN_NAME_PATTERN.fullmatch(name) or ".." in name:
-        raise WorkspacePathError(
-            f"run name {name!r} is not allowed: letters, digits, '_', '.' and '-' (at most 64, "
-            "not starting with a dot)"
-        )
-    return name
 
 
 class AgentRun:
