@@ -1,13 +1,13 @@
 """The representation protocol's speed: the three built-in embeddings on a release's 2 km tiles.
 
-``python -m benchmarks.bench_represent [--cities Amsterdam,Boston] [--seeds 42,24,7,0,100]``
+``python -m benchmarks.bench_represent [--cities Amsterdam,Boston|all] [--seeds 42,24,7,0,100]``
 builds a release of synthetic observations (one year, every field of the 18 modalities, the
 sample family's layout; benchmarks/bench_translation.py writes them) for the cities, then runs
 ``citycube represent``'s evaluation: nine tasks (all but the chip-based class fractions, whose
 chips the synthetic release does not have) × three embeddings × block10 and random splits × the
 seeds, MLP head, and times it. Baseline: scikit-learn's MLP with the same settings fitted on the
 same training arrays for the same number of epochs.
-Writes benchmarks/results/represent.{json,md}.
+Writes benchmarks/results/represent.{json,md}: one row per city scope, the newest run of each.
 """
 
 from __future__ import annotations
@@ -95,10 +95,16 @@ def _targets(con: duckdb.DuckDBPyConnection, results: pd.DataFrame) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cities", default="Amsterdam,Boston")
+    parser.add_argument(
+        "--cities", default="Amsterdam,Boston", help="comma-separated city names, or 'all' (16)"
+    )
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     args = parser.parse_args()
     cities = tuple(args.cities.split(","))
+    if args.cities == "all":
+        from citycube.catalogue.cities import load_cities
+
+        cities = tuple(load_cities())
     seeds = tuple(int(s) for s in args.seeds.split(","))
     catalogue = load_catalogue()
     with tempfile.TemporaryDirectory(prefix="bench-represent-") as tmp:
@@ -140,31 +146,51 @@ def main() -> None:
         "load_before_sklearn": [round(v, 2) for v in load_mid],
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "represent.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    runs = _previous_runs()
+    runs = [r for r in runs if r["cities"] != record["cities"]] + [record]
+    runs.sort(key=lambda r: len(r["cities"]))
+    (RESULTS / "represent.json").write_text(
+        json.dumps({"runs": runs}, indent=2) + "\n", encoding="utf-8"
+    )
     md = [
         "# Representation protocol speed",
         "",
-        f"- date (UTC): {record['date']}; machine: {record['machine']}",
-        f"- load average before / after: {record['load_before']} / {record['load_after']}",
+        "| date (UTC) | load before / after | cities | task units | fits | median epochs | "
+        "protocol s | heads s | scikit-learn s | ratio (heads / scikit-learn) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        names = run["cities"]
+        shown = ", ".join(names) if len(names) <= 3 else "all"
+        md.append(
+            f"| {run['date']} | {run['load_before'][0]} / {run['load_after'][0]} | "
+            f"{len(names)} ({shown}) | {run['task_units']:,} | {run['fits']:,} | "
+            f"{run['median_epochs']:.0f} | {run['seconds']} | {run['fit_seconds']} | "
+            f"{run['sklearn_seconds']} | "
+            f"{run['fit_seconds'] / max(run['sklearn_seconds'], 1e-9):.2f}× |"
+        )
+    md += [
         "",
-        "| cities | task units | fits | median epochs | protocol s | heads s | "
-        "scikit-learn s | ratio (heads / scikit-learn) |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| {len(cities)} ({', '.join(cities)}) | {units:,} | {record['fits']:,} | "
-        f"{record['median_epochs']:.0f} | {record['seconds']} | {record['fit_seconds']} | "
-        f"{record['sklearn_seconds']} | "
-        f"{record['fit_seconds'] / max(record['sklearn_seconds'], 1e-9):.2f}× |",
-        "",
-        "Three built-in embeddings × nine tasks × block10 and random splits × "
-        f"{len(seeds)} seeds, MLP head (1024 hidden, Adam, batch 512, ≤ 100 epochs, patience "
-        "10), on synthetic observations of one year. Protocol: the whole run (alignment, "
-        "targets, splits, training, every file written); heads: the numpy heads' training and "
-        "prediction alone; scikit-learn: MLPRegressor / MLPClassifier with the same settings "
-        "on the same training arrays for the same number of epochs, measured after the run.",
+        f"Machine: {record['machine']}. Three built-in embeddings × nine tasks × block10 and "
+        f"random splits × {len(seeds)} seeds, MLP head (1024 hidden, Adam, batch 512, ≤ 100 "
+        "epochs, patience 10), on synthetic observations of one year. Protocol: the whole run "
+        "(alignment, targets, splits, training, every file written); heads: the numpy heads' "
+        "training and prediction alone; scikit-learn: MLPRegressor / MLPClassifier with the same "
+        "settings on the same training arrays for the same number of epochs, measured after the "
+        "run.",
         "",
     ]
     (RESULTS / "represent.md").write_text("\n".join(md), encoding="utf-8")
     print("\n".join(md))
+
+
+def _previous_runs() -> list[dict]:
+    """The runs recorded so far (a file of one run, the older form, counts as one)."""
+    path = RESULTS / "represent.json"
+    if not path.exists():
+        return []
+    recorded = json.loads(path.read_text(encoding="utf-8"))
+    return list(recorded.get("runs", [recorded]))
 
 
 if __name__ == "__main__":
