@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,23 @@ tools added."""
 
 LOOPBACK = "127.0.0.1"
 """The only address the HTTP transport binds."""
+FORECAST = "forecast"
+"""The forecasting task (this module's own server and scripted agent)."""
+PLANNING_TASKS: tuple[str, ...] = ()
+"""Planning and resource tasks (AgenticCity-Bench App. D.1, D.3.1), each a module of
+:mod:`pipelines.agent_tasks` with ``STRATEGIES``, ``open_run``, ``build_server``,
+``scripted_agent`` and ``score_runs``."""
+TASKS = (FORECAST, *PLANNING_TASKS)
+"""Every task an agent can be served."""
+
+
+def planning_task(name: str) -> Any:
+    """The module of a planning task, or a clear error."""
+    import importlib
+
+    if name not in PLANNING_TASKS:
+        raise AgentCaseError(f"unknown agent task {name!r}: one of {', '.join(TASKS)}")
+    return importlib.import_module(f"pipelines.agent_tasks.{name}")
 
 
 def select_cases(release: Release, series_per_target: int | None) -> tuple[dict[str, Case], list]:
@@ -100,11 +117,11 @@ def open_run(
     )
 
 
-def _text(result: ToolResult) -> str:
+def result_text(result: ToolResult) -> str:
     return json.dumps(result.data, ensure_ascii=False)
 
 
-def _tool_errors(fn: Any) -> Any:
+def tool_errors(fn: Any) -> Any:
     """``fn`` with CityCube errors raised as MCP tool errors, whose message (code, cause,
     remedy) the client sees; anything else stays an unexpected error."""
     import functools
@@ -143,11 +160,11 @@ def build_server(run: AgentRun) -> MCPServer:
 
     def get_history() -> str:
         """The target's values at periods -10..-1 of the open case."""
-        return _text(run.call("get_history"))
+        return result_text(run.call("get_history"))
 
     def list_assets() -> str:
         """Table and raster assets of the open case, with fields, units and periods."""
-        return _text(run.call("list_assets"))
+        return result_text(run.call("list_assets"))
 
     def read_table(
         asset_id: str,
@@ -159,18 +176,20 @@ def build_server(run: AgentRun) -> MCPServer:
         """Rows of a table asset (default: the case's tile, every field and period)."""
         args: dict[str, Any] = {"asset_id": asset_id, "limit": limit}
         args |= {k: v for k, v in (("tiles", tiles), ("fields", fields), ("periods", periods)) if v}
-        return _text(run.call("read_table", args))
+        return result_text(run.call("read_table", args))
 
     def describe_raster(asset_id: str, period: int, tile_id: str | None = None) -> str:
         """Bands, shape, resolution and per-band statistics of a raster asset at a period."""
         args = {"asset_id": asset_id, "period": period}
-        return _text(run.call("describe_raster", args | ({"tile_id": tile_id} if tile_id else {})))
+        return result_text(
+            run.call("describe_raster", args | ({"tile_id": tile_id} if tile_id else {}))
+        )
 
     def view_raster(asset_id: str, period: int, tile_id: str | None = None) -> list[Any]:
         """A PNG preview of a raster asset at a period (fixed colours; invalid transparent)."""
         args = {"asset_id": asset_id, "period": period}
         result = run.call("view_raster", args | ({"tile_id": tile_id} if tile_id else {}))
-        return [_text(result), Image(data=result.image, format="png")]
+        return [result_text(result), Image(data=result.image, format="png")]
 
     def materialize_asset(
         asset_id: str,
@@ -182,7 +201,7 @@ def build_server(run: AgentRun) -> MCPServer:
         args: dict[str, Any] = {"asset_id": asset_id}
         given = (("name", name), ("period", period), ("tiles", tiles))
         args |= {k: v for k, v in given if v is not None}
-        return _text(run.call("materialize_asset", args))
+        return result_text(run.call("materialize_asset", args))
 
     def submit_answer(
         prediction: float,
@@ -199,23 +218,25 @@ def build_server(run: AgentRun) -> MCPServer:
             "modalities_used": modalities_used,
             "modules_used": modules_used,
         }
-        return _text(run.call("submit_answer", args))
+        return result_text(run.call("submit_answer", args))
 
     def trend_estimate(values: list[float], periods: list[int] | None = None) -> str:
         """Least-squares and Sen's slope, Mann-Kendall statistic of a series."""
         args: dict[str, Any] = {"values": values}
-        return _text(run.call("trend_estimate", args | ({"periods": periods} if periods else {})))
+        return result_text(
+            run.call("trend_estimate", args | ({"periods": periods} if periods else {}))
+        )
 
     def summary_statistics(values: list[float]) -> str:
         """Count, mean, standard deviation, quantiles and skewness of a series."""
-        return _text(run.call("summary_statistics", {"values": values}))
+        return result_text(run.call("summary_statistics", {"values": values}))
 
     def time_series_diagnostics(values: list[float]) -> str:
         """Lag-1 autocorrelation, differences, AR(1) forecast and four local estimates."""
-        return _text(run.call("time_series_diagnostics", {"values": values}))
+        return result_text(run.call("time_series_diagnostics", {"values": values}))
 
-    server.add_tool(_tool_errors(list_cases), structured_output=False)
-    server.add_tool(_tool_errors(start_case), structured_output=False)
+    server.add_tool(tool_errors(list_cases), structured_output=False)
+    server.add_tool(tool_errors(start_case), structured_output=False)
     for fn in (
         get_history,
         list_assets,
@@ -229,13 +250,16 @@ def build_server(run: AgentRun) -> MCPServer:
         time_series_diagnostics,
     ):
         if fn.__name__ in tools:
-            server.add_tool(_tool_errors(fn), structured_output=False)
+            server.add_tool(tool_errors(fn), structured_output=False)
     return server
 
 
-def serve(run: AgentRun, transport: str = "stdio", port: int = 8765) -> None:
-    """Serve a run until the client disconnects (stdio) or the process is stopped (HTTP)."""
-    server = build_server(run)
+def serve(
+    run: AgentRun, transport: str = "stdio", port: int = 8765, server: MCPServer | None = None
+) -> None:
+    """Serve a run (through ``server``, by default the forecasting one) until the client
+    disconnects (stdio) or the process is stopped (HTTP)."""
+    server = build_server(run) if server is None else server
     try:
         if transport == "stdio":
             server.run("stdio")
@@ -250,7 +274,7 @@ def serve(run: AgentRun, transport: str = "stdio", port: int = 8765) -> None:
 # ------------------------------------------------------------------------------ scripted agent
 
 
-def _json(result: Any) -> dict[str, Any]:
+def result_json(result: Any) -> dict[str, Any]:
     """The JSON object of a tool result's first text block (an error's message raised)."""
     texts = [c.text for c in result.content if getattr(c, "type", None) == "text"]
     if result.is_error:
@@ -259,11 +283,18 @@ def _json(result: Any) -> dict[str, Any]:
 
 
 def server_command(
-    data: Path, release: str, run_dir: Path, profile: str, agent: str, series: int | None
+    data: Path,
+    release: str,
+    run_dir: Path,
+    profile: str,
+    agent: str,
+    series: int | None,
+    task: str = FORECAST,
 ) -> list[str]:
     """The command that serves a run over stdio (what an MCP client's config names)."""
     cmd = [sys.executable, "-m", "pipelines.cli", "--data", str(data), "--release", release]
-    cmd += ["agents", "serve", "--run", str(run_dir), "--profile", profile, "--agent", agent]
+    cmd += ["agents", "serve", "--task", task, "--run", str(run_dir), "--agent", agent]
+    cmd += ["--profile", profile]
     if series:
         cmd += ["--series-per-target", str(series)]
     return cmd
@@ -284,16 +315,16 @@ async def scripted_agent(client: Any, strategy: str, *, explore: bool = True) ->
 
     if strategy not in STRATEGIES:
         raise AgentCaseError(f"unknown strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
-    keys = _json(await client.call_tool("list_cases", {}))["cases"]
+    keys = result_json(await client.call_tool("list_cases", {}))["cases"]
     answered = 0
     for key in keys:
-        message = _json(await client.call_tool("start_case", {"case_key": key}))
+        message = result_json(await client.call_tool("start_case", {"case_key": key}))
         used = ["get_history"]
-        history = _json(await client.call_tool("get_history", {}))
+        history = result_json(await client.call_tool("get_history", {}))
         values = [float(v) for v in history["values"]]
         modality = forecast_target(message["target"]).modality
         if explore:
-            assets = _json(await client.call_tool("list_assets", {}))["assets"]
+            assets = result_json(await client.call_tool("list_assets", {}))["assets"]
             await client.call_tool("read_table", {"asset_id": f"{modality}/table"})
             used += ["list_assets", "read_table"]
             rasters = [a for a in assets if a["kind"] == "raster" and a["periods_available"]]
@@ -304,7 +335,9 @@ async def scripted_agent(client: Any, strategy: str, *, explore: bool = True) ->
                 await client.call_tool("view_raster", args)
                 used += ["describe_raster", "view_raster"]
         if strategy == "median_of_four":
-            diag = _json(await client.call_tool("time_series_diagnostics", {"values": values}))
+            diag = result_json(
+                await client.call_tool("time_series_diagnostics", {"values": values})
+            )
             estimates = diag["local_estimates"]
             prediction = float(np.median(np.asarray(list(estimates.values()))))
             used.append("time_series_diagnostics")
@@ -322,16 +355,21 @@ async def scripted_agent(client: Any, strategy: str, *, explore: bool = True) ->
                 "modules_used": used,
             },
         )
-        _json(result)
+        result_json(result)
         answered += 1
     return answered
 
 
 async def run_scripted(
-    command: Sequence[str], strategy: str, log: Path, *, explore: bool = True
+    command: Sequence[str],
+    strategy: str,
+    log: Path,
+    *,
+    explore: bool = True,
+    agent: Callable[[Any, str], Awaitable[int]] | None = None,
 ) -> int:
-    """Start the server command as a subprocess and run the scripted agent over stdio; the
-    server's own messages (stderr) go to ``log``."""
+    """Start the server command as a subprocess and run a scripted agent over stdio (``agent``,
+    by default the forecasting one); the server's own messages (stderr) go to ``log``."""
     from mcp import Client, StdioServerParameters, stdio_client
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -339,6 +377,8 @@ async def run_scripted(
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as errlog:
         async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=600) as client:
+            if agent is not None:
+                return await agent(client, strategy)
             return await scripted_agent(client, strategy, explore=explore)
 
 
@@ -417,20 +457,26 @@ def cmd_serve(args: Any) -> int:
             f"run folder {run_dir} is not a folder of {root}: runs are written inside the data "
             "root; give --agent NAME instead"
         )
-    run = open_run(
-        release,
-        run_dir,
-        profile=args.profile,
-        agent=args.agent,
-        series_per_target=args.series_per_target,
-    )
+    server = None
+    if args.task == FORECAST:
+        run = open_run(
+            release,
+            run_dir,
+            profile=args.profile,
+            agent=args.agent,
+            series_per_target=args.series_per_target,
+        )
+    else:
+        module = planning_task(args.task)
+        run = module.open_run(release, run_dir, agent=args.agent)
+        server = module.build_server(run)
     if args.transport == "http":
         print(
             f"serving {len(run.case_keys())} cases on http://{LOOPBACK}:{args.port}/mcp; "
             f"trajectories in {run_dir}",
             file=sys.stderr,
         )
-    serve(run, args.transport, args.port)
+    serve(run, args.transport, args.port, server)
     return 0
 
 
@@ -453,26 +499,34 @@ def run_strategies(
     *,
     series_per_target: int | None = None,
     profile: str = "analysis",
+    task: str = FORECAST,
 ) -> list[Path]:
     """Run the scripted agent once per strategy, each through its own stdio MCP session with
-    a server subprocess; the run folders (``scripted-<strategy>``, replaced if present)."""
+    a server subprocess; the run folders (``scripted-<strategy>`` for forecasting,
+    ``<task>-scripted-<strategy>`` otherwise; replaced if present)."""
     import anyio
 
     if not release.duckdb_file.exists():
         raise AgentCaseError(
-            f"no published cube at {release.duckdb_file}: build a release with forecasting "
+            f"no published cube at {release.duckdb_file}: build a release with {task} "
             "cases first (make agents builds one)"
         )
-    select_cases(release, series_per_target)  # fails clearly when there are none
+    agent = None
+    if task == FORECAST:
+        select_cases(release, series_per_target)  # fails clearly when there are none
+    else:
+        agent = planning_task(task).scripted_agent
     run_dirs = []
     for strategy in strategies:
-        name = f"scripted-{strategy}"
+        name = f"scripted-{strategy}" if task == FORECAST else f"{task}-scripted-{strategy}"
         run_dir = runs_root(data, release.version) / name
         fresh_run_dir(run_dir)
-        command = server_command(data, release.version, run_dir, profile, name, series_per_target)
+        command = server_command(
+            data, release.version, run_dir, profile, name, series_per_target, task
+        )
         log = run_dir / "server.log"
         try:
-            anyio.run(lambda s=strategy, c=command, g=log: run_scripted(c, s, g))
+            anyio.run(lambda s=strategy, c=command, g=log: run_scripted(c, s, g, agent=agent))
         except CityCubeError:
             raise
         except Exception as exc:  # the session broke: the server's log says why
@@ -492,6 +546,12 @@ def cmd_run(args: Any) -> int:
 
     release = _release(args)
     data = Path(args.data).resolve()
+    if args.task != FORECAST:
+        return _run_planning(args, release, data)
+    if args.strategy != "all" and args.strategy not in STRATEGIES:
+        raise AgentCaseError(
+            f"unknown strategy {args.strategy!r} for {FORECAST}: all, {', '.join(STRATEGIES)}"
+        )
     strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
     run_dirs = run_strategies(
         data,
@@ -513,6 +573,32 @@ def cmd_run(args: Any) -> int:
     else:
         paths = write_agent_tables(runs_root(data, release.version) / "tables", tables)
         print("tables: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _run_planning(args: Any, release: Release, data: Path) -> int:
+    """``citycube agents run --task <planning task>``: its scripted rules, then its scores."""
+    from citycube.io.atomic import atomic_path
+
+    module = planning_task(args.task)
+    known = tuple(module.STRATEGIES)
+    if args.strategy != "all" and args.strategy not in known:
+        raise AgentCaseError(
+            f"unknown strategy {args.strategy!r} for {args.task}: all, {', '.join(known)}"
+        )
+    strategies = list(known) if args.strategy == "all" else [args.strategy]
+    run_dirs = run_strategies(data, release, strategies, task=args.task)
+    tables = module.score_runs(release, run_dirs)
+    folder = runs_root(data, release.version) / "tables" / args.task
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        print(f"{args.task} {name}:")
+        print(table.to_pandas().to_string(index=False))
+        print()
+        with atomic_path(folder / f"{name}.parquet") as tmp:
+            pq.write_table(table, tmp)
+    print("trajectories: " + ", ".join(str(d / "cases") for d in run_dirs))
+    print(f"tables: {folder}")
     return 0
 
 
@@ -553,6 +639,12 @@ def cmd_score(args: Any) -> int:
     """``citycube agents score``: score run folders and print the headline metrics."""
     release = _release(args)
     run_dirs = [Path(r).resolve() for r in args.runs]
+    if args.task != FORECAST:
+        for name, table in planning_task(args.task).score_runs(release, run_dirs).items():
+            print(f"{args.task} {name}:")
+            print(table.to_pandas().to_string(index=False))
+            print()
+        return 0
     tables = score_runs(release, run_dirs)
     print(scores_text(tables["agent_scores"]))
     if args.out:
@@ -584,6 +676,14 @@ def add_parser(sub: Any) -> None:
     acts = ag.add_subparsers(dest="agents_command", required=True)
     common = [
         (
+            ("--task",),
+            {
+                "choices": list(TASKS),
+                "default": FORECAST,
+                "help": "which cases: forecasting, or a planning / resource task",
+            },
+        ),
+        (
             ("--profile",),
             {"choices": list(PROFILES), "default": "analysis", "help": "tool profile"},
         ),
@@ -606,7 +706,8 @@ def add_parser(sub: Any) -> None:
     rn.add_argument(
         "--strategy",
         default="all",
-        choices=["all", "last_year", "ten_year_mean", "median_of_four"],
+        help="the scripted agent's rule (a baseline of the task), or all; forecasting: "
+        "last_year, ten_year_mean, median_of_four",
     )
     for p in (sv, rn):
         for flags, kwargs in common:
@@ -620,6 +721,7 @@ def add_parser(sub: Any) -> None:
     sh.set_defaults(func=cmd_show)
     sc = acts.add_parser("score", help="score run folders")
     sc.add_argument("runs", nargs="+", help="run folders")
+    sc.add_argument("--task", choices=list(TASKS), default=FORECAST, help="the runs' task")
     sc.add_argument("--out", help="folder to write agent_*.parquet into")
     sc.add_argument("--publish", action="store_true", help="add the tables to the release")
     sv.set_defaults(func=cmd_serve)
