@@ -33,10 +33,9 @@ from shapely.geometry import box
 
 from citycube.errors import FoodAtlasSourceError
 from citycube.io.atomic import atomic_path, write_json_atomic
+from citycube.tasks.food_access import LABELS
 from sources.downloads import DownloadManager, DownloadOptions
 
-LABELS = ("not_low_access_land10", "low_access_land10", "lila_land10")
-"""The three cell classes, in the order of the paper's prompt (not low access first)."""
 ATLAS_SHEET = "Food Access Research Atlas"
 """The data sheet of the ERS workbook."""
 ATLAS_COLUMNS = ("CensusTract", "Urban", "LowIncomeTracts", "LA1and10", "LILATracts_1And10")
@@ -117,8 +116,9 @@ def _column_index(header: Sequence[str], origin: str) -> list[int]:
 
 def _csv_rows(data: bytes, origin: str) -> pd.DataFrame:
     try:
-        frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, sep=None,
-                            engine="python")  # fmt: skip
+        frame = pd.read_csv(
+            io.BytesIO(data), dtype=str, keep_default_na=False, sep=None, engine="python"
+        )
     except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
         raise FoodAtlasSourceError(f"{origin} is not a readable CSV table ({exc})") from exc
     frame.columns = [str(c).strip() for c in frame.columns]
@@ -208,9 +208,10 @@ def read_tracts(path: Path) -> gpd.GeoDataFrame:
         raise FoodAtlasSourceError(f"{path} has no .prj: its CRS is unknown")
     frame = frame.to_crs(TRACT_CRS) if not CRS(frame.crs).equals(CRS(TRACT_CRS)) else frame
     out = gpd.GeoDataFrame(
-        {"geoid": _geoid(frame[column], str(path))}, geometry=frame.geometry.values,
+        {"geoid": _geoid(frame[column], str(path))},
+        geometry=frame.geometry.values,
         crs=TRACT_CRS,
-    )  # fmt: skip
+    )
     return out[~out.geometry.is_empty & out.geometry.notna()].reset_index(drop=True)
 
 
