@@ -29,16 +29,23 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import geopandas as gpd
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import shapely
 
 from citycube.catalogue.cities import get_city
 from citycube.errors import FoodAccessCaseError
 from citycube.grid.tiles import city_grid
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from citycube.cube.release import Release
 
 LABELS = ("not_low_access_land10", "low_access_land10", "lila_land10")
 """The three cell classes (AgenticCity-Bench App. D prompt)."""
@@ -380,3 +387,190 @@ def cells_of(reference: pd.DataFrame, case: str) -> Sequence[str]:
     if not found:
         raise FoodAccessCaseError(f"no case {case!r} in this case set")
     return found
+
+
+# -- release files -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FoodAccessFiles:
+    """Paths of the food-access cases in one benchmark folder."""
+
+    root: Path
+
+    @classmethod
+    def draft(cls, release: Release) -> FoodAccessFiles:
+        """Where a build writes them."""
+        from citycube.cube.release import BENCHMARK_DIR
+
+        return cls(release.draft_dir / BENCHMARK_DIR)
+
+    @classmethod
+    def published(cls, release: Release) -> FoodAccessFiles:
+        """The published ones."""
+        from citycube.cube.release import BENCHMARK_DIR
+
+        return cls(release.published_root / BENCHMARK_DIR)
+
+    @property
+    def cases(self) -> Path:
+        """What an agent is given: case id, city, tile; no label, stratum or score."""
+        return self.root / "food_access_cases.parquet"
+
+    @property
+    def reference(self) -> Path:
+        """Held out: per case and cell the label, coverage, assignment score, stratum."""
+        return self.root / "food_access_reference.parquet"
+
+    @property
+    def counts(self) -> Path:
+        """Per city and stratum: wanted, eligible, selected and why fewer."""
+        return self.root / "food_access_counts.parquet"
+
+    @property
+    def scores(self) -> Path:
+        """The direct baselines' scores."""
+        return self.root / "food_access_baseline_scores.parquet"
+
+    @property
+    def manifest(self) -> Path:
+        """Settings, counts, the majority class and the files' hashes."""
+        return self.root / "food_access_manifest.json"
+
+
+CASE_COLUMNS = ("case_id", "city", "tile_id", "scale", "cutoff")
+"""The agent-visible columns of a case."""
+
+
+def build_case_set(
+    tracts: Mapping[str, gpd.GeoDataFrame],
+    scope: Sequence[str],
+    unavailable: Mapping[str, str] | None = None,
+    seed: int = SEED,
+) -> FoodAccessCases:
+    """Transfer each city's labelled tracts to cells and select the cases of ``scope``."""
+    frames = [transfer_labels(city, tracts[city]) for city in scope if city in tracts]
+    cells = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    missing = {c: "no reference labels were fetched" for c in scope if c not in tracts}
+    return select_cases(cells, scope, seed=seed, unavailable={**missing, **(unavailable or {})})
+
+
+def case_tables(found: FoodAccessCases) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(cases, reference, counts) as Arrow tables with fixed schemas."""
+    cases = found.cases.assign(scale="2km", cutoff=CUTOFF)
+    case_table = pa.Table.from_pandas(
+        cases.reindex(columns=list(CASE_COLUMNS)), schema=CASE_SCHEMA, preserve_index=False
+    )
+    ref = found.reference.merge(
+        found.cases[["case_id", "city", "tile_id", "stratum", "n_low_access", "n_lila", "order"]],
+        on="case_id",
+    )
+    ref = ref.assign(label=ref["label"].astype(str), tract_geoid=ref["tract_geoid"].astype(str))
+    ref_table = pa.Table.from_pandas(
+        ref.reindex(columns=REFERENCE_SCHEMA.names), schema=REFERENCE_SCHEMA, preserve_index=False
+    )
+    counts = pa.Table.from_pandas(found.counts, schema=COUNT_SCHEMA, preserve_index=False)
+    return case_table, ref_table, counts
+
+
+CASE_SCHEMA = pa.schema(
+    [
+        ("case_id", pa.string()),
+        ("city", pa.string()),
+        ("tile_id", pa.string()),
+        ("scale", pa.string()),
+        ("cutoff", pa.string()),
+    ]
+)
+REFERENCE_SCHEMA = pa.schema(
+    [
+        ("case_id", pa.string()),
+        ("city", pa.string()),
+        ("tile_id", pa.string()),
+        ("cell", pa.string()),
+        ("label", pa.string()),
+        ("coverage", pa.float64()),
+        ("assignment_score", pa.float64()),
+        ("tract_geoid", pa.string()),
+        ("stratum", pa.string()),
+        ("n_low_access", pa.int64()),
+        ("n_lila", pa.int64()),
+        ("order", pa.int64()),
+    ]
+)
+COUNT_SCHEMA = pa.schema(
+    [
+        ("city", pa.string()),
+        ("stratum", pa.string()),
+        ("wanted", pa.int64()),
+        ("eligible", pa.int64()),
+        ("selected", pa.int64()),
+        ("reason", pa.string()),
+    ]
+)
+
+
+def write_food_access_cases(
+    release: Release,
+    tracts: Mapping[str, gpd.GeoDataFrame],
+    scope: Sequence[str],
+    unavailable: Mapping[str, str] | None = None,
+    seed: int = SEED,
+) -> FoodAccessCases:
+    """Cases, references, counts, baseline scores and manifest into the release's draft."""
+    from citycube.cube.release import file_metadata, write_json_atomic, write_parquet_atomic
+    from citycube.io.digest import file_sha256
+
+    found = build_case_set(tracts, scope, unavailable, seed)
+    files = FoodAccessFiles.draft(release)
+    files.root.mkdir(parents=True, exist_ok=True)
+    cases, reference, counts = case_tables(found)
+    meta = file_metadata(release)
+    write_parquet_atomic(cases, files.cases, meta)
+    write_parquet_atomic(reference, files.reference, meta)
+    write_parquet_atomic(counts, files.counts, meta)
+    baselines = baseline_scores(found)
+    write_parquet_atomic(pa.Table.from_pandas(baselines, preserve_index=False), files.scores, meta)
+    majority = majority_class(found.pool) if len(found.pool) else None
+    manifest = {
+        "release": release.version,
+        "seed": seed,
+        "reference_year": REFERENCE_YEAR,
+        "cutoff": CUTOFF,
+        "min_coverage": MIN_COVERAGE,
+        "quotas": QUOTAS,
+        "scope": list(scope),
+        "selected": len(found.cases),
+        "wanted": sum(sum(q.values()) for q in QUOTAS.values()),
+        "selected_by_city": found.cases.groupby("city").size().to_dict()
+        if len(found.cases)
+        else {},
+        "majority_class": majority,
+        "files": {
+            name: {"path": path.name, "sha256": file_sha256(path)}
+            for name, path in (
+                ("cases", files.cases),
+                ("reference", files.reference),
+                ("counts", files.counts),
+            )
+        },
+    }
+    write_json_atomic(manifest, files.manifest)
+    return found
+
+
+def create_food_access_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
+    """Views over the food-access files present now in ``folder``; the names created."""
+    files = FoodAccessFiles(folder)
+    created = []
+    for name, path in (
+        ("food_access_cases", files.cases),
+        ("food_access_reference", files.reference),
+        ("food_access_counts", files.counts),
+        ("food_access_baseline_scores", files.scores),
+    ):
+        if path.exists():
+            quoted = "'" + str(path.resolve()).replace("'", "''") + "'"
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({quoted})")
+            created.append(name)
+    return created
