@@ -205,7 +205,7 @@ class FoodAccessSession(ToolSession):
         self.case = case
         self.catalogue = catalogue
         self.release_root = release_root
-        self._results: dict[str, str] = {}
+        self._assets: dict[str, dict[str, Any]] | None = None
 
     # -- reading the cube under the guard ---------------------------------------------------
 
@@ -287,8 +287,14 @@ class FoodAccessSession(ToolSession):
 
     # -- the seven tools --------------------------------------------------------------------
 
+    def _all_assets(self) -> dict[str, dict[str, Any]]:
+        """The tile's assets before the cut-off (read once per case)."""
+        if self._assets is None:
+            self._assets = {**self._table_assets(), **self._raster_assets()}
+        return self._assets
+
     def _tool_list_reference_assets(self, evidence: str) -> ToolResult:
-        assets = [*self._table_assets().values(), *self._raster_assets().values()]
+        assets = list(self._all_assets().values())
         return ToolResult(
             {
                 "evidence_id": evidence,
@@ -320,7 +326,7 @@ class FoodAccessSession(ToolSession):
             sql += f" AND year IN ({', '.join('?' * len(years))})"
             params += [int(y) for y in years]
         rows = self.con.execute(sql + " ORDER BY field, year", params).fetchall()
-        if not rows and asset_id not in self._table_assets():
+        if not rows and asset_id not in self._all_assets():
             raise AgentCaseError(
                 f"no {asset_id} rows for this tile before {CUTOFF}: take asset ids from "
                 "list_reference_assets"
@@ -448,7 +454,7 @@ class FoodAccessSession(ToolSession):
     def _citable(self) -> dict[str, str] | None:
         """Evidence id → asset id of the successful inspections so far; None when the tile has
         no asset at all (then a cell's evidence may be empty)."""
-        if not self._table_assets() and not self._raster_assets():
+        if not self._all_assets():
             return None
         return {
             c.evidence_id: str(c.arguments.get("asset_id"))

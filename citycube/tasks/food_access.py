@@ -574,3 +574,16 @@ def create_food_access_views(con: duckdb.DuckDBPyConnection, folder: Path) -> li
             con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({quoted})")
             created.append(name)
     return created
+
+
+def counts_markdown(counts: pd.DataFrame) -> str:
+    """The counts table as markdown: per city and stratum, wanted, eligible, selected, why."""
+    lines = [
+        "| city | stratum | wanted | eligible | selected | reason |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in counts.itertuples():
+        lines.append(
+            f"| {r.city} | {r.stratum} | {r.wanted} | {r.eligible} | {r.selected} | {r.reason} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -334,3 +334,73 @@ def install_files(city: str, files: FoodAtlasFiles, dest: Path) -> Path:
         tracts_without_label=int(frame["label"].isna().sum()),
     )
     return write_item(frame, dest, provenance)
+
+
+UNAVAILABLE_FILE = "unavailable.json"
+"""Written instead of an item where the source does not cover a city, with the reason."""
+
+
+def food_atlas_source(spec: Any) -> Any:
+    """The food-access reference source a source-set spec asks for: the real adapter when the
+    spec has ``options.usda_food_atlas`` or its default family is not ``sample``, else the
+    sample twin (with the sample family's seed)."""
+    options = spec.options.get("usda_food_atlas")
+    if options is not None or spec.default != "sample":
+        try:
+            return FoodAtlasSource(FoodAtlasOptions(**(options or {})))
+        except ValueError as exc:
+            raise FoodAtlasSourceError(
+                f"source set {spec.name!r}: options.usda_food_atlas are not valid ({exc})"
+            ) from exc
+    from sources.sample.food_access import SampleFoodAtlas
+
+    return SampleFoodAtlas(int(spec.options.get("sample", {}).get("seed", 0)))
+
+
+def source_tag(source: Any) -> str:
+    """A folder name per source identity, so items of different sources never mix."""
+    seed = getattr(source, "seed", None)
+    if seed is not None:
+        from sources.sample.food_access import SAMPLE_FOOD_VERSION
+
+        return f"sample-{SAMPLE_FOOD_VERSION}-seed{seed}"
+    import hashlib
+
+    options = source.options
+    key = f"{options.atlas_url}|{options.tiger_url}"
+    return "ers-2019-" + hashlib.sha256(key.encode()).hexdigest()[:10]
+
+
+def fetch_city(source: Any, city: str, root: Path) -> dict[str, Any]:
+    """Install ``city``'s labelled tracts under ``root/<source tag>/<city>`` (or record why the
+    source does not cover it); what was done, for the asset's metadata."""
+    from citycube.io.atomic import replace_dir_atomic
+
+    dest = root / source_tag(source) / city
+    if not source.covers(city):
+        reason = f"{city} is not a US city: the Food Access Research Atlas covers US tracts only"
+        dest.mkdir(parents=True, exist_ok=True)
+        write_json_atomic({"city": city, "reason": reason}, dest / UNAVAILABLE_FILE)
+        return {"city": city, "available": False, "reason": reason}
+    staging = dest.with_name(f".{city}.staging")
+    if staging.exists():
+        import shutil
+
+        shutil.rmtree(staging)
+    source.install(city, staging)
+    replace_dir_atomic(staging, dest)
+    frame = read_item(dest)
+    return {"city": city, "available": True, "tracts": len(frame),
+            "unlabelled": int(frame["label"].isna().sum())}  # fmt: skip
+
+
+def read_city(source: Any, city: str, root: Path) -> tuple[gpd.GeoDataFrame | None, str | None]:
+    """(labelled tracts, None) of an installed city, or (None, why there are none)."""
+    dest = root / source_tag(source) / city
+    if (dest / TRACTS_FILE).is_file():
+        return read_item(dest), None
+    if (dest / UNAVAILABLE_FILE).is_file():
+        import json
+
+        return None, str(json.loads((dest / UNAVAILABLE_FILE).read_text())["reason"])
+    return None, "the food-access reference of this city was not fetched"
