@@ -68,7 +68,8 @@ def test_the_default_scope_fetches_boston_and_explains_amsterdam(tmp_path: Path)
 
 def test_a_source_set_with_atlas_options_picks_the_real_adapter(tmp_path: Path) -> None:
     from citycube.items.protocol import parse_source_set_spec
-    from sources.usda_food_atlas import FoodAtlasSource, food_atlas_source
+    from sources.usda_food_atlas import FoodAtlasSource
+    from sources.usda_food_atlas.select import food_atlas_source
 
     spec = parse_source_set_spec(
         "name: real\ndefault: sample\noptions:\n  usda_food_atlas:\n"

@@ -23,7 +23,7 @@ SOURCE_ROOT = "usda_food_atlas"
 
 def _source(cube: CubeResource):
     from citycube.items.protocol import load_source_set_spec
-    from sources.usda_food_atlas import food_atlas_source
+    from sources.usda_food_atlas.select import food_atlas_source
 
     return food_atlas_source(load_source_set_spec(cube.sources_for_tasks().path or None))
 

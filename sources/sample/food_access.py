@@ -149,6 +149,11 @@ class SampleFoodAtlas:
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
+    @property
+    def tag(self) -> str:
+        """A folder name for this twin's items (generator version and seed)."""
+        return f"sample-{SAMPLE_FOOD_VERSION}-seed{self.seed}"
+
     def covers(self, city: str) -> bool:
         """Like the Atlas: US cities only."""
         return city in CITY_STATES

@@ -293,6 +293,14 @@ class FoodAtlasSource:
         self.options = options or FoodAtlasOptions()
         self.manager = DownloadManager(self.options.download_settings())
 
+    @property
+    def tag(self) -> str:
+        """A folder name for this source's items (the addresses it reads, hashed)."""
+        import hashlib
+
+        key = f"{self.options.atlas_url}|{self.options.tiger_url}"
+        return "ers-2019-" + hashlib.sha256(key.encode()).hexdigest()[:10]
+
     def covers(self, city: str) -> bool:
         """The Atlas covers US tracts only."""
         return city in CITY_STATES
@@ -340,43 +348,12 @@ UNAVAILABLE_FILE = "unavailable.json"
 """Written instead of an item where the source does not cover a city, with the reason."""
 
 
-def food_atlas_source(spec: Any) -> Any:
-    """The food-access reference source a source-set spec asks for: the real adapter when the
-    spec has ``options.usda_food_atlas`` or its default family is not ``sample``, else the
-    sample twin (with the sample family's seed)."""
-    options = spec.options.get("usda_food_atlas")
-    if options is not None or spec.default != "sample":
-        try:
-            return FoodAtlasSource(FoodAtlasOptions(**(options or {})))
-        except ValueError as exc:
-            raise FoodAtlasSourceError(
-                f"source set {spec.name!r}: options.usda_food_atlas are not valid ({exc})"
-            ) from exc
-    from sources.sample.food_access import SampleFoodAtlas
-
-    return SampleFoodAtlas(int(spec.options.get("sample", {}).get("seed", 0)))
-
-
-def source_tag(source: Any) -> str:
-    """A folder name per source identity, so items of different sources never mix."""
-    seed = getattr(source, "seed", None)
-    if seed is not None:
-        from sources.sample.food_access import SAMPLE_FOOD_VERSION
-
-        return f"sample-{SAMPLE_FOOD_VERSION}-seed{seed}"
-    import hashlib
-
-    options = source.options
-    key = f"{options.atlas_url}|{options.tiger_url}"
-    return "ers-2019-" + hashlib.sha256(key.encode()).hexdigest()[:10]
-
-
 def fetch_city(source: Any, city: str, root: Path) -> dict[str, Any]:
     """Install ``city``'s labelled tracts under ``root/<source tag>/<city>`` (or record why the
     source does not cover it); what was done, for the asset's metadata."""
     from citycube.io.atomic import replace_dir_atomic
 
-    dest = root / source_tag(source) / city
+    dest = root / source.tag / city
     if not source.covers(city):
         reason = f"{city} is not a US city: the Food Access Research Atlas covers US tracts only"
         dest.mkdir(parents=True, exist_ok=True)
@@ -396,7 +373,7 @@ def fetch_city(source: Any, city: str, root: Path) -> dict[str, Any]:
 
 def read_city(source: Any, city: str, root: Path) -> tuple[gpd.GeoDataFrame | None, str | None]:
     """(labelled tracts, None) of an installed city, or (None, why there are none)."""
-    dest = root / source_tag(source) / city
+    dest = root / source.tag / city
     if (dest / TRACTS_FILE).is_file():
         return read_item(dest), None
     if (dest / UNAVAILABLE_FILE).is_file():
