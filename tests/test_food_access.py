@@ -17,6 +17,9 @@ from citycube.tasks.food_access import (
     LABELS,
     QUOTAS,
     baseline_scores,
+    baseline_table,
+    build_case_set,
+    case_tables,
     majority_class,
     score,
     select_cases,
@@ -188,3 +191,13 @@ def test_the_sample_twin_writes_the_atlas_workbook_and_tract_zips_and_fills_bost
     assert picked.cases["stratum"].value_counts().to_dict() == QUOTAS["Boston"]
     with pytest.raises(FoodAtlasSourceError, match="US census tracts only"):
         twin.install("Amsterdam", tmp_path / "ams")
+
+
+def test_a_scope_without_us_cities_gives_empty_tables_and_says_why() -> None:
+    found = build_case_set({}, ["Amsterdam"], {"Amsterdam": "not a US city"})
+    cases, reference, counts = case_tables(found)
+    assert cases.num_rows == 0 and reference.num_rows == 0
+    assert baseline_table(found).num_rows == 0
+    reasons = {(r["city"], r["stratum"]): r["reason"] for r in counts.to_pylist()}
+    assert reasons[("Amsterdam", "")] == "not a US city"
+    assert reasons[("Boston", "all")] == "city not in this build's scope"

@@ -292,18 +292,26 @@ def select_cases(
         "order",
     ]
     cases = pd.DataFrame(rows, columns=[c for c in columns if c != "case_id"])
-    cases.insert(
-        0,
-        "case_id",
-        [case_id(c, t, seed) for c, t in zip(cases["city"], cases["tile_id"], strict=True)],
+    ids = [case_id(c, t, seed) for c, t in zip(cases["city"], cases["tile_id"], strict=True)]
+    cases.insert(0, "case_id", pd.Series(ids, index=cases.index, dtype=object))
+    text = {"case_id": object, "city": object, "tile_id": object, "stratum": object}
+    cases = cases.astype(
+        {
+            **text,
+            "n_low_access": int,
+            "n_lila": int,
+            "row": int,
+            "col": int,
+            "order": int,
+            "min_score": float,
+        }
     )
-    cases = cases.astype({"n_low_access": int, "n_lila": int, "row": int, "col": int, "order": int})
     keyed = cells.merge(cases[["case_id", "tile_id"]], on="tile_id") if len(cases) else None
     ref_cols = ["case_id", "cell", "label", "coverage", "assignment_score", "tract_geoid"]
     reference = (
         keyed[ref_cols].sort_values(["case_id", "cell"]).reset_index(drop=True)
         if keyed is not None
-        else pd.DataFrame(columns=ref_cols)
+        else pd.DataFrame({c: pd.Series(dtype=object) for c in ref_cols})
     )
     pool = cells.merge(candidates[["tile_id"]], on="tile_id") if len(candidates) else cells[:0]
     return FoodAccessCases(cases, reference, pd.DataFrame(counts), pool)
@@ -508,6 +516,20 @@ COUNT_SCHEMA = pa.schema(
         ("reason", pa.string()),
     ]
 )
+
+
+BASELINE_SCHEMA = pa.schema(
+    [("baseline", pa.string()), ("label", pa.string()), ("majority", pa.bool_()),
+     ("n_cases", pa.int64()), ("n_cells", pa.int64()), ("cell_accuracy", pa.float64()),
+     ("macro_f1", pa.float64()), ("exact_case_accuracy", pa.float64()),
+     *[(f"recall_{c}", pa.float64()) for c in LABELS]]
+)  # fmt: skip
+
+
+def baseline_table(found: FoodAccessCases) -> pa.Table:
+    """The direct baselines' scores with a fixed schema (no rows without cases)."""
+    rows = baseline_scores(found).to_dict("records")
+    return pa.Table.from_pylist(rows, schema=BASELINE_SCHEMA)
 
 
 def write_food_access_cases(
