@@ -17,6 +17,7 @@ says why; it is never counted as not low access.
 
 from __future__ import annotations
 
+import functools
 import io
 import zipfile
 from collections.abc import Sequence
@@ -331,9 +332,17 @@ class FoodAtlasSource:
         return install_files(city, files, dest)
 
 
+@functools.lru_cache(maxsize=2)
+def _atlas_once(path: str, size: int, mtime_ns: int) -> pd.DataFrame:
+    """The national table read once per process and file version (the real workbook has
+    about 72,000 tracts × 147 columns; every city of a build reads it)."""
+    return read_atlas(Path(path))
+
+
 def install_files(city: str, files: FoodAtlasFiles, dest: Path) -> Path:
     """Read downloaded (or sample) files and write the city's labelled tracts item."""
-    atlas = read_atlas(files.atlas)
+    stat = Path(files.atlas).stat()
+    atlas = _atlas_once(str(Path(files.atlas).resolve()), stat.st_size, stat.st_mtime_ns).copy()
     frame = labelled_tracts(city, atlas, [read_tracts(p) for p in files.tracts])
     provenance = dict(files.provenance)
     provenance.update(
