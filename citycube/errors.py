@@ -306,3 +306,24 @@ class EmbeddingError(CityCubeError):
     """An embedding, task or split of the representation evaluation cannot be used as given."""
 
     code = "CC403"
+
+
+class FoodAtlasSourceError(CityCubeError):
+    """A Food Access Research Atlas table or census tract file cannot be read as its source
+    serves it (missing sheet or column, bad tract id, no geometry, unknown CRS)."""
+
+    code = "CC420"
+
+
+class FoodAccessCaseError(CityCubeError):
+    """A food-access case set cannot be built or read as asked (unknown city, no labelled
+    tracts over the grid, a case or cell that does not exist)."""
+
+    code = "CC421"
+
+
+class FoodAccessSubmissionError(CityCubeError):
+    """A food-access submission does not have its form: one known label per cell, each with
+    confidence, reason and evidence cited as evidence-NNNN/asset_ID from a successful call."""
+
+    code = "CC422"

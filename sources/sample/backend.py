@@ -385,3 +385,11 @@ def stac_item(
         "links": [],
         "assets": assets,
     }
+
+
+def task_reference_sources(seed: int = 0) -> dict[str, Any]:
+    """Sample twins of the benchmark tasks' reference sources, which are not cube products
+    (no modality reads them), by source family."""
+    from sources.sample.food_access import SampleFoodAtlas
+
+    return {"usda_food_atlas": SampleFoodAtlas(seed)}
