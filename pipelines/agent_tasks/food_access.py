@@ -18,11 +18,11 @@ import pyarrow as pa
 from citycube.agents.food_access import FoodAccessRun, open_food_run, run_predictions
 from citycube.errors import AgentCaseError
 from citycube.tasks.food_access import CELLS, LABELS, FoodAccessFiles
+from pipelines.agents import result_json, result_text, tool_errors
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
 
-    from citycube.agents.session import ToolResult
     from citycube.cube.release import Release
 
 STRATEGIES = tuple(f"constant_{label}" for label in LABELS)
@@ -38,29 +38,6 @@ INSTRUCTIONS = (
 def open_run(release: Release, run_dir: Path, *, agent: str) -> FoodAccessRun:
     """A run over the release's published food-access cases, writing into ``run_dir``."""
     return open_food_run(release, run_dir, agent=agent)
-
-
-def _text(result: ToolResult) -> str:
-    return json.dumps(result.data, ensure_ascii=False)
-
-
-def _tool_errors(fn: Any) -> Any:
-    """``fn`` with CityCube errors raised as MCP tool errors (their message: code, cause,
-    remedy)."""
-    import functools
-
-    from mcp.server.mcpserver.exceptions import ToolError
-
-    from citycube.errors import CityCubeError
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except CityCubeError as exc:
-            raise ToolError(str(exc)) from None
-
-    return wrapper
 
 
 def build_server(run: FoodAccessRun) -> MCPServer:
@@ -81,7 +58,7 @@ def build_server(run: FoodAccessRun) -> MCPServer:
 
     def list_reference_assets() -> str:
         """Tables and rasters of the case's tile dated before the evidence cut-off."""
-        return _text(run.call("list_reference_assets"))
+        return result_text(run.call("list_reference_assets"))
 
     def inspect_table(
         asset_id: str, fields: list[str] | None = None, years: list[int] | None = None
@@ -89,31 +66,31 @@ def build_server(run: FoodAccessRun) -> MCPServer:
         """Rows of a table asset for the case's 2 km tile (fields and years optional)."""
         args: dict[str, Any] = {"asset_id": asset_id}
         args |= {k: v for k, v in (("fields", fields), ("years", years)) if v}
-        return _text(run.call("inspect_table", args))
+        return result_text(run.call("inspect_table", args))
 
     def describe_raster(asset_id: str, year: int) -> str:
         """Bands, shape and per-band statistics of a raster asset of the tile in a year."""
-        return _text(run.call("describe_raster", {"asset_id": asset_id, "year": year}))
+        return result_text(run.call("describe_raster", {"asset_id": asset_id, "year": year}))
 
     def view_raster(asset_id: str, year: int) -> list[Any]:
         """A PNG preview of a raster asset of the tile in a year."""
         result = run.call("view_raster", {"asset_id": asset_id, "year": year})
-        return [_text(result), Image(data=result.image, format="png")]
+        return [result_text(result), Image(data=result.image, format="png")]
 
     def get_cell_summaries(asset_id: str, year: int, band: str | None = None) -> str:
         """Per 1 km cell (s00 NW, s01 NE, s10 SW, s11 SE): a raster's band statistics."""
         args: dict[str, Any] = {"asset_id": asset_id, "year": year}
-        return _text(run.call("get_cell_summaries", args | ({"band": band} if band else {})))
+        return result_text(run.call("get_cell_summaries", args | ({"band": band} if band else {})))
 
     def calculate(expression: str) -> str:
         """The value of an arithmetic expression."""
-        return _text(run.call("calculate", {"expression": expression}))
+        return result_text(run.call("calculate", {"expression": expression}))
 
     def submit_predictions(predictions: dict[str, Any], limitations: str) -> str:
         """Submit one {label, confidence, reason, evidence} per cell and the limitations; a
         valid submission ends the case."""
         args = {"predictions": predictions, "limitations": limitations}
-        return _text(run.call("submit_predictions", args))
+        return result_text(run.call("submit_predictions", args))
 
     for fn in (
         list_cases,
@@ -126,15 +103,8 @@ def build_server(run: FoodAccessRun) -> MCPServer:
         calculate,
         submit_predictions,
     ):
-        server.add_tool(_tool_errors(fn), structured_output=False)
+        server.add_tool(tool_errors(fn), structured_output=False)
     return server
-
-
-def _json(result: Any) -> dict[str, Any]:
-    texts = [c.text for c in result.content if getattr(c, "type", None) == "text"]
-    if result.is_error:
-        raise AgentCaseError(f"tool error: {texts[0] if texts else result}")
-    return json.loads(texts[0])
 
 
 async def scripted_agent(client: Any, strategy: str) -> int:
@@ -143,22 +113,24 @@ async def scripted_agent(client: Any, strategy: str) -> int:
     if strategy not in STRATEGIES:
         raise AgentCaseError(f"unknown strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
     label = strategy.removeprefix("constant_")
-    cases = _json(await client.call_tool("list_cases", {}))["cases"]
+    cases = result_json(await client.call_tool("list_cases", {}))["cases"]
     answered = 0
     for case in cases:
-        _json(await client.call_tool("start_case", {"case_id": case}))
-        assets = _json(await client.call_tool("list_reference_assets", {}))["assets"]
+        result_json(await client.call_tool("start_case", {"case_id": case}))
+        assets = result_json(await client.call_tool("list_reference_assets", {}))["assets"]
         cited: list[str] = []
         rasters = [a for a in assets if a["kind"] == "raster" and a["years"]]
         tables = [a for a in assets if a["kind"] == "table" and a["years"]]
         if rasters:
             asset = rasters[0]
             args = {"asset_id": asset["asset_id"], "year": asset["years"][-1]}
-            found = _json(await client.call_tool("get_cell_summaries", args))
+            found = result_json(await client.call_tool("get_cell_summaries", args))
             note = f"cell summaries of {asset['years'][-1]}"
         elif tables:
             asset = tables[0]
-            found = _json(await client.call_tool("inspect_table", {"asset_id": asset["asset_id"]}))
+            found = result_json(
+                await client.call_tool("inspect_table", {"asset_id": asset["asset_id"]})
+            )
             note = f"{len(found['rows'])} tile rows"
         else:
             found = None
@@ -175,7 +147,7 @@ async def scripted_agent(client: Any, strategy: str) -> int:
         }
         limitations = "A constant-class baseline: the cited asset is not used for the label."
         args = {"predictions": predictions, "limitations": limitations}
-        _json(await client.call_tool("submit_predictions", args))
+        result_json(await client.call_tool("submit_predictions", args))
         answered += 1
     return answered
 
