@@ -306,3 +306,17 @@ class EmbeddingError(CityCubeError):
     """An embedding, task or split of the representation evaluation cannot be used as given."""
 
     code = "CC403"
+
+
+class SchoolPlanError(CityCubeError):
+    """A school-capacity plan does not have the submission's form (predicted_enrollment ≥ 0,
+    an integer added_seats ≥ 0, evidence ids of this case's successful reads, a reason)."""
+
+    code = "CC415"
+
+
+class SchoolCasesError(CityCubeError):
+    """A release has no school-capacity cases to serve (London not in its scope, or its
+    school reference unavailable)."""
+
+    code = "CC416"

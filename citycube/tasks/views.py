@@ -15,6 +15,7 @@ from citycube.catalogue.modalities import Catalogue
 from citycube.cube.release import Release, atomic_database, stage_benchmark
 from citycube.tasks.forecast import create_forecast_views
 from citycube.tasks.pairs import modality_order
+from citycube.tasks.school_capacity import create_school_views
 from citycube.tasks.translation import create_views
 
 if TYPE_CHECKING:
@@ -26,7 +27,11 @@ def create_task_views(
 ) -> list[str]:
     """Views over every task's files present now in ``folder`` (a snapshot's benchmark
     folder); the names created."""
-    return create_views(con, folder, order) + create_forecast_views(con, folder)
+    return (
+        create_views(con, folder, order)
+        + create_forecast_views(con, folder)
+        + create_school_views(con, folder)
+    )
 
 
 def task_views(catalogue: Catalogue) -> Callable[[duckdb.DuckDBPyConnection, Path], list[str]]:
