@@ -128,14 +128,20 @@ def _chips(release: Release) -> None:
         pq.write_table(pa.Table.from_pylist(rows, schema=CHIP_INDEX_SCHEMA), path)
 
 
-def make_school_release(root: Path) -> Release:
-    """Write, stage and publish the release with its school capacity cases."""
+def stage_london(root: Path) -> tuple[Release, dict]:
+    """The London release written and staged, not yet with school cases (and its metadata)."""
     release = Release(root / "data", "t")
     write_tiles(release)
     _observations(release)
     _chips(release)
     meta = release_metadata(release, source_set="test", synthetic=True)
     build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
+    return release, meta
+
+
+def make_school_release(root: Path) -> Release:
+    """Write, stage and publish the release with its school capacity cases."""
+    release, meta = stage_london(root)
     item = sample_school_item(CITY, root / "sources", seed=0)
     found = select_cases(item_records(item, CITY))
     write_school_cases(release, found, {"source_id": "sample", "synthetic": True})
