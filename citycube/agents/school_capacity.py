@@ -136,9 +136,15 @@ period 0 or earlier."""
 class UrbanView:
     """The cube's urban data a school case may read, with periods for years."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, case: SchoolCase) -> None:
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        case: SchoolCase,
+        shared: dict[str, Any] | None = None,
+    ) -> None:
         self.con = con
         self.case = case
+        self.shared = {} if shared is None else shared  # city-wide results kept across cases
 
     def guard(self) -> list[Any]:
         """Parameters of :data:`GUARD`."""
@@ -172,15 +178,18 @@ class UrbanView:
 
     def modalities(self) -> list[dict[str, Any]]:
         """Modalities with rows for the city before the cut-off, with their periods."""
-        found = self.con.execute(
-            f"SELECT modality, list(DISTINCT year) FROM observations WHERE {GUARD} "
-            "GROUP BY modality ORDER BY modality",
-            self.guard(),
-        ).fetchall()
-        return [
-            {"modality": m, "periods": sorted(self.case.period(y) for y in years)}
-            for m, years in found
-        ]
+        key = f"modalities:{self.case.city}"
+        if key not in self.shared:
+            found = self.con.execute(
+                f"SELECT modality, list(DISTINCT year) FROM observations WHERE {GUARD} "
+                "GROUP BY modality ORDER BY modality",
+                self.guard(),
+            ).fetchall()
+            self.shared[key] = [
+                {"modality": m, "periods": sorted(self.case.period(y) for y in years)}
+                for m, years in found
+            ]
+        return [dict(m, periods=list(m["periods"])) for m in self.shared[key]]
 
     def rows(
         self,
@@ -374,10 +383,11 @@ class SchoolSession(ToolSession):
         catalogue: Catalogue,
         release_root: Path,
         case_dir: Path,
+        shared: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(case_dir, SCHOOL_TOOLS, "school_capacity")
         self.case = case
-        self.view = UrbanView(con, case)
+        self.view = UrbanView(con, case, shared)
         self.catalogue = catalogue
         self.release_root = release_root
         self.submission: dict[str, Any] | None = None
@@ -642,6 +652,7 @@ class SchoolRun:
         self.release_root = release.root
         self.run_dir = run_dir
         self.session: SchoolSession | None = None
+        self.shared: dict[str, Any] = {}
         meta = dict(self.con.execute("SELECT key, value FROM release").fetchall())
         run_dir.mkdir(parents=True, exist_ok=True)
         record = {
@@ -665,7 +676,12 @@ class SchoolRun:
         self.close()
         case = self.cases[case_key]
         self.session = SchoolSession(
-            case, self.con, self.catalogue, self.release_root, self.run_dir / "cases" / case_key
+            case,
+            self.con,
+            self.catalogue,
+            self.release_root,
+            self.run_dir / "cases" / case_key,
+            self.shared,
         )
         return case.message()
 
