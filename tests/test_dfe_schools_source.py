@@ -128,3 +128,24 @@ def test_a_bad_academic_year_and_a_repeated_urn_are_clear_errors(tmp_path: Path)
     gias.write_bytes(gias_file() + b'"100001","Again","Primary","530000","180000"\r\n')
     with pytest.raises(SourceReadError, match="more than once"):
         read_school_files([good], gias, "London")
+
+
+def test_a_missing_file_on_the_server_is_named_and_nothing_is_installed(
+    tmp_path: Path, file_server: tuple[str, Path, Path]
+) -> None:
+    from citycube.errors import SourceFetchError
+
+    base, root, _log = file_server
+    names = serve(root)
+    options = SchoolSourceOptions(
+        capacity_urls=tuple(f"{base}/ees/{n}" for n in names),
+        gias_url=f"{base}/gias/missing.csv",
+        cache_dir=tmp_path / "cache",
+        attempts=1,
+    )
+    with pytest.raises(SourceFetchError) as err:
+        fetch_school_item(options, "London", tmp_path / "sources")
+    assert err.value.code == "CC202"
+    assert "dfe_school_capacity London" in err.value.message
+    assert "missing.csv" in err.value.message
+    assert not (tmp_path / "sources" / "dfe_school_capacity" / "London").exists()
