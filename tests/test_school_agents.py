@@ -45,6 +45,7 @@ def test_a_case_sees_its_history_and_nothing_after_period_0(release, tmp_path: P
     ref = next(r for r in refs if r["case_key"] == key)
     history = run.call("read_school_history").data
     assert history["periods"] == [-2, -1, 0] and len(history["enrollment"]) == 3
+    assert history["source"].endswith("SYNTHETIC sample twin")
     seen = [
         message,
         history,

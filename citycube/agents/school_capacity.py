@@ -61,6 +61,8 @@ URBAN_PERIODS = 10
 """Urban data reach back this many years before period 0."""
 MAX_ROWS = 5_000
 """Most rows one read_table returns."""
+SOURCE_LABEL = "Department for Education, School capacity (school level)"
+"""How the history's source is named; a synthetic reference says so."""
 EVIDENCE = re.compile(r"evidence-[0-9]{4,}")
 """An evidence id, alone or followed by ``/asset_id``."""
 
@@ -406,7 +408,7 @@ class SchoolSession(ToolSession):
                     round(e / k, 4) for e, k in zip(c.enrollment, c.capacity, strict=True)
                 ],
                 "units": {"enrollment": "pupils on roll", "capacity": "places"},
-                "source": "Department for Education, School capacity (school level)",
+                "source": self.view.shared.get("source", SOURCE_LABEL),
             }
         )
 
@@ -650,9 +652,15 @@ class SchoolRun:
         self.con = duckdb.connect(str(release.duckdb_file), read_only=True)
         self.catalogue = load_catalogue()
         self.release_root = release.root
+        manifest = SchoolFiles.published(release).manifest
+        provenance = json.loads(manifest.read_text(encoding="utf-8")).get("source", {})
+        self.shared: dict[str, Any] = {
+            "source": f"{SOURCE_LABEL}, SYNTHETIC sample twin"
+            if provenance.get("synthetic", True)
+            else SOURCE_LABEL
+        }
         self.run_dir = run_dir
         self.session: SchoolSession | None = None
-        self.shared: dict[str, Any] = {}
         meta = dict(self.con.execute("SELECT key, value FROM release").fetchall())
         run_dir.mkdir(parents=True, exist_ok=True)
         record = {
