@@ -327,3 +327,17 @@ class FoodAccessSubmissionError(CityCubeError):
     confidence, reason and evidence cited as evidence-NNNN/asset_ID from a successful call."""
 
     code = "CC422"
+
+
+class SchoolPlanError(CityCubeError):
+    """A school-capacity plan does not have the submission's form (predicted_enrollment ≥ 0,
+    an integer added_seats ≥ 0, evidence ids of this case's successful reads, a reason)."""
+
+    code = "CC415"
+
+
+class SchoolCasesError(CityCubeError):
+    """A release has no school-capacity cases to serve (London not in its scope, or its
+    school reference unavailable)."""
+
+    code = "CC416"

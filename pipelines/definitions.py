@@ -25,6 +25,7 @@ from assets.tasks import (
     build_represent_assets,
 )
 from assets.tasks.food_access import FOOD_CASES_KEY, build_food_access_assets
+from assets.tasks.school_capacity import SCHOOL_CASES_KEY, build_school_assets
 from citycube.catalogue.modalities import Catalogue, load_catalogue
 from pipelines.lifetime import follow_build_process
 from pipelines.resources import ComputeResource, default_cube_resource
@@ -34,9 +35,16 @@ ON_REQUEST = "represent/"
 """Key prefix of the assets that builds and the yearly backfill leave out (the representation
 evaluation): they are materialised when asked for by name."""
 
-BENCHMARK_KEYS = (PAIRS_KEY, SPLITS_KEY, INSTANCES_KEY, FORECAST_CASES_KEY, FORECAST_SCORES_KEY)
+BENCHMARK_KEYS = (
+    PAIRS_KEY,
+    SPLITS_KEY,
+    INSTANCES_KEY,
+    FORECAST_CASES_KEY,
+    FORECAST_SCORES_KEY,
+    FOOD_CASES_KEY,
+    SCHOOL_CASES_KEY,
+)
 """The benchmark assets: computed from the staged cube and published with it."""
-BENCHMARK_KEYS = (*BENCHMARK_KEYS, FOOD_CASES_KEY)
 
 
 def build_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
@@ -49,6 +57,7 @@ def build_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         *build_benchmark_assets(catalogue),
         *build_forecast_assets(),
         *build_food_access_assets(),
+        *build_school_assets(),
         *build_agent_assets(),
         *build_report_assets(catalogue, after=(*BENCHMARK_KEYS, AGENT_RUNS_KEY)),
         *build_represent_assets(),

@@ -16,6 +16,7 @@ from citycube.cube.release import Release, atomic_database, stage_benchmark
 from citycube.tasks.food_access import create_food_access_views
 from citycube.tasks.forecast import create_forecast_views
 from citycube.tasks.pairs import modality_order
+from citycube.tasks.school_capacity import create_school_views
 from citycube.tasks.translation import create_views
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ def create_task_views(
         create_views(con, folder, order)
         + create_forecast_views(con, folder)
         + create_food_access_views(con, folder)
+        + create_school_views(con, folder)
     )
 
 
