@@ -110,6 +110,10 @@ def test_files_and_manifest(materialised: Release) -> None:
     manifest = json.loads(files.manifest.read_text(encoding="utf-8"))
     assert manifest["total"] == 3000 and manifest["seed"] == 0 and manifest["split_seed"] == 0
     assert manifest["requested"] == {"train": 1915, "val": 543, "test": 542}
+    # the test split's anchors fill its quota exactly: the pairs are there
+    assert manifest["achieved"] == manifest["requested"] and manifest["complete"]
+    assert manifest["note"] == "every split got what it asked for"
+    assert all(manifest["available"][s] >= manifest["requested"][s] for s in manifest["requested"])
     assert manifest["single_class_chips"] > 0
     assert manifest["files"]["instances"]["path"] == "instances.parquet"
 

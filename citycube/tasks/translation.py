@@ -323,12 +323,9 @@ def write_instances(
         "split_seed": int(split_seed) if split_seed else None,
         "requested": result.requested,
         "achieved": result.achieved,
+        "available": result.available,
         "complete": result.complete,
-        "note": (
-            "every split got what it asked for"
-            if result.complete
-            else "the cube holds fewer pairs than asked for: each route gave what it has"
-        ),
+        "note": result.note,
         "single_class_chips": int(np.count_nonzero(flags["single_class"].to_numpy())),
         "categorical_chips": flags.num_rows,
         "files": {
