@@ -174,6 +174,33 @@ def write_mixed_lc_chips(
     group.create_array("valid", data=np.ones((grid.height, grid.width), np.uint8))
     band = group.create_array("band", shape=(1,), dtype=VariableLengthUTF8())  # type: ignore[arg-type]
     band[:] = np.array(["class_id"], dtype=object)
+    _index_chips(release, city, "LC", store, source_year, years)
+
+
+def write_rgb_chips(release: Release, city: str, source_year: int, years: tuple[int, ...]) -> None:
+    """One OPT chip store of ``source_year`` (seeded uint8 red, green and blue, all valid) and
+    the chip index rows that serve it for each of ``years``."""
+    grid = pixel_grid(city, 25)
+    store = release.chip_store("OPT", city, str(source_year))
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    data = np.random.default_rng(1).integers(0, 256, (3, grid.height, grid.width), np.uint8)
+    group.create_array("data", data=data, chunks=(3, 400, 400))
+    group.create_array("valid", data=np.ones((grid.height, grid.width), np.uint8))
+    band = group.create_array("band", shape=(3,), dtype=VariableLengthUTF8())  # type: ignore[arg-type]
+    band[:] = np.array(["red", "green", "blue"], dtype=object)
+    _index_chips(release, city, "OPT", store, source_year, years)
+
+
+def _index_chips(
+    release: Release,
+    city: str,
+    modality: str,
+    store: Path,
+    source_year: int,
+    years: tuple[int, ...],
+) -> None:
+    """Chip index rows of every tile of ``city`` (both scales) on one 25 m store, per year."""
+    grid = pixel_grid(city, 25)
     for year in years:
         rows = []
         for scale in SCALES:
@@ -185,7 +212,7 @@ def write_mixed_lc_chips(
                         "city": city,
                         "scale": scale,
                         "year": year,
-                        "modality": "LC",
+                        "modality": modality,
                         "store": str(store.relative_to(release.root)),
                         "row_off": r,
                         "col_off": c,
@@ -200,5 +227,5 @@ def write_mixed_lc_chips(
                 )
         write_parquet_atomic(
             pa.Table.from_pylist(rows, schema=CHIP_INDEX_SCHEMA),
-            release.chip_index_file(city, year, "LC"),
+            release.chip_index_file(city, year, modality),
         )

@@ -14,6 +14,7 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -33,7 +34,7 @@ from citycube.tasks.loader import InstanceLoader
 from citycube.tasks.translation import BenchmarkFiles
 from citycube.tasks.views import task_views
 from pipelines.resources import CubeResource
-from tests.release_fixtures import write_mixed_lc_chips
+from tests.release_fixtures import write_mixed_lc_chips, write_rgb_chips
 
 CITY, YEARS = "Amsterdam", (2020, 2021)
 CAT = load_catalogue()
@@ -53,6 +54,7 @@ def materialised(tmp_path_factory: pytest.TempPathFactory) -> Release:
         release.draft_dir / "observations", CAT, years=YEARS, cities=(CITY,), seed=4
     )
     _lc_store(release)
+    write_rgb_chips(release, CITY, 2020, YEARS)
     meta = release_metadata(release, source_set="test", synthetic=True)
     build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
     result = dg.materialize(
@@ -110,6 +112,10 @@ def test_files_and_manifest(materialised: Release) -> None:
     manifest = json.loads(files.manifest.read_text(encoding="utf-8"))
     assert manifest["total"] == 3000 and manifest["seed"] == 0 and manifest["split_seed"] == 0
     assert manifest["requested"] == {"train": 1915, "val": 543, "test": 542}
+    # the test split's anchors fill its quota exactly: the pairs are there
+    assert manifest["achieved"] == manifest["requested"] and manifest["complete"]
+    assert manifest["note"] == "every split got what it asked for"
+    assert all(manifest["available"][s] >= manifest["requested"][s] for s in manifest["requested"])
     assert manifest["single_class_chips"] > 0
     assert manifest["files"]["instances"]["path"] == "instances.parquet"
 
@@ -213,6 +219,39 @@ def test_training_mean_reference_scores_end_to_end(materialised: Release, tmp_pa
     out.unlink()
     assert main([*args, "evaluate", "--targets", "BOGUS,XYZ", "--out", str(out)]) == 2
     assert not out.exists()
+
+
+def test_opt_lpips_is_marked_unavailable_beside_its_mse(
+    materialised: Release, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Table 2 scores OPT by MSE and LPIPS: LPIPS has a row per route that says it is not
+    computed and why, with no score, and the printed table shows it as n/a."""
+    from citycube.tasks.evaluate import score, training_stats
+    from citycube.tasks.metrics import UNAVAILABLE_METRICS, Metric
+    from pipelines.cli import main
+
+    table = score(materialised, CAT, stats=training_stats(materialised, CAT), targets=["OPT"])
+    rows = table.to_pylist()
+    mse = {r["source"]: r for r in rows if r["metric"] == "mse"}
+    lpips = {r["source"]: r for r in rows if r["metric"] == "lpips"}
+    assert mse and set(mse) == set(lpips) and len(rows) == 2 * len(mse)
+    for source, row in mse.items():
+        assert row["available"] and row["reason"] is None and np.isfinite(row["score"])
+        other = lpips[source]
+        assert other["score"] is None and other["available"] is False
+        assert other["reason"] == UNAVAILABLE_METRICS[Metric.LPIPS]
+        assert other["instances"] == row["instances"]
+    out = tmp_path / "opt.parquet"
+    args = ["--data", str(materialised.data_root), "--release", materialised.version]
+    capsys.readouterr()
+    assert main([*args, "evaluate", "--targets", "OPT", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| source / target | OPT MSE | OPT LPIPS |" in printed
+    body = [line for line in printed.splitlines() if line.startswith("| ") and "target" not in line]
+    assert len(body) == len(mse) and all(line.endswith(" | n/a |") for line in body)
+    assert f"OPT LPIPS: {UNAVAILABLE_METRICS[Metric.LPIPS]}" in printed
+    written = pq.read_table(out)
+    assert written.filter(pc.equal(written["metric"], "lpips"))["score"].null_count == len(lpips)
 
 
 def test_gps_is_scored_in_the_log_domain_it_is_stored_in(materialised: Release) -> None:

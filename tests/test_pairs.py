@@ -16,9 +16,11 @@ from citycube.tasks.pairs import (
     mask_matrix,
     modality_order,
     pair_index,
+    product_matrix,
     route_count_long,
     route_count_table,
     route_counts,
+    route_counts_by_product,
     write_route_heatmap,
 )
 
@@ -164,3 +166,26 @@ def test_editing_a_pairing_rule_does_not_recompute_the_cube() -> None:
     aq = CAT.get("AQ")
     edited = aq.model_copy(update={"pairing": aq.pairing.model_copy(update={"needs": "all"})})
     assert modality_digest(edited, CAT) == modality_digest(aq, CAT)
+
+
+def test_products_count_aq_per_product_and_routes_the_papers_way() -> None:
+    """Table 14 counts AQ once per product: a key with NO2 and PM2.5 adds two OPT → AQ pairs,
+    a key with one of them adds one; one pair per key either way in ``route_counts``."""
+    both = _rows("Boston_2KM_r1_c1", 2015, {"OPT": 100.0, "AQ": 5.0, "POP": 2.0})
+    one = _rows("Boston_2KM_r1_c2", 2015, {"OPT": 100.0, "AQ": 5.0, "POP": 2.0})
+    for row in one:
+        if row["field"] == "annual_mean_no2":
+            row.update(value=None, available=False, reason="outside_source_coverage")
+    index = _index(both + one)
+    assert [r["products"] for r in index.to_pylist()] == [[1, 2, 1], [1, 1, 1]]
+    order = modality_order(CAT)
+    units = product_matrix(index, order)
+    by_product = route_counts_by_product(units)
+    per_key = route_counts(index["modality_mask"].to_numpy(), len(order))
+    opt, aq, pop = (order.index(c) for c in ("OPT", "AQ", "POP"))
+    assert by_product[opt, aq] == by_product[aq, opt] == 3 and per_key[opt, aq] == 2
+    assert by_product[opt, pop] == per_key[opt, pop] == 2
+    assert by_product[opt, opt] == 0
+    long = route_count_long(per_key, order, by_product).to_pylist()
+    row = next(r for r in long if (r["source"], r["target"]) == ("AQ", "POP"))
+    assert (row["pairs"], row["pairs_by_product"]) == (2, 3)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from citycube.catalogue.cities import load_cities
@@ -17,8 +19,10 @@ from citycube.reports.paper import (
     load_paper_tables,
     modality_comparison,
     parse_paper_tables,
+    route_comparison,
     write_paper_comparison,
 )
+from citycube.tasks.pairs import TABLE_ORDER, route_count_long
 from tests.test_render import build_small_release
 
 CAT = load_catalogue()
@@ -139,6 +143,7 @@ def test_the_report_files_of_a_release(tmp_path: Path) -> None:
         "paper_vs_release.md",
         "paper_vs_release_by_modality.csv",
         "paper_vs_release_by_city.csv",
+        "paper_vs_release_by_route.csv",
     }
     text = paths["paper_md"].read_text(encoding="utf-8")
     assert (
@@ -153,3 +158,68 @@ def test_the_report_files_of_a_release(tmp_path: Path) -> None:
         assert f"(`{departure.id}`)" in text
     assert "- Removes: PROP 5 (Busan 1, Washington, D.C. 1, London 1, Singapore 2)" in text
     assert not list((release.root / "reports").glob(".*.tmp*"))
+
+
+def test_table_14_is_the_papers_and_counts_opt_and_aq_per_product() -> None:
+    """Every count of Table 14 above the calendar's 171,236 (tile, year) keys is an OPT or AQ
+    route: one pair per key could not reach them, a count per source product can."""
+    routes = PAPER.route_pairs()
+    assert len(routes) == 306 and sum(routes.values()) == 28_249_584
+    assert routes[("OPT", "AQ")] == routes[("AQ", "OPT")] == 306_563
+    assert routes[("OPT", "BV")] == 207_654 and routes[("ELEC", "DEM")] == 9_112
+    over = {route for route, n in routes.items() if n > 171_236}
+    assert len(over) == 32 and all({"OPT", "AQ"} & set(route) for route in over)
+    assert max(n for r, n in routes.items() if not {"OPT", "AQ"} & set(r)) == 133_144
+
+
+def test_an_asymmetric_table_14_is_refused_on_load() -> None:
+    text = Path("schemas/paper.yaml").read_text(encoding="utf-8")
+    assert "  OPT: [null, 193379," in text
+    with pytest.raises(SpecError, match="table14 is not symmetric: OPT → DEM 193378"):
+        parse_paper_tables(text.replace("  OPT: [null, 193379,", "  OPT: [null, 193378,"))
+
+
+def _routes(per_key: int, extra_aq: int) -> pa.Table:
+    """Route counts of every route ``per_key``, AQ routes counting ``extra_aq`` more by product."""
+    n = len(TABLE_ORDER)
+    counts = np.full((n, n), per_key, dtype=np.int64)
+    by_product = counts.copy()
+    aq = TABLE_ORDER.index("AQ")
+    by_product[aq, :] += extra_aq
+    by_product[:, aq] += extra_aq
+    np.fill_diagonal(counts, 0)
+    np.fill_diagonal(by_product, 0)
+    return route_count_long(counts, TABLE_ORDER, by_product)
+
+
+def test_routes_are_compared_in_the_papers_unit() -> None:
+    frame = route_comparison(_routes(1000, 500), PAPER).set_index(["source", "target"])
+    row = frame.loc[("OPT", "AQ")]
+    assert (row["paper_pairs"], row["release_pairs_by_product"]) == (306_563, 1500)
+    assert (row["release_pairs_per_key"], row["difference_by_product"]) == (1000, 1500 - 306_563)
+    assert frame.loc[("DEM", "NDVI"), "release_pairs_by_product"] == 1000
+    old = _routes(1000, 0).drop_columns(["pairs_by_product"])  # a release counted per key only
+    assert route_comparison(old, PAPER)["release_pairs_by_product"].isna().all()
+    assert route_comparison(None, PAPER)["release_pairs_per_key"].isna().all()
+
+
+def test_the_report_puts_table_14_beside_the_releases_routes(tmp_path: Path) -> None:
+    from citycube.cube.release import write_parquet_atomic
+    from citycube.tasks.translation import BenchmarkFiles
+
+    release = build_small_release(tmp_path / "data")
+    text = write_paper_comparison(release, CAT)["paper_md"].read_text(encoding="utf-8")
+    assert "## Translation routes (AgenticCity-Bench Table 14)" in text
+    assert "The release has no translation pair counts (benchmark not built)." in text
+    write_parquet_atomic(_routes(1000, 500), BenchmarkFiles.published(release).route_counts_long)
+    paths = write_paper_comparison(release, CAT)
+    text = paths["paper_md"].read_text(encoding="utf-8")
+    assert "32 of its 306 counts exceed the 171,236 (tile, year) keys" in text
+    assert "| OPT → AQ | 306,563 | 1,500 | -305,063 | 1,000 |" in text
+    assert "| DEM → OPT | 193,379 | 1,000 | -192,379 | 1,000 |" in text
+    total = 306 * 1000 + 2 * 17 * 500
+    assert (
+        f"release by product {total:,} ({total - 28_249_584:+,}), release per key 306,000" in text
+    )
+    csv = pd.read_csv(paths["paper_route_csv"])
+    assert len(csv) == 306 and csv["paper_pairs"].sum() == 28_249_584

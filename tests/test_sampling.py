@@ -16,6 +16,7 @@ from citycube.tasks.sampling import (
     sample_instances,
     split_totals,
 )
+from citycube.tasks.splits import SPLITS as SPLITS_ORDER
 from citycube.tasks.splits import tile_parent_table, tile_splits
 
 ORDER = ["A", "B", "C", "LC"]
@@ -145,6 +146,66 @@ def test_added_keys_do_not_reshuffle_a_keys_draw() -> None:
     assert {tuple(r.values()) for r in small.select(columns).to_pylist()} <= {
         tuple(r.values()) for r in big.select(columns).to_pylist()
     }
+
+
+def _anchors(result, split: str = "test") -> dict[str, dict[tuple, set[str]]]:
+    rows = result.instances.filter(pc.equal(result.instances["split"], split)).to_pylist()
+    out: dict[str, dict[tuple, set[str]]] = {}
+    for row in rows:
+        key = (row["tile_id"], row["year"])
+        out.setdefault(row["target"], {}).setdefault(key, set()).add(row["source"])
+    return out
+
+
+@pytest.mark.parametrize("total", [601, 1000, 1003, 2222])
+def test_test_split_reaches_its_total_exactly_with_whole_anchors(total: int) -> None:
+    """Whole anchors in draw order stop short of a target's quota; the anchors that fit the
+    rest are taken, so the split gets exactly what it asks for and every anchor stays whole."""
+    pairs, splits = _pairs(3000)
+    result = sample_instances(pairs, splits, ORDER, total=total, seed=7)
+    assert result.achieved == result.requested and result.complete
+    assert result.note == "every split got what it asked for" and not result.shortfalls
+    bit = {c: 1 << i for i, c in enumerate(ORDER)}
+    masks = dict(
+        zip(
+            zip(pairs["tile_id"].to_pylist(), pairs["year"].to_pylist(), strict=True),
+            pairs["modality_mask"].to_pylist(),
+            strict=True,
+        )
+    )
+    partial = 0
+    for target, anchors in _anchors(result).items():
+        for key, sources in anchors.items():
+            offered = {c for c in ORDER if masks[key] & bit[c]} - {target}
+            assert sources <= offered
+            partial += sources != offered
+    assert partial <= len(ORDER)  # at most one partial anchor per target, only when no whole fits
+
+
+def test_an_anchor_is_split_only_when_no_whole_anchor_fits() -> None:
+    """Every key offers all four modalities (three sources an anchor): a target quota that is
+    not a multiple of three is completed with part of one anchor, the same on every run."""
+    pairs, splits = _pairs(3000)
+    pairs = pairs.set_column(4, "modality_mask", pa.array([0b1111] * pairs.num_rows, pa.int32()))
+    total = 2000  # test asks for 361: target quotas 91, 90, 90, 90, and 91 = 30 x 3 + 1
+    first = sample_instances(pairs, splits, ORDER, total=total, seed=3)
+    again = sample_instances(pairs, splits, ORDER, total=total, seed=3)
+    assert first.achieved["test"] == first.requested["test"] == 361
+    assert first.instances.equals(again.instances)
+    sizes = {t: sorted(len(s) for s in a.values()) for t, a in _anchors(first).items()}
+    assert sizes == {"A": [1] + [3] * 30, "B": [3] * 30, "C": [3] * 30, "LC": [3] * 30}
+
+
+def test_a_short_split_says_why() -> None:
+    pairs, splits = _pairs(300)
+    result = sample_instances(pairs, splits, ORDER, total=10**6)
+    assert not result.complete
+    assert set(result.shortfalls) == set(SPLITS_ORDER)
+    for name, reason in result.shortfalls.items():
+        assert result.achieved[name] == result.available[name] < result.requested[name]
+        assert reason.startswith(f"{name}: {result.requested[name]:,} instances asked for")
+        assert f"hold {result.available[name]:,} (source, target) pairs" in reason
+    assert result.note == "; ".join(result.shortfalls.values())
 
 
 def test_partial_cube_reports_what_was_possible() -> None:

@@ -68,6 +68,7 @@ def build_benchmark_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
                 "keys": found["keys"],
                 "city_years": found["city_years"],
                 "pairs": found["pairs"],
+                "pairs_by_product": found["pairs_by_product"],
                 "routes_with_pairs": found["routes_with_pairs"],
                 "views": dg.MetadataValue.json(views),
                 "route_counts_table": dg.MetadataValue.md(

@@ -1,12 +1,14 @@
-"""The paper-vs-release report: AgenticCity-Bench's availability tables beside the release's own.
+"""The paper-vs-release report: AgenticCity-Bench's availability tables and its translation route
+counts (Table 14) beside the release's own.
 
-``schemas/paper.yaml`` holds what the paper reports (Table 10 by modality, Table 11 by city)
-and every documented departure from it, as validated data; a departure that removes
-combinations the paper counts says how many per modality and city. The report puts the paper's
-counts next to what the departures leave of them and the release's, per modality and per city,
-with the differences in percentage points (and in counts when the release holds the paper's
-whole 16 × 26 calendar), then lists the departures with their reasons and shares. It is
-rewritten with every build's availability report.
+``schemas/paper.yaml`` holds what the paper reports (Table 10 by modality, Table 11 by city,
+Table 14 by translation route) and every documented departure from it, as validated data; a
+departure that removes combinations the paper counts says how many per modality and city. The
+report puts the paper's counts next to what the departures leave of them and the release's,
+per modality and per city, with the differences in percentage points (and in counts when the
+release holds the paper's whole 16 × 26 calendar), then Table 14's route counts beside the
+release's counted the same way (once per source product at each end), then lists the
+departures with their reasons and shares. It is rewritten with every build's availability report.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Self
 
 import pandas as pd
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from citycube.catalogue.cities import load_cities
@@ -81,6 +84,9 @@ class PaperTables(BaseModel):
     overall: Counts
     by_modality: dict[str, int]
     by_city: dict[str, int]
+    table14: dict[str, tuple[Annotated[int, Field(ge=0)] | None, ...]] | None = None
+    """Table 14: pairs per directed route (source → its row of counts, targets in the same
+    order), in the paper's unit (once per source product at each end)."""
     departures: tuple[Departure, ...]
 
     @model_validator(mode="after")
@@ -97,6 +103,8 @@ class PaperTables(BaseModel):
             over = sorted(k for k, v in table.items() if not 0 <= v <= each)
             if over:
                 raise ValueError(f"{name}: counts of {over} lie outside 0–{each}")
+        if self.table14 is not None:
+            self._check_table14(self.table14)
         ids = [d.id for d in self.departures]
         if len(set(ids)) != len(ids):
             raise ValueError("departure ids must be unique")
@@ -112,6 +120,33 @@ class PaperTables(BaseModel):
                 if over:
                     raise ValueError(f"{d.id}: {code} shortfall of {over} exceeds {cal.years}")
         return self
+
+    @staticmethod
+    def _check_table14(table: dict[str, tuple[int | None, ...]]) -> None:
+        codes = list(table)
+        for i, (code, row) in enumerate(table.items()):
+            if len(row) != len(codes):
+                raise ValueError(f"table14 row {code} has {len(row)} counts, not {len(codes)}")
+            blanks = [codes[j] for j, v in enumerate(row) if v is None]
+            if blanks != [code]:
+                raise ValueError(f"table14 row {code} must be blank on its own column only")
+            for j, other in enumerate(codes):
+                if j != i and row[j] != table[other][i]:
+                    raise ValueError(
+                        f"table14 is not symmetric: {code} → {other} {row[j]}, "
+                        f"{other} → {code} {table[other][i]}"
+                    )
+
+    def route_pairs(self) -> dict[tuple[str, str], int]:
+        """Table 14 as (source, target) → pairs (empty when the tables have none)."""
+        table = self.table14 or {}
+        codes = list(table)
+        return {
+            (s, codes[j]): int(v)
+            for s, row in table.items()
+            for j, v in enumerate(row)
+            if v is not None
+        }
 
     def shortfall_of_modality(self, code: str) -> int:
         """Combinations of one modality the documented departures remove."""
@@ -148,6 +183,7 @@ class PaperTables(BaseModel):
         for name, keys, known in (
             ("by_modality", set(self.by_modality), codes),
             ("by_city", set(self.by_city), cities),
+            ("table14", set(self.table14 or codes), codes),
         ):
             if keys != known:
                 raise SpecError(
@@ -269,6 +305,104 @@ def city_comparison(
     return pd.DataFrame(rows)
 
 
+def route_comparison(routes: pa.Table | None, paper: PaperTables) -> pd.DataFrame:
+    """Per directed route: Table 14's count and the release's, counted the paper's way (once
+    per source product at each end) and one pair per key.
+
+    ``routes`` is the release's ``route_counts_long`` (None when it has no benchmark; a release
+    built before ``pairs_by_product`` was counted has no by-product column).
+    """
+    mine: dict[tuple[str, str], dict[str, object]] = {}
+    if routes is not None:
+        by_product = "pairs_by_product" in routes.column_names
+        for row in routes.to_pylist():
+            mine[(row["source"], row["target"])] = {
+                "per_key": row["pairs"],
+                "by_product": row["pairs_by_product"] if by_product else None,
+            }
+    rows = []
+    for (source, target), count in paper.route_pairs().items():
+        ours = mine.get((source, target), {})
+        by_product = ours.get("by_product")
+        rows.append(
+            {
+                "source": source,
+                "target": target,
+                "paper_pairs": count,
+                "release_pairs_by_product": by_product,
+                "release_pairs_per_key": ours.get("per_key"),
+                "difference_by_product": None if by_product is None else by_product - count,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _route_lines(by_route: pd.DataFrame, paper: PaperTables, full: bool) -> list[str]:
+    """The Table 14 section: the counting unit, the totals and every route."""
+    keys = paper.calendar.years * _grid_tiles()
+    paper_total = int(by_route["paper_pairs"].sum())
+    over = int((by_route["paper_pairs"] > keys).sum())
+    lines = [
+        "## Translation routes (AgenticCity-Bench Table 14)",
+        "",
+        "AgenticCity-Bench counts a route once per source product at each end: OPT once per "
+        "sensor (Landsat and Planet), AQ once per product (NO2 and PM2.5). So its total is "
+        f"{paper_total:,} and {over} of its {len(by_route)} counts exceed the {keys:,} (tile, "
+        "year) keys of the calendar, every one of them an OPT or AQ route. *By product* counts "
+        "the release the same way and is the column compared; *per key* is the release's own "
+        "unit, one pair per key offering both modalities, from which the instances are drawn. "
+        "The release has no Planet imagery (departure `opt-planet`), so its OPT routes count "
+        "Landsat alone where the paper's add Planet's years (2009–2025); other differences "
+        "follow the availability above.",
+        "",
+    ]
+    measured = by_route["release_pairs_by_product"].notna()
+    if not by_route["release_pairs_per_key"].notna().any():
+        return [*lines, "The release has no translation pair counts (benchmark not built).", ""]
+    per_key_total = int(by_route["release_pairs_per_key"].sum())
+    if measured.any():
+        total = int(by_route["release_pairs_by_product"].sum())
+        lines.append(
+            f"Pairs in all: paper {paper_total:,}, release by product {total:,} "
+            f"({total - paper_total:+,}), release per key {per_key_total:,}. Routes above "
+            f"{keys:,}: paper {over}, release by product "
+            f"{int((by_route['release_pairs_by_product'] > keys).sum())}."
+        )
+    else:
+        lines.append(
+            f"Pairs in all: paper {paper_total:,}, release per key {per_key_total:,}; this "
+            "release was built without the by-product count (rebuild it to compare)."
+        )
+    if not full:
+        lines.append(
+            "The release holds part of the paper's calendar, so its counts are not expected "
+            "to reach the paper's."
+        )
+    lines += [
+        "",
+        "| Route | Paper | Release by product | Difference | Release per key |",
+        "|---|--:|--:|--:|--:|",
+    ]
+    for row in by_route.to_dict("records"):
+        by_product = row["release_pairs_by_product"]
+        per_key = row["release_pairs_per_key"]
+        lines.append(
+            f"| {row['source']} → {row['target']} | {row['paper_pairs']:,} | "
+            f"{'–' if pd.isna(by_product) else f'{int(by_product):,}'} | "
+            f"{_signed_count(row['difference_by_product'])} | "
+            f"{'–' if pd.isna(per_key) else f'{int(per_key):,}'} |"
+        )
+    return [*lines, ""]
+
+
+def _grid_tiles() -> int:
+    """Tiles of every city at both scales (a (tile, year) key per tile and year)."""
+    from citycube.catalogue.cities import SCALES
+    from citycube.grid.tiles import city_grid
+
+    return sum(city_grid(c, s).n_tiles for c in load_cities() for s in SCALES)
+
+
 def _share(available: int, possible: int, percent: float | None) -> str:
     if not possible:
         return "not in the release"
@@ -322,6 +456,7 @@ def comparison_markdown(
     by_modality: pd.DataFrame,
     by_city: pd.DataFrame,
     paper: PaperTables,
+    by_route: pd.DataFrame | None = None,
 ) -> str:
     """The report as one markdown document."""
     full = _full_calendar(availability, paper)
@@ -352,6 +487,7 @@ def comparison_markdown(
         "",
         *_table(by_city, "City", "city"),
         "",
+        *([] if by_route is None or by_route.empty else _route_lines(by_route, paper, full)),
         "## Documented departures from the paper",
         "",
     ]
@@ -375,6 +511,7 @@ def comparison_paths(release: Release) -> dict[str, Path]:
         "paper_md": d / "paper_vs_release.md",
         "paper_modality_csv": d / "paper_vs_release_by_modality.csv",
         "paper_city_csv": d / "paper_vs_release_by_city.csv",
+        "paper_route_csv": d / "paper_vs_release_by_route.csv",
     }
 
 
@@ -391,10 +528,23 @@ def write_paper_comparison(
     availability = load_availability(release.duckdb_file)
     by_modality = modality_comparison(availability, catalogue, paper)
     by_city = city_comparison(availability, catalogue, paper)
+    by_route = route_comparison(_release_routes(release), paper)
     paths = comparison_paths(release)
     write_text_atomic(by_modality.to_csv(index=False), paths["paper_modality_csv"])
     write_text_atomic(by_city.to_csv(index=False), paths["paper_city_csv"])
+    write_text_atomic(by_route.to_csv(index=False), paths["paper_route_csv"])
     write_text_atomic(
-        comparison_markdown(availability, by_modality, by_city, paper) + "\n", paths["paper_md"]
+        comparison_markdown(availability, by_modality, by_city, paper, by_route) + "\n",
+        paths["paper_md"],
     )
     return paths
+
+
+def _release_routes(release: Release) -> pa.Table | None:
+    """The published route counts (``route_counts_long``), or None without a benchmark."""
+    import pyarrow.parquet as pq
+
+    from citycube.tasks.translation import BenchmarkFiles
+
+    path = BenchmarkFiles.published(release).route_counts_long
+    return pq.read_table(path) if path.exists() else None

@@ -35,7 +35,14 @@ from citycube.catalogue.modalities import Catalogue, Kind
 from citycube.cube.release import Release
 from citycube.errors import UnknownModalityError
 from citycube.tasks.loader import InstanceLoader, ModalityValue
-from citycube.tasks.metrics import Metric, log_domain, metric_for, skeleton
+from citycube.tasks.metrics import (
+    UNAVAILABLE_METRICS,
+    Metric,
+    log_domain,
+    metric_for,
+    metrics_of,
+    skeleton,
+)
 from citycube.tasks.pairs import modality_order
 
 RANGE_CHIPS = 64
@@ -262,8 +269,12 @@ SCORE_SCHEMA = pa.schema(
         ("metric", pa.string()),
         ("score", pa.float64()),
         ("instances", pa.int64()),
+        ("available", pa.bool_()),
+        ("reason", pa.string()),
     ]
 )
+"""One row per route and metric. ``available`` is false, ``score`` null and ``reason`` says why
+(and how to compute it) for a Table 2 metric the project does not compute (OPT's LPIPS)."""
 
 
 def target_codes(text: str, catalogue: Catalogue) -> list[str]:
@@ -339,16 +350,21 @@ def score(
             pool.unpredicted += 1
             continue
         _add(pool, reference, prediction, code, spec.kind)
-    out = [
-        {
-            "source": source,
-            "target": target,
-            "metric": pool.metric.value,
-            "score": pool.value(target, stats),
-            "instances": pool.instances,
-        }
-        for (source, target), pool in sorted(pools.items())
-    ]
+    out = []
+    for (source, target), pool in sorted(pools.items()):
+        for metric in metrics_of(target):
+            scored = metric not in UNAVAILABLE_METRICS
+            out.append(
+                {
+                    "source": source,
+                    "target": target,
+                    "metric": metric.value,
+                    "score": pool.value(target, stats) if scored else None,
+                    "instances": pool.instances,
+                    "available": scored,
+                    "reason": None if scored else UNAVAILABLE_METRICS[metric],
+                }
+            )
     return pa.Table.from_pylist(out, schema=SCORE_SCHEMA)
 
 
@@ -385,17 +401,43 @@ def write_scores(table: pa.Table, path: Path, release: Release) -> Path:
 
 
 def score_matrix_markdown(table: pa.Table, order: Sequence[str]) -> str:
-    """Targets as columns, sources as rows (Table 2's form)."""
-    cells = {(r["source"], r["target"]): r["score"] for r in table.to_pylist()}
-    targets = [t for t in order if any(k[1] == t for k in cells)]
-    lines = ["| source / target | " + " | ".join(targets) + " |", "|---" * (len(targets) + 1) + "|"]
+    """Targets as columns, sources as rows (Table 2's form): one column per target and metric
+    (OPT: MSE and LPIPS), a metric the project does not compute shown as "n/a" with its
+    reason below the table."""
+    cells = {(r["source"], r["target"], r["metric"]): r for r in table.to_pylist()}
+    columns = [
+        (t, m.value)
+        for t in order
+        for m in metrics_of(t)
+        if any(k[1] == t and k[2] == m.value for k in cells)
+    ]
+    several = {t for t, _ in columns if sum(c[0] == t for c in columns) > 1}
+    header = [f"{t} {_METRIC_LABEL.get(m, m)}" if t in several else t for t, m in columns]
+    lines = ["| source / target | " + " | ".join(header) + " |", "|---" * (len(columns) + 1) + "|"]
     for s in order:
-        values = [cells.get((s, t)) for t in targets]
-        if all(v is None for v in values):
+        found = [cells.get((s, t, m)) for t, m in columns]
+        if all(r is None for r in found):
             continue
-        shown = ["–" if v is None else f"{v:.3f}" for v in values]
+        shown = [_cell(r) for r in found]
         lines.append(f"| {s} | " + " | ".join(shown) + " |")
+    reasons: dict[tuple[str, str], str] = {}
+    for row in cells.values():
+        if not row["available"]:
+            reasons.setdefault((row["target"], row["metric"]), row["reason"])
+    for (t, m), reason in reasons.items():
+        lines += ["", f"{t} {_METRIC_LABEL.get(m, m)}: {reason}"]
     return "\n".join(lines)
+
+
+_METRIC_LABEL = {"mse": "MSE", "lpips": "LPIPS"}
+
+
+def _cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "–"
+    if not row["available"]:
+        return "n/a"
+    return f"{row['score']:.3f}"
 
 
 class NearestTilePredictor:

@@ -7,6 +7,10 @@ normalise by the percentile range of ``log1p`` of the training values; they serv
 cannot be negative, so every value (reference, prediction, training) is clipped at 0 before
 ``log1p`` (:func:`log1p_scale`, the one rule): a prediction of −2 scores as a prediction of 0,
 never as NaN. MSE, macro mIoU and clDice stay on their native scales.
+
+OPT's second metric in Table 2, LPIPS, needs a pretrained network: it is listed with its
+target (``FURTHER_METRICS``) but not computed, and every score table says so in its own rows
+(``UNAVAILABLE_METRICS``), never with a stand-in value.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class Metric(StrEnum):
     LOG1P_NMSE = "log1p_nmse"
     MACRO_MIOU = "macro_miou"
     CLDICE = "cldice"
+    LPIPS = "lpips"
 
 
 TARGET_METRICS: Mapping[str, Metric] = {
@@ -52,6 +57,27 @@ TARGET_METRICS: Mapping[str, Metric] = {
 }
 """AgenticCity-Bench Table 2's metric per target. POI is not scored in the paper's tables; as a
 categorical map it would take macro mIoU (``metric_for``)."""
+
+FURTHER_METRICS: Mapping[str, tuple[Metric, ...]] = {"OPT": (Metric.LPIPS,)}
+"""Table 2's further metrics of a target, reported beside its metric (OPT: MSE and LPIPS)."""
+
+UNAVAILABLE_METRICS: Mapping[Metric, str] = {
+    Metric.LPIPS: (
+        "not computed: LPIPS compares deep features of a pretrained network (AlexNet or VGG "
+        "with LPIPS's learned linear layers); the project installs no deep-learning framework "
+        "and downloads no weights at run time, and a stand-in network would not be LPIPS. To "
+        "report it, install torch and the lpips package with their AlexNet weights available "
+        "offline and score the OPT predictions and references (both RGB in [0, 1], rescaled to "
+        "[-1, 1]) with lpips.LPIPS(net='alex'), averaged over a route's instances."
+    ),
+}
+"""Table 2's metrics the project does not compute, with why and how to get them."""
+
+
+def metrics_of(target: str) -> tuple[Metric, ...]:
+    """Every metric Table 2 reports for a target: its own, then its further ones."""
+    return (metric_for(target), *FURTHER_METRICS.get(target, ()))
+
 
 STORED_AS_LOG1P = frozenset({"GPS"})
 """Targets whose published value is already log1p of the quantity (GPS: log(1 + points/km²),

@@ -7,6 +7,11 @@ rule says so (PROP, GPS, ELEC). Routes are then every
 ordered pair of distinct offered modalities: 18 × 17 = 306 at most. Instead of one row per
 route (tens of millions for the whole calendar), the index stores one row per key with a bit
 mask of its offered modalities; routes and their counts follow from the masks.
+
+AgenticCity-Bench's Table 14 counts in another unit: a route once per source product at each
+end (OPT once per sensor, AQ once per product), so its counts can exceed the number of keys.
+The index also records, per offered modality, how many of its source products pass
+(``products``), and :func:`route_counts_by_product` counts the paper's way from it.
 """
 
 from __future__ import annotations
@@ -39,9 +44,12 @@ PAIR_INDEX_SCHEMA = pa.schema(
         pa.field("modality_mask", pa.int32(), nullable=False),
         pa.field("modalities", pa.list_(pa.string()), nullable=False),
         pa.field("n_routes", pa.int16(), nullable=False),
+        pa.field("products", pa.list_(pa.int8()), nullable=False),
     ]
 )
-"""One row per key offering at least one route: the offered modalities as a mask and a list."""
+"""One row per key offering at least one route: the offered modalities as a mask and a list,
+and for each of them the number of its source products that pass its pairing rule (2 for AQ
+where NO2 and PM2.5 both do, else 1)."""
 
 
 def modality_order(catalogue: Catalogue) -> list[str]:
@@ -51,7 +59,7 @@ def modality_order(catalogue: Catalogue) -> list[str]:
 
 
 def pairing_rules(catalogue: Catalogue, order: Sequence[str] | None = None) -> pa.Table:
-    """(modality, field, field_bit, positive) for every pairing field, as a small table.
+    """(modality, field, field_bit, positive, product) for every pairing field, as a small table.
 
     Each pairing field gets its own bit (27 fields in all), so a key's passing fields fold into
     one integer and a modality is offered when all of its fields' bits are set.
@@ -60,6 +68,7 @@ def pairing_rules(catalogue: Catalogue, order: Sequence[str] | None = None) -> p
     rows = []
     for code in order:
         spec = catalogue.get(code)
+        fields = {f.name: f for f in spec.fields}
         for name in spec.pairing_fields:
             rows.append(
                 {
@@ -67,6 +76,7 @@ def pairing_rules(catalogue: Catalogue, order: Sequence[str] | None = None) -> p
                     "field": name,
                     "field_bit": 1 << len(rows),
                     "positive": spec.pairing.positive,
+                    "product": spec.product_for(fields[name]),
                 }
             )
     if len(rows) > 63:
@@ -79,6 +89,7 @@ def pairing_rules(catalogue: Catalogue, order: Sequence[str] | None = None) -> p
                 ("field", pa.string()),
                 ("field_bit", pa.int64()),
                 ("positive", pa.bool_()),
+                ("product", pa.string()),
             ]
         ),
     )
@@ -110,6 +121,30 @@ def modality_masks(
     return out
 
 
+def product_counts(
+    field_masks: np.ndarray,
+    rules: pa.Table,
+    order: Sequence[str],
+    any_of: Collection[str] | None = None,
+) -> np.ndarray:
+    """(keys, modalities) number of each modality's source products that pass, 0 where the
+    modality is not offered (:func:`modality_masks`'s rule, applied per product)."""
+    field_masks = np.asarray(field_masks, dtype=np.int64)
+    offered = mask_matrix(modality_masks(field_masks, rules, order, any_of), len(order))
+    out = np.zeros((len(field_masks), len(order)), dtype=np.int64)
+    modality = np.asarray(rules["modality"].to_pylist(), dtype=object)
+    product = np.asarray(rules["product"].to_pylist(), dtype=object)
+    bits = rules["field_bit"].to_numpy()
+    for i, code in enumerate(order):
+        for name in dict.fromkeys(product[modality == code].tolist()):
+            needed = np.int64(np.bitwise_or.reduce(bits[(modality == code) & (product == name)]))
+            if any_of is not None and code in any_of:
+                out[:, i] += (field_masks & needed) != 0
+            else:
+                out[:, i] += (field_masks & needed) == needed
+    return out * offered
+
+
 def pair_index(
     con: duckdb.DuckDBPyConnection, catalogue: Catalogue, observations: str = "observations"
 ) -> pa.Table:
@@ -139,11 +174,13 @@ def pair_index(
         con.unregister("_pairing_rules")
     any_of = {c for c in order if catalogue.get(c).pairing.needs == "any"}
     masks = modality_masks(keys["field_mask"].to_numpy(), rules, order, any_of)
+    units = product_counts(keys["field_mask"].to_numpy(), rules, order, any_of)
     offered = mask_matrix(masks, len(order)).astype(bool)
     n = offered.sum(axis=1)
     keep = n >= 2
     keys, offered, masks, n = keys.filter(pa.array(keep)), offered[keep], masks[keep], n[keep]
-    offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    units = units[keep]
+    offsets = pa.array(np.concatenate([[0], np.cumsum(n)]).astype(np.int32))
     codes = np.asarray(order, dtype=object)[np.nonzero(offered)[1]]
     table = pa.table(
         {
@@ -152,8 +189,9 @@ def pair_index(
             "tile_id": keys["tile_id"],
             "year": keys["year"],
             "modality_mask": pa.array(masks, pa.int32()),
-            "modalities": pa.ListArray.from_arrays(pa.array(offsets), pa.array(codes, pa.string())),
+            "modalities": pa.ListArray.from_arrays(offsets, pa.array(codes, pa.string())),
             "n_routes": pa.array(n * (n - 1), pa.int16()),
+            "products": pa.ListArray.from_arrays(offsets, pa.array(units[offered], pa.int8())),
         }
     )
     return table.cast(PAIR_INDEX_SCHEMA).sort_by(
@@ -180,6 +218,23 @@ def route_counts(masks: np.ndarray, n_modalities: int) -> np.ndarray:
     return counts
 
 
+def product_matrix(pairs: pa.Table, order: Sequence[str]) -> np.ndarray:
+    """(keys, modalities) products per offered modality, from a pair index's ``products``."""
+    offered = mask_matrix(pairs["modality_mask"].to_numpy(), len(order)).astype(bool)
+    out = np.zeros(offered.shape, dtype=np.int64)
+    out[offered] = pairs["products"].combine_chunks().flatten().to_numpy()
+    return out
+
+
+def route_counts_by_product(units: np.ndarray) -> np.ndarray:
+    """(source, target) pair counts in Table 14's unit: each key adds the product of the two
+    modalities' product counts (OPT per sensor, AQ per product), zero on the diagonal."""
+    units = np.asarray(units, dtype=np.float64)
+    counts = np.rint(units.T @ units).astype(np.int64)  # exact: integer sums far below 2^53
+    np.fill_diagonal(counts, 0)
+    return counts
+
+
 def route_count_table(counts: np.ndarray, order: Sequence[str], catalogue: Catalogue) -> pa.Table:
     """Table 14's form: one row per source, one column per target (labels as the papers write)."""
     labels = [catalogue.get(c).display_code for c in order]
@@ -193,18 +248,22 @@ def route_count_table(counts: np.ndarray, order: Sequence[str], catalogue: Catal
     return pa.table(columns)
 
 
-def route_count_long(counts: np.ndarray, order: Sequence[str]) -> pa.Table:
-    """(source, target, pairs) for the 306 directed routes, in Table 14's order."""
+def route_count_long(
+    counts: np.ndarray, order: Sequence[str], by_product: np.ndarray | None = None
+) -> pa.Table:
+    """(source, target, pairs) for the 306 directed routes, in Table 14's order, with
+    ``pairs_by_product`` (Table 14's unit, :func:`route_counts_by_product`) when given."""
     n = len(order)
     source, target = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
     off = source != target
-    return pa.table(
-        {
-            "source": pa.array(np.asarray(order)[source[off]], pa.string()),
-            "target": pa.array(np.asarray(order)[target[off]], pa.string()),
-            "pairs": pa.array(counts[off], pa.int64()),
-        }
-    )
+    columns = {
+        "source": pa.array(np.asarray(order)[source[off]], pa.string()),
+        "target": pa.array(np.asarray(order)[target[off]], pa.string()),
+        "pairs": pa.array(counts[off], pa.int64()),
+    }
+    if by_product is not None:
+        columns["pairs_by_product"] = pa.array(by_product[off], pa.int64())
+    return pa.table(columns)
 
 
 def write_route_heatmap(counts: np.ndarray, labels: Sequence[str], path: Path) -> Path:

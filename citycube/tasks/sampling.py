@@ -8,7 +8,11 @@
   a reference wherever both are offered, but a source absent at an anchor (some are present at
   only a minority of their target's anchors) is not scored there, so routes of one target are
   compared on overlapping, not identical, reference sets. The per-target totals are balanced
-  the same way.
+  the same way and met exactly: an anchor that would overshoot is passed over for one that
+  fits, and only when none fits does one anchor give part of its sources.
+- **Shortfall only for want of pairs.** Every split gets its total whenever its keys hold that
+  many (source, target) pairs; otherwise every route gives all it has and the result says
+  which split ran short, with the pairs it holds.
 - **Diversity for categorical targets.** A key whose target chip holds a single class is kept
   at ``SINGLE_CLASS_WEIGHT`` times the rate of a diverse one (weighted sampling without
   replacement), never dropped.
@@ -131,6 +135,8 @@ class SampleResult:
     """Instances asked for per split."""
     achieved: dict[str, int]
     """Instances sampled per split."""
+    available: dict[str, int] = field(default_factory=dict)
+    """(key, route) pairs the keys of each split hold: the most a split can give."""
     settings: dict[str, Any] = field(default_factory=dict)
     """Seed, weights and rules, for the manifest."""
 
@@ -138,6 +144,27 @@ class SampleResult:
     def complete(self) -> bool:
         """True when every split got what it asked for."""
         return all(self.achieved[s] >= self.requested[s] for s in self.requested)
+
+    @property
+    def shortfalls(self) -> dict[str, str]:
+        """Why each split that got less than it asked for ran short, by split name."""
+        return {
+            name: (
+                f"{name}: {self.requested[name]:,} instances asked for, "
+                f"{self.achieved[name]:,} sampled: the split's keys hold "
+                f"{self.available.get(name, 0):,} (source, target) pairs in all, "
+                "and every route gave all it has"
+            )
+            for name in self.requested
+            if self.achieved[name] < self.requested[name]
+        }
+
+    @property
+    def note(self) -> str:
+        """One line for the manifest: complete, or which splits ran short and why."""
+        if self.complete:
+            return "every split got what it asked for"
+        return "; ".join(self.shortfalls.values())
 
 
 @dataclass(frozen=True)
@@ -178,6 +205,7 @@ def sample_instances(
 
     chosen: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     route_rows: list[dict[str, Any]] = []
+    available: dict[str, int] = {}
     for name in SPLITS:
         rows = np.flatnonzero(split_of == name)
         keys = _Keys(rows, masks[rows], single[rows], hashes[rows])
@@ -189,6 +217,8 @@ def sample_instances(
         sampled = np.zeros((n, n), dtype=np.int64)
         np.add.at(sampled, (picked[1], picked[2]), 1)
         pairs_here = offered[rows].T.astype(np.int64) @ offered[rows].astype(np.int64)
+        np.fill_diagonal(pairs_here, 0)
+        available[name] = int(pairs_here.sum())
         quotas = picked[3]
         for s in range(n):
             for t in range(n):
@@ -212,6 +242,7 @@ def sample_instances(
         routes=pa.Table.from_pylist(route_rows),
         requested=requested,
         achieved=achieved,
+        available=available,
         settings={
             "seed": seed,
             "total": total,
@@ -293,7 +324,8 @@ def _anchored(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per target, anchor keys in draw order; every source offered at an anchor is scored.
 
-    A target's anchors are taken while its instances stay within its balanced quota.
+    Each target's anchors fill its balanced quota exactly (:func:`_fill_anchors`), so the test
+    split reaches its total whenever its keys hold that many pairs.
     """
     n = len(order)
     sources_at = offered.sum(axis=1) - 1  # instances an anchor adds for any target it offers
@@ -308,18 +340,60 @@ def _anchored(
         u = _uniform(keys.hashes[candidates], _salt(seed, "anchor", order[t]))
         single = ((keys.single[candidates] >> t) & 1).astype(bool) if categorical[t] else None
         ranked = candidates[np.argsort(-_priorities(u, single), kind="stable")]
-        taken = ranked[
-            : int(np.searchsorted(np.cumsum(sources_at[ranked]), per_target[t], "right"))
-        ]
+        taken, passed_over, missing = _fill_anchors(ranked, sources_at[ranked], int(per_target[t]))
+        partial_sources = (
+            _best_sources(keys.hashes[passed_over], offered[passed_over], t, missing, order, seed)
+            if missing and passed_over >= 0
+            else set()
+        )
         for s in range(n):
             if s == t:
                 continue
             with_source = taken[offered[taken, s]]
-            quotas[s, t] = len(with_source)
+            if s in partial_sources:
+                with_source = np.append(with_source, passed_over)
             out_rows.append(keys.rows[with_source])
             out_source.append(np.full(len(with_source), s))
             out_target.append(np.full(len(with_source), t))
+            quotas[s, t] = len(with_source)
     return _concat(out_rows), _concat(out_source), _concat(out_target), quotas
+
+
+def _fill_anchors(ranked: np.ndarray, cost: np.ndarray, quota: int) -> tuple[np.ndarray, int, int]:
+    """Anchors of one target in draw order whose instances add up to ``quota`` exactly.
+
+    Anchors are taken in draw order while they fit; one that would overshoot is passed over for
+    the next that fits, so every taken anchor is whole. Returns the taken anchors, the first
+    anchor passed over and what is still missing (non-zero only when no remaining anchor is
+    small enough: the caller then takes that many sources of the passed-over anchor).
+    """
+    end = int(np.searchsorted(np.cumsum(cost), quota, "right"))
+    taken = [ranked[:end]]
+    left = quota - int(cost[:end].sum())
+    first_over = ranked[end] if left and end < len(ranked) else -1
+    position = end + 1
+    while left and position < len(ranked):
+        fits = np.flatnonzero(cost[position:] <= left)
+        if not len(fits):
+            break
+        position += int(fits[0])
+        taken.append(ranked[position : position + 1])
+        left -= int(cost[position])
+        position += 1
+    return np.concatenate(taken), int(first_over), left
+
+
+def _best_sources(
+    key_hash: np.uint64, offered: np.ndarray, t: int, count: int, order: Sequence[str], seed: int
+) -> set[int]:
+    """The ``count`` sources of one key with the highest draws for their route to ``t``: the
+    part of an anchor taken when no whole anchor fits a target's quota."""
+    sources = [s for s in np.flatnonzero(offered).tolist() if s != t]
+    draws = [
+        float(_uniform(np.array([key_hash]), _salt(seed, "route", order[s], order[t]))[0])
+        for s in sources
+    ]
+    return {sources[i] for i in np.argsort(-np.asarray(draws), kind="stable")[:count]}
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:

@@ -36,9 +36,11 @@ from citycube.io.digest import file_sha256
 from citycube.tasks.pairs import (
     modality_order,
     pair_index,
+    product_matrix,
     route_count_long,
     route_count_table,
     route_counts,
+    route_counts_by_product,
     write_route_heatmap,
 )
 from citycube.tasks.sampling import DEFAULT_TOTAL, SAMPLING_SEED, SampleResult, sample_instances
@@ -78,7 +80,8 @@ class BenchmarkFiles:
 
     @property
     def route_counts_long(self) -> Path:
-        """Pair counts as (source, target, pairs)."""
+        """Pair counts as (source, target, pairs, pairs_by_product): one pair per key, and in
+        AgenticCity-Bench Table 14's unit (once per source product at each end)."""
         return self.root / "route_counts_long.parquet"
 
     @property
@@ -136,10 +139,12 @@ def write_pair_index(release: Release, catalogue: Catalogue) -> dict[str, Any]:
         pairs = pair_index(con, catalogue)
     order = modality_order(catalogue)
     counts = route_counts(pairs["modality_mask"].to_numpy(), len(order))
+    by_product = route_counts_by_product(product_matrix(pairs, order))
     meta = file_metadata(release, **{"citycube:modality_order": ",".join(order)})
     write_parquet_atomic(pairs, files.pairs, meta)
     write_parquet_atomic(route_count_table(counts, order, catalogue), files.route_counts, meta)
-    write_parquet_atomic(route_count_long(counts, order), files.route_counts_long, meta)
+    long = route_count_long(counts, order, by_product)
+    write_parquet_atomic(long, files.route_counts_long, meta)
     labels = [catalogue.get(c).display_code for c in order]
     write_route_heatmap(counts, labels, files.heatmap)
     city_years = len(set(zip(pairs["city"].to_pylist(), pairs["year"].to_pylist(), strict=True)))
@@ -147,6 +152,7 @@ def write_pair_index(release: Release, catalogue: Catalogue) -> dict[str, Any]:
         "keys": pairs.num_rows,
         "city_years": city_years,
         "pairs": int(counts.sum()),
+        "pairs_by_product": int(by_product.sum()),
         "routes_with_pairs": int((counts > 0).sum()),
         "counts": counts,
         "labels": labels,
@@ -323,12 +329,9 @@ def write_instances(
         "split_seed": int(split_seed) if split_seed else None,
         "requested": result.requested,
         "achieved": result.achieved,
+        "available": result.available,
         "complete": result.complete,
-        "note": (
-            "every split got what it asked for"
-            if result.complete
-            else "the cube holds fewer pairs than asked for: each route gave what it has"
-        ),
+        "note": result.note,
         "single_class_chips": int(np.count_nonzero(flags["single_class"].to_numpy())),
         "categorical_chips": flags.num_rows,
         "files": {
