@@ -306,3 +306,24 @@ class EmbeddingError(CityCubeError):
     """An embedding, task or split of the representation evaluation cannot be used as given."""
 
     code = "CC403"
+
+
+class StationFileError(SourceReadError):
+    """An Alternative Fuels Data Center station file (API JSON or archived CSV snapshot) lacks a
+    column the EV charging task reads, or holds a value it cannot parse."""
+
+    code = "CC410"
+
+
+class EvSubmissionError(SubmissionError):
+    """An EV charging answer does not have submit_forecast's form (range A–D, confidence,
+    explanation, a reason per range, evidence ids, limitations)."""
+
+    code = "CC411"
+
+
+class ApiKeyMissingError(SourceFetchError):
+    """A source that needs an API key was asked to fetch, but the environment variable that
+    should hold the key is unset or empty."""
+
+    code = "CC412"
