@@ -24,6 +24,7 @@ from assets.tasks import (
     build_forecast_assets,
     build_represent_assets,
 )
+from assets.tasks.ev_charging import EV_CASES_KEY, build_ev_assets
 from citycube.catalogue.modalities import Catalogue, load_catalogue
 from pipelines.lifetime import follow_build_process
 from pipelines.resources import ComputeResource, default_cube_resource
@@ -35,6 +36,7 @@ evaluation): they are materialised when asked for by name."""
 
 BENCHMARK_KEYS = (PAIRS_KEY, SPLITS_KEY, INSTANCES_KEY, FORECAST_CASES_KEY, FORECAST_SCORES_KEY)
 """The benchmark assets: computed from the staged cube and published with it."""
+BENCHMARK_KEYS += (EV_CASES_KEY,)
 
 
 def build_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
@@ -46,6 +48,7 @@ def build_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         *build_cube_assets(catalogue, publish_after=BENCHMARK_KEYS),
         *build_benchmark_assets(catalogue),
         *build_forecast_assets(),
+        *build_ev_assets(),
         *build_agent_assets(),
         *build_report_assets(catalogue, after=(*BENCHMARK_KEYS, AGENT_RUNS_KEY)),
         *build_represent_assets(),

@@ -677,3 +677,140 @@ def unavailable_reasons(
         else:
             out[city] = failures.get(city, "the station source serves no item for the city")
     return out
+
+
+# -------------------------------------------------------------------------------- release files
+
+
+@dataclass(frozen=True)
+class EvFiles:
+    """Paths of the EV task's files in one benchmark folder."""
+
+    root: Path
+
+    @classmethod
+    def draft(cls, release: Any) -> EvFiles:
+        """Where a build writes them."""
+        from citycube.cube.release import BENCHMARK_DIR
+
+        return cls(release.draft_dir / BENCHMARK_DIR)
+
+    @classmethod
+    def published(cls, release: Any) -> EvFiles:
+        """The published ones (what readers and agents' tools see)."""
+        from citycube.cube.release import BENCHMARK_DIR
+
+        return cls(release.published_root / BENCHMARK_DIR)
+
+    @property
+    def cases(self) -> Path:
+        """What an agent is given: history t−4…t−2 and the ranges, no reference."""
+        return self.root / "ev_cases.parquet"
+
+    @property
+    def references(self) -> Path:
+        """Held out: ports at t, net change and range."""
+        return self.root / "ev_targets.parquet"
+
+    @property
+    def counts(self) -> Path:
+        """Per city × range: the paper's count, eligible, selected and why short."""
+        return self.root / "ev_case_counts.parquet"
+
+    @property
+    def ports(self) -> Path:
+        """Held out: every tile's ports at t−4…t of the cities served (the reference source)."""
+        return self.root / "ev_tile_ports.parquet"
+
+    @property
+    def scores(self) -> Path:
+        """The direct baselines' scores."""
+        return self.root / "ev_baseline_scores.parquet"
+
+    @property
+    def manifest(self) -> Path:
+        """Rules, counts found per city and why the rest are missing, file hashes."""
+        return self.root / "ev_manifest.json"
+
+
+def write_ev_cases(
+    release: Any,
+    files_by_city: Mapping[str, Mapping[str, str | Path]],
+    unavailable: Mapping[str, str],
+    seed: int = SAMPLING_SEED,
+) -> tuple[EvCaseSet, pa.Table]:
+    """Cases, references, counts, tile ports, baseline scores and manifest into the draft."""
+    from citycube.cube.release import file_metadata, write_json_atomic, write_parquet_atomic
+    from citycube.io.digest import file_sha256
+
+    files = EvFiles.draft(release)
+    ports = city_ports(files_by_city)
+    case_set = select_cases(ports, unavailable, seed)
+    scores = baseline_scores(case_set)
+    meta = file_metadata(release)
+    all_ports = (
+        pa.concat_tables([ports[c] for c in sorted(ports)])
+        if ports
+        else TILE_PORT_SCHEMA.empty_table()
+    )
+    for table, path in (
+        (case_set.cases, files.cases),
+        (case_set.references, files.references),
+        (case_set.counts, files.counts),
+        (all_ports, files.ports),
+        (scores, files.scores),
+    ):
+        write_parquet_atomic(table, path, meta)
+    found = case_set.found()
+    manifest = {
+        "release": release.version,
+        "seed": seed,
+        "periods": {k: v.isoformat() for k, v in PERIODS.items()},
+        "ranges": {c: range_texts(c) for c in CITIES},
+        "allocation": ALLOCATION,
+        "wanted": {c: sum(ALLOCATION[c].values()) for c in CITIES},
+        "found": found,
+        "missing": {
+            c: unavailable.get(c) or _short_reason(case_set.counts, c)
+            for c in CITIES
+            if found[c] < sum(ALLOCATION[c].values())
+        },
+        "files": {
+            p.stem: {"path": p.name, "sha256": file_sha256(p)}
+            for p in (files.cases, files.references, files.counts, files.ports, files.scores)
+        },
+    }
+    write_json_atomic(manifest, files.manifest)
+    return case_set, scores
+
+
+def _short_reason(counts: pa.Table, city: str) -> str:
+    reasons = [
+        f"{r['range']}: {r['reason']}"
+        for r in counts.to_pylist()
+        if r["city"] == city and r["reason"]
+    ]
+    return "; ".join(reasons)
+
+
+EV_VIEWS = {
+    "ev_cases": "cases",
+    "ev_targets": "references",
+    "ev_case_counts": "counts",
+    "ev_tile_ports": "ports",
+    "ev_baseline_scores": "scores",
+}
+"""View name → :class:`EvFiles` property."""
+
+
+def create_ev_views(con: Any, folder: Path) -> list[str]:
+    """Views over the EV files present now in ``folder`` (a snapshot's benchmark folder)."""
+    files = EvFiles(folder)
+    created = []
+    for name, attribute in EV_VIEWS.items():
+        path: Path = getattr(files, attribute)
+        if path.exists():
+            quoted = "'" + str(path.resolve()).replace("'", "''") + "'"
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({quoted})")
+            created.append(name)
+    return created

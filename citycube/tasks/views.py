@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from citycube.catalogue.modalities import Catalogue
 from citycube.cube.release import Release, atomic_database, stage_benchmark
+from citycube.tasks.ev_charging import create_ev_views
 from citycube.tasks.forecast import create_forecast_views
 from citycube.tasks.pairs import modality_order
 from citycube.tasks.translation import create_views
@@ -26,7 +27,9 @@ def create_task_views(
 ) -> list[str]:
     """Views over every task's files present now in ``folder`` (a snapshot's benchmark
     folder); the names created."""
-    return create_views(con, folder, order) + create_forecast_views(con, folder)
+    views = create_views(con, folder, order) + create_forecast_views(con, folder)
+    views += create_ev_views(con, folder)
+    return views
 
 
 def task_views(catalogue: Catalogue) -> Callable[[duckdb.DuckDBPyConnection, Path], list[str]]:
