@@ -359,6 +359,61 @@ def _count_at(
     return result
 
 
+STATION_RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("city", pa.string(), nullable=False),
+        pa.field("tile_id", pa.string(), nullable=False),
+        pa.field("station_id", pa.int64(), nullable=False),
+        pa.field("status_code", pa.string()),
+        pa.field("ports_level1", pa.int32()),
+        pa.field("ports_level2", pa.int32()),
+        pa.field("ports_dc_fast", pa.int32()),
+        pa.field("opened_by", pa.string()),
+    ]
+)
+"""Baseline records: the stations counted at t−2 in a tile, with the first history period
+at which each was open (``t-4`` also for older ones; no calendar date)."""
+
+
+def baseline_stations(city: str, snapshots: Sequence[Snapshot], tiles: Iterable[str]) -> pa.Table:
+    """The stations counted at t−2 in ``tiles`` (from the snapshot that gives t−2's count)."""
+    from citycube.grid.tiles import city_grid
+
+    wanted = set(tiles)
+    rows: dict[str, list[Any]] = {f.name: [] for f in STATION_RECORD_SCHEMA}
+    when = PERIODS["t-2"]
+    snapshot = next((s for s in snapshots if s.taken >= when), None)
+    if snapshot is None or not wanted:
+        return pa.table(rows, schema=STATION_RECORD_SCHEMA)
+    tile_ids = city_grid(city, SCALE).tile_ids()
+    frame = read_station_file(snapshot.path)
+    frame["tile"] = _tile_index(city, frame)
+    frame = frame[
+        (frame["fuel_type_code"] == "ELEC")
+        & frame["status_code"].isin(COUNTED_STATUS)
+        & (frame["access_code"].isna() | (frame["access_code"].str.lower() == "public"))
+        & (frame["tile"] >= 0)
+        & frame["open_date"].notna()
+    ]
+    frame = frame[frame["open_date"] <= when].sort_values("station_id")
+    for station in frame.itertuples():
+        tile = tile_ids[int(station.tile)]
+        if tile not in wanted:
+            continue
+        opened_by = next(p for p in HISTORY_PERIODS if station.open_date <= PERIODS[p])
+        rows["city"].append(city)
+        rows["tile_id"].append(tile)
+        rows["station_id"].append(int(station.station_id))
+        rows["status_code"].append(station.status_code)
+        for name, column in zip(
+            ("ports_level1", "ports_level2", "ports_dc_fast"), PORT_COLUMNS, strict=True
+        ):
+            value = getattr(station, column)
+            rows[name].append(None if pd.isna(value) else int(value))
+        rows["opened_by"].append(opened_by)
+    return pa.table(rows, schema=STATION_RECORD_SCHEMA)
+
+
 # -------------------------------------------------------------------------------- cases
 
 
@@ -723,6 +778,11 @@ class EvFiles:
         return self.root / "ev_tile_ports.parquet"
 
     @property
+    def stations(self) -> Path:
+        """Baseline records: the stations counted at t−2 in each case's tile."""
+        return self.root / "ev_baseline_stations.parquet"
+
+    @property
     def scores(self) -> Path:
         """The direct baselines' scores."""
         return self.root / "ev_baseline_scores.parquet"
@@ -744,9 +804,15 @@ def write_ev_cases(
     from citycube.io.digest import file_sha256
 
     files = EvFiles.draft(release)
-    ports = city_ports(files_by_city)
+    snapshots = {c: snapshot_roles(f) for c, f in files_by_city.items()}
+    ports = {c: tile_ports(c, s) for c, s in snapshots.items()}
     case_set = select_cases(ports, unavailable, seed)
     scores = baseline_scores(case_set)
+    tiles = case_set.cases.column("tile_id").to_pylist()
+    stations = pa.concat_tables(
+        [STATION_RECORD_SCHEMA.empty_table()]
+        + [baseline_stations(c, snapshots[c], tiles) for c in sorted(snapshots)]
+    )
     meta = file_metadata(release)
     all_ports = (
         pa.concat_tables([ports[c] for c in sorted(ports)])
@@ -758,6 +824,7 @@ def write_ev_cases(
         (case_set.references, files.references),
         (case_set.counts, files.counts),
         (all_ports, files.ports),
+        (stations, files.stations),
         (scores, files.scores),
     ):
         write_parquet_atomic(table, path, meta)
@@ -777,7 +844,14 @@ def write_ev_cases(
         },
         "files": {
             p.stem: {"path": p.name, "sha256": file_sha256(p)}
-            for p in (files.cases, files.references, files.counts, files.ports, files.scores)
+            for p in (
+                files.cases,
+                files.references,
+                files.counts,
+                files.ports,
+                files.stations,
+                files.scores,
+            )
         },
     }
     write_json_atomic(manifest, files.manifest)
@@ -798,6 +872,7 @@ EV_VIEWS = {
     "ev_targets": "references",
     "ev_case_counts": "counts",
     "ev_tile_ports": "ports",
+    "ev_baseline_stations": "stations",
     "ev_baseline_scores": "scores",
 }
 """View name → :class:`EvFiles` property."""

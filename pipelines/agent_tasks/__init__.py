@@ -1,0 +1,1 @@
+"""Agent tasks beyond forecasting, each served over MCP by its own module."""
