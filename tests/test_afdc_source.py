@@ -250,3 +250,12 @@ def test_a_city_outside_the_united_states_is_unavailable(
         with pytest.raises(SourceUnavailableError) as err:
             sources.fetch(ev.PRODUCT, "Amsterdam", None, tmp_path / "sources")
     assert err.value.reason == "outside_source_coverage"
+
+
+def test_the_packaged_source_set_takes_the_stations_from_afdc() -> None:
+    from sources import load_source_set
+
+    sources = load_source_set(Path(__file__).parents[1] / "schemas/source_sets/afdc.yaml")
+    adapter = sources.product(ev.PRODUCT)
+    assert adapter.info.source_id == "afdc:alt-fuel-stations-v1" and not adapter.info.synthetic
+    assert sources.product("ghs_pop").info.synthetic
