@@ -14,7 +14,6 @@ from citycube.cube.release import Release
 from citycube.tasks.ev_charging import EvFiles
 from pipelines.definitions import build_definitions
 from pipelines.resources import ComputeResource, CubeResource
-from tests.conftest import materialize_keys
 
 
 def test_source_per_city_then_cases_with_counts_and_reasons(tmp_path: Path) -> None:
@@ -24,29 +23,33 @@ def test_source_per_city_then_cases_with_counts_and_reasons(tmp_path: Path) -> N
     }
     definitions = build_definitions(load_catalogue(), resources=resources)
     instance = dg.DagsterInstance.ephemeral()
-    for city in ("Amsterdam", "Boston"):
-        result = materialize_keys(
-            definitions, ["sources/afdc_ev_stations"], city, resources=resources, instance=instance
-        )
-        assert result.success  # type: ignore[attr-defined]
-    events = instance.fetch_materializations(
-        dg.AssetRecordsFilter(
-            asset_key=dg.AssetKey(["sources", "afdc_ev_stations"]), asset_partitions=["Amsterdam"]
-        ),
-        limit=1,
-    ).records
-    amsterdam = events[0].event_log_entry.asset_materialization.metadata
-    assert amsterdam["available"].value is False
-    assert amsterdam["reason"].value == "outside_source_coverage"
-    result = materialize_keys(
-        definitions, ["benchmark/ev_cases"], resources=resources, instance=instance
+    scope = {"config": {"cities": ["Amsterdam", "Boston"]}}
+    result = dg.materialize(
+        list(definitions.assets),  # type: ignore[arg-type]
+        selection=dg.AssetSelection.assets(dg.AssetKey(["sources", "afdc_ev_stations"])),
+        resources=resources,
+        instance=instance,
+        run_config={"ops": {"sources__afdc_ev_stations": scope}},
     )
-    assert result.success  # type: ignore[attr-defined]
+    assert result.success
+    event = instance.get_latest_materialization_event(dg.AssetKey(["sources", "afdc_ev_stations"]))
+    assert event is not None and event.asset_materialization is not None
+    cities = event.asset_materialization.metadata["cities"].value
+    assert cities["Amsterdam"] == {"available": False, "reason": "outside_source_coverage"}
+    assert cities["Boston"]["available"] is True  # type: ignore[index]
+    result = dg.materialize(
+        list(definitions.assets),  # type: ignore[arg-type]
+        selection=dg.AssetSelection.assets(dg.AssetKey(["benchmark", "ev_cases"])),
+        resources=resources,
+        instance=instance,
+        run_config={"ops": {"benchmark__ev_cases": scope}},
+    )
+    assert result.success
     files = EvFiles.draft(Release(tmp_path / "data", "ev"))
     counts = pq.read_table(files.counts).to_pylist()
     selected = {c: sum(r["selected"] for r in counts if r["city"] == c) for c in ("Boston", "NYC")}
     assert selected == {"Boston": 50, "NYC": 0}
     assert {r["reason"] for r in counts if r["city"] == "NYC"} == {
-        "city outside the release's scope (no station source fetched for it)"
+        "city outside the release's scope"
     }
     assert pq.read_table(files.cases).num_rows == 50
