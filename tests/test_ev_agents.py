@@ -177,3 +177,35 @@ def test_calculate_is_arithmetic_only() -> None:
     for bad in ("__import__('os').system('true')", "a + 1", "2 ** 1000", "1 / 0", ""):
         with pytest.raises(AgentCaseError):
             evaluate(bad)
+
+
+def test_tool_errors_reach_the_client_with_their_code(release: Release) -> None:
+    from mcp import Client
+
+    run = _run(release, "errors")
+
+    async def session() -> tuple[str, str]:
+        async with Client(task.build_server(run)) as client:
+            key = json.loads((await client.call_tool("list_cases", {})).content[0].text)
+            await client.call_tool("start_case", {"case_key": key["cases"][0]})
+            late = await client.call_tool("read_table", {"asset_id": "HEAT/table", "periods": [-1]})
+            bad = await client.call_tool(
+                "submit_forecast",
+                {
+                    "range": "Z",
+                    "confidence": 0.5,
+                    "explanation": "x",
+                    "range_reasons": {r: "x" for r in "ABCD"},
+                    "evidence_ids": [],
+                    "limitations": "x",
+                },
+            )
+            assert late.is_error and bad.is_error
+            return late.content[0].text, bad.content[0].text
+
+    try:
+        late, bad = anyio.run(session)
+    finally:
+        run.close()
+    assert "[CC400]" in late and "t-2 is the last" in late
+    assert "[CC411]" in bad and "range must be one of" in bad
