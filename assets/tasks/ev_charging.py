@@ -14,7 +14,7 @@ from pydantic import Field
 
 from assets.common import published_path, published_table
 from assets.cube import STAGED_DATABASE_KEY
-from pipelines.resources import CubeResource
+from pipelines.resources import ComputeResource, CubeResource
 
 EV_SOURCE_KEY = dg.AssetKey(["sources", "afdc_ev_stations"])
 EV_CASES_KEY = dg.AssetKey(["benchmark", "ev_cases"])
@@ -50,26 +50,37 @@ def build_ev_assets() -> list[dg.AssetsDefinition]:
         group_name="sources",
         kinds={"python"},
     )
-    def afdc_ev_stations(config: EvSourceConfig, cube: CubeResource) -> dg.MaterializeResult:
-        """AFDC EV charging station snapshots of each EV city in scope, through the source
-        set's adapter; per city, what was fetched or why nothing was."""
+    def afdc_ev_stations(
+        context: dg.AssetExecutionContext,
+        config: EvSourceConfig,
+        cube: CubeResource,
+        compute: ComputeResource,
+    ) -> dg.MaterializeResult:
+        """AFDC EV charging station snapshots of each city in scope, through the source set's
+        adapter (on the build's workers); per city, what was fetched or why nothing was."""
         from citycube.catalogue.modalities import Temporal
-        from citycube.items.fetched import fetch_and_record
+        from citycube.errors import CityCubeError
         from citycube.tasks.ev_charging import PRODUCT
+        from pipelines.partition_work import fetch_source
 
         release = cube.release()
         adapter = cube.sources().product(PRODUCT)
-        per_city: dict[str, object] = {}
-        for city in build_cities(release, config.cities):
-            outcome = fetch_and_record(adapter, Temporal.STATIC, city, None, release.sources_dir)
-            if outcome.item is None:
-                per_city[city] = {"available": False, "reason": outcome.missing_reason}
-            else:
-                per_city[city] = {
-                    "available": True,
-                    "snapshots": outcome.item.extra.get("snapshots", ""),
-                    "files": {r: str(p) for r, p in outcome.item.files.items()},
-                }
+        sources = cube.sources_for_tasks()
+        tasks = [
+            (city, (sources, PRODUCT, Temporal.STATIC, city, None, True, release))
+            for city in build_cities(release, config.cities)
+        ]
+        outcomes = compute.run(context.log, "afdc_ev_stations", fetch_source, tasks)
+        failed = [o for o in outcomes if not o.ok]
+        if failed:
+            error = failed[0].error
+            if isinstance(error, CityCubeError):
+                raise error
+            raise dg.Failure(description=f"afdc_ev_stations: {failed[0].key}: {error}")
+        per_city = {
+            o.key: {k: v for k, v in o.result.items() if k in ("available", "reason", "files")}
+            for o in outcomes
+        }
         return dg.MaterializeResult(
             metadata={
                 "source_id": adapter.info.source_id,
