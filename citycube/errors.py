@@ -341,3 +341,24 @@ class SchoolCasesError(CityCubeError):
     school reference unavailable)."""
 
     code = "CC416"
+
+
+class StationFileError(SourceReadError):
+    """An Alternative Fuels Data Center station file (API JSON or archived CSV snapshot) lacks a
+    column the EV charging task reads, or holds a value it cannot parse."""
+
+    code = "CC410"
+
+
+class EvSubmissionError(SubmissionError):
+    """An EV charging answer does not have submit_forecast's form (range A–D, confidence,
+    explanation, a reason per range, evidence ids, limitations)."""
+
+    code = "CC411"
+
+
+class ApiKeyMissingError(SourceFetchError):
+    """A source that needs an API key was asked to fetch, but the environment variable that
+    should hold the key is unset or empty."""
+
+    code = "CC412"

@@ -51,7 +51,7 @@ LOOPBACK = "127.0.0.1"
 """The only address the HTTP transport binds."""
 FORECAST = "forecast"
 """The forecasting task (this module's own server and scripted agent)."""
-PLANNING_TASKS: tuple[str, ...] = ("food_access", "school_capacity")
+PLANNING_TASKS: tuple[str, ...] = ("ev_charging", "school_capacity", "food_access")
 """Planning and resource tasks (AgenticCity-Bench App. D.1, D.3.1), each a module of
 :mod:`pipelines.agent_tasks` with ``STRATEGIES``, ``open_run``, ``build_server``,
 ``scripted_agent`` and ``score_runs``."""

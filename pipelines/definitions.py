@@ -24,6 +24,7 @@ from assets.tasks import (
     build_forecast_assets,
     build_represent_assets,
 )
+from assets.tasks.ev_charging import EV_CASES_KEY, build_ev_assets
 from assets.tasks.food_access import FOOD_CASES_KEY, build_food_access_assets
 from assets.tasks.school_capacity import SCHOOL_CASES_KEY, build_school_assets
 from citycube.catalogue.modalities import Catalogue, load_catalogue
@@ -43,6 +44,7 @@ BENCHMARK_KEYS = (
     FORECAST_SCORES_KEY,
     FOOD_CASES_KEY,
     SCHOOL_CASES_KEY,
+    EV_CASES_KEY,
 )
 """The benchmark assets: computed from the staged cube and published with it."""
 
@@ -58,6 +60,7 @@ def build_assets(catalogue: Catalogue) -> list[dg.AssetsDefinition]:
         *build_forecast_assets(),
         *build_food_access_assets(),
         *build_school_assets(),
+        *build_ev_assets(),
         *build_agent_assets(),
         *build_report_assets(catalogue, after=(*BENCHMARK_KEYS, AGENT_RUNS_KEY)),
         *build_represent_assets(),

@@ -50,12 +50,19 @@ def _records(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
     return records_adapters(options)
 
 
+def _afdc(options: Mapping[str, Any]) -> Iterable[SourceProduct]:
+    from sources.afdc import afdc_adapters
+
+    return afdc_adapters(options)
+
+
 FAMILIES: dict[str, AdapterFamily] = {
     "sample": _sample,
     "http": _http,
     "planetary-computer": _stac,
     "osm": _osm,
     "records": _records,
+    "afdc": _afdc,
 }
 """Adapter families by name."""
 

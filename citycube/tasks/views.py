@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from citycube.catalogue.modalities import Catalogue
 from citycube.cube.release import Release, atomic_database, stage_benchmark
+from citycube.tasks.ev_charging import create_ev_views
 from citycube.tasks.food_access import create_food_access_views
 from citycube.tasks.forecast import create_forecast_views
 from citycube.tasks.pairs import modality_order
@@ -31,6 +32,7 @@ def create_task_views(
     return (
         create_views(con, folder, order)
         + create_forecast_views(con, folder)
+        + create_ev_views(con, folder)
         + create_food_access_views(con, folder)
         + create_school_views(con, folder)
     )

@@ -26,6 +26,7 @@ from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct, Sourc
 from citycube.items.staging import StagedFiles, install_item
 from sources.sample.acag import AcagNo2, AcagPm25
 from sources.sample.copernicus_dem import CopernicusDemGlo30
+from sources.sample.ev_charging import AfdcEvStations
 from sources.sample.ghsl import GhsBuiltV, GhsPop
 from sources.sample.glc import GlcFcs30d
 from sources.sample.globfp import GlobfpHeight
@@ -84,6 +85,7 @@ def _all_generators() -> dict[str, SampleProduct]:
         OsmGpsTraces(),
         CityElectricity(),
         WorldBankIndicators(),
+        AfdcEvStations(),
     ]
     return {p.product_id: p for p in products}
 

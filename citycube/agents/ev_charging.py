@@ -1,0 +1,557 @@
+"""The EV charging expansion tools of one case (AgenticCity-Bench App. D, nine tools).
+
+An agent sees one 2 km tile of Boston, New York City or San Francisco at t−4, t−3 and t−2
+(one year apart; calendar years hidden) and picks one of four city-specific ranges A–D for the
+net change in public charging ports from t−2 to t (two years). The tools:
+
+``inspect_case`` (the case and its charging history at t−4, t−3, t−2), ``list_modalities``,
+``list_assets``, ``read_table``, ``describe_raster``, ``view_raster``, ``inspect_baseline``
+(the station records behind the t−2 count), ``calculate`` (arithmetic) and
+``submit_forecast`` (range, confidence, explanation, a reason per range, evidence ids,
+limitations).
+
+**Leakage guard.** Time is counted from the target t (period −2 is t−2). Cube data are read
+through the forecasting :class:`~citycube.agents.cases.CaseView` with the forecast origin put
+at the year after t−2, so only years up to t−2's year, and only products whose source year is
+before the origin, can be returned; periods −1 and 0 (t−1, t) are refused. The case files an
+agent's tools open hold no reference (ports at t, change, range): those are in a separate file
+the tools never read.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import math
+import operator
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from citycube.agents.cases import Case, CaseView
+from citycube.agents.session import ToolResult, ToolSession
+from citycube.agents.trajectory import canonical_json
+from citycube.errors import AgentCaseError, EvSubmissionError
+from citycube.tasks.ev_charging import (
+    CALENDAR_YEAR_OF_T_MINUS_2,
+    HISTORY_PERIODS,
+    RANGES,
+    EvFiles,
+)
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from citycube.catalogue.modalities import Catalogue
+
+EV_TOOLS = (
+    "inspect_case",
+    "list_modalities",
+    "list_assets",
+    "read_table",
+    "describe_raster",
+    "view_raster",
+    "inspect_baseline",
+    "calculate",
+    "submit_forecast",
+)
+"""App. D's nine EV charging tools."""
+UNCOUNTED = ("submit_forecast",)
+"""Calls not counted as tool use."""
+ORIGIN_YEAR = CALENDAR_YEAR_OF_T_MINUS_2 + 1
+"""The forecast origin the cube view is cut at: t−2's year is its period −1."""
+EV_PERIODS = tuple(range(-11, -1))
+"""Periods of cube data an agent may ask for (t−11 … t−2)."""
+HISTORY_OFFSET = {"t-4": -4, "t-3": -3, "t-2": -2}
+"""History label → period relative to t."""
+QUESTION = (
+    "Forecast the net change in publicly available EV charging ports in this 2 km x 2 km tile "
+    "from t-2 to t (two years). Choose one of the supplied ranges A-D for ports(t) - "
+    "ports(t-2). Option A includes zero or negative growth. Ports count vehicles that can "
+    "charge simultaneously (Level 1, Level 2 and DC fast); stations are separate counts. "
+    "Missing values are unknown, not zero."
+)
+"""The case question (App. D's EV prompt, its task part)."""
+MAX_ROWS = 5_000
+"""Most rows one read_table returns."""
+EVIDENCE_PATTERN = re.compile(r"evidence-[0-9]{4,}")
+"""A citable evidence id."""
+
+
+@dataclass(frozen=True)
+class EvCase:
+    """One EV case as its tools may show it (no reference)."""
+
+    case_key: str
+    city: str
+    tile_id: str
+    history: dict[str, dict[str, Any]]
+    """Per t−4, t−3, t−2: ports, by level, stations (and why unknown, if so)."""
+    ranges: dict[str, str]
+    """A–D → the city's interval text."""
+
+    def message(self) -> dict[str, Any]:
+        """The case message an agent starts from."""
+        return {
+            "case_key": self.case_key,
+            "task": "ev_charging",
+            "city": self.city,
+            "tile_id": self.tile_id,
+            "scale": "2km",
+            "ranges": self.ranges,
+            "history_periods": list(HISTORY_OFFSET.values()),
+            "time_unit": "year",
+        }
+
+
+def load_ev_cases(folder: Path) -> dict[str, EvCase]:
+    """The EV cases of a benchmark folder by key (the reference file is not opened)."""
+    files = EvFiles(folder)
+    if not files.cases.exists():
+        raise AgentCaseError(
+            f"no EV charging cases in {folder}: build a release whose scope has Boston, New "
+            "York City or San Francisco (make run)"
+        )
+    out = {}
+    for row in pq.read_table(files.cases).to_pylist():
+        out[row["case_key"]] = EvCase(
+            case_key=row["case_key"],
+            city=row["city"],
+            tile_id=row["tile_id"],
+            history=json.loads(row["history_json"]),
+            ranges=json.loads(row["ranges_json"]),
+        )
+    return out
+
+
+def cube_case(case: EvCase) -> Case:
+    """The forecasting view's case for an EV case: its origin is the year after t−2."""
+    history = tuple(
+        math.nan if case.history[p]["ports"] is None else float(case.history[p]["ports"])
+        for p in HISTORY_PERIODS
+    )
+    return Case(
+        case_key=case.case_key,
+        target="ev_charging",
+        city=case.city,
+        tile_id=case.tile_id,
+        scale="2km",
+        unit="ports",
+        aggregation="public charging ports in the tile",
+        history=history,
+        origin_year=ORIGIN_YEAR,
+    )
+
+
+PERIOD_TEXT = re.compile(r"period (-?[0-9]+)")
+
+
+def _to_ev(period: int | None) -> int | None:
+    """A forecasting-view period as a period relative to t."""
+    return None if period is None else int(period) - 1
+
+
+def _from_ev(period: Any) -> int:
+    """A period relative to t as the forecasting view's, refusing t−1 and later."""
+    if isinstance(period, bool) or not isinstance(period, int | float) or int(period) != period:
+        raise AgentCaseError(f"period {period!r} is not a whole number of years")
+    if int(period) not in EV_PERIODS:
+        raise AgentCaseError(
+            f"period {int(period)} is outside what this case may see: periods "
+            f"{EV_PERIODS[0]}…{EV_PERIODS[-1]} (t-2 is the last; t-1 and t are what is forecast)"
+        )
+    return int(period) + 1
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, str):
+        return PERIOD_TEXT.sub(lambda m: f"period {int(m.group(1)) - 1}", value)
+    return value
+
+
+def parse_asset_id(asset_id: Any) -> tuple[str, str]:
+    """``"HEAT/table"`` → (``HEAT``, ``table``), or a clear error."""
+    if not isinstance(asset_id, str) or asset_id.count("/") != 1:
+        raise AgentCaseError(
+            f"asset id {asset_id!r} is not of the form MODALITY/table or MODALITY/raster: "
+            "take ids from list_assets"
+        )
+    modality, kind = asset_id.split("/")
+    if kind not in ("table", "raster"):
+        raise AgentCaseError(f"asset id {asset_id!r}: the kind must be 'table' or 'raster'")
+    return modality, kind
+
+
+# ------------------------------------------------------------------------------ calculate
+
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+_FUNCTIONS = {
+    "abs": abs,
+    "min": min,
+    "max": max,
+    "round": round,
+    "sum": sum,
+    "sqrt": math.sqrt,
+    "log": math.log,
+    "exp": math.exp,
+    "mean": lambda *v: sum(v) / len(v),
+}
+"""Functions ``calculate`` knows."""
+MAX_EXPRESSION = 500
+"""Longest expression ``calculate`` evaluates."""
+
+
+def evaluate(expression: Any) -> float:
+    """The value of an arithmetic expression (numbers, + − × ÷ // % **, a few functions)."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise AgentCaseError("calculate needs an arithmetic expression, e.g. '(12 - 7) / 7'")
+    if len(expression) > MAX_EXPRESSION:
+        raise AgentCaseError(f"expression longer than {MAX_EXPRESSION} characters")
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as exc:
+        raise AgentCaseError(f"cannot parse {expression!r}: {exc.msg}") from None
+
+    def value(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return value(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 100:
+                raise AgentCaseError("exponents above 100 are refused")
+            return _BINARY[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+            return _UNARY[type(node.op)](value(node.operand))
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _FUNCTIONS
+            and not node.keywords
+        ):
+            return _FUNCTIONS[node.func.id](*(value(a) for a in node.args))
+        raise AgentCaseError(
+            f"calculate takes numbers, + - * / // % **, parentheses and "
+            f"{', '.join(_FUNCTIONS)}; not {ast.dump(node)[:60]}"
+        )
+
+    try:
+        result = float(value(tree))
+    except (ArithmeticError, ValueError, TypeError) as exc:
+        raise AgentCaseError(f"cannot evaluate {expression!r}: {exc}") from None
+    if not math.isfinite(result):
+        raise AgentCaseError(f"{expression!r} has no finite value")
+    return result
+
+
+# ------------------------------------------------------------------------------ submission
+
+
+@dataclass(frozen=True)
+class EvSubmission:
+    """A valid submit_forecast."""
+
+    range: str
+    confidence: float
+    explanation: str
+    range_reasons: dict[str, str]
+    evidence_ids: list[str]
+    limitations: str
+
+    def to_json(self) -> dict[str, Any]:
+        """As recorded in ``submission.json``."""
+        return {
+            "range": self.range,
+            "confidence": self.confidence,
+            "explanation": self.explanation,
+            "range_reasons": self.range_reasons,
+            "evidence_ids": self.evidence_ids,
+            "limitations": self.limitations,
+        }
+
+
+def validate_ev_submission(answer: Mapping[str, Any], citable: set[str]) -> EvSubmission:
+    """The submission, or an error naming every field that is wrong and how to fix it."""
+    problems = []
+    extra = sorted(set(answer) - {f for f in EvSubmission.__dataclass_fields__})
+    if extra:
+        problems.append(f"unknown fields {extra}")
+    label = answer.get("range")
+    if label not in RANGES:
+        problems.append(f"range must be one of {', '.join(RANGES)}, not {label!r}")
+    confidence = answer.get("confidence")
+    if (
+        isinstance(confidence, bool)
+        or not isinstance(confidence, int | float)
+        or not 0 <= confidence <= 1
+    ):
+        problems.append(f"confidence must be a number from 0 to 1, not {confidence!r}")
+    for name in ("explanation", "limitations"):
+        text = answer.get(name)
+        if not isinstance(text, str) or not text.strip():
+            problems.append(f"{name} must be a non-empty text")
+    reasons = answer.get("range_reasons")
+    if not isinstance(reasons, dict) or sorted(reasons) != list(RANGES):
+        problems.append("range_reasons must give a reason for each of A, B, C and D")
+    elif not all(isinstance(v, str) and v.strip() for v in reasons.values()):
+        problems.append("every range reason must be a non-empty text")
+    evidence = answer.get("evidence_ids")
+    if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
+        problems.append("evidence_ids must be a list of evidence ids (evidence-NNNN)")
+    else:
+        bad = [e for e in evidence if not EVIDENCE_PATTERN.fullmatch(e) or e not in citable]
+        if bad:
+            problems.append(
+                f"evidence ids {bad} are not successful earlier calls of this case: cite only "
+                "evidence_id values your calls returned"
+            )
+    if problems:
+        raise EvSubmissionError("submit_forecast is invalid: " + "; ".join(problems))
+    return EvSubmission(
+        range=str(label),
+        confidence=float(confidence),  # type: ignore[arg-type]
+        explanation=str(answer["explanation"]).strip(),
+        range_reasons={k: str(reasons[k]).strip() for k in RANGES},  # type: ignore[index]
+        evidence_ids=list(dict.fromkeys(evidence)),  # type: ignore[arg-type]
+        limitations=str(answer["limitations"]).strip(),
+    )
+
+
+# ------------------------------------------------------------------------------ session
+
+
+class EvSession(ToolSession):
+    """One EV charging case being solved with App. D's nine tools."""
+
+    def __init__(
+        self,
+        case: EvCase,
+        con: duckdb.DuckDBPyConnection,
+        catalogue: Catalogue,
+        release_root: Path,
+        stations: Path,
+        case_dir: Path,
+    ) -> None:
+        super().__init__(case_dir, EV_TOOLS, "ev_charging")
+        self.case = case
+        self.view = CaseView(con, cube_case(case))
+        self.con = con
+        self.catalogue = catalogue
+        self.release_root = release_root
+        self.stations = stations
+        self.submission: EvSubmission | None = None
+
+    def _tool_inspect_case(self, evidence: str) -> ToolResult:
+        history = [
+            {"period": HISTORY_OFFSET[label], **self.case.history[label]}
+            for label in HISTORY_PERIODS
+        ]
+        return ToolResult(
+            {
+                "evidence_id": evidence,
+                "case": self.case.message(),
+                "question": QUESTION,
+                "charging_history": history,
+            }
+        )
+
+    def _tool_list_modalities(self, evidence: str) -> ToolResult:
+        tables = {e["modality"]: e for e in self.view.table_assets()}
+        rasters = self.view.chip_periods()
+        out = []
+        for code in sorted(set(self.view.modalities()) | set(rasters)):
+            spec = self.catalogue.get(code)
+            kinds = [k for k, on in (("table", code in tables), ("raster", code in rasters)) if on]
+            out.append(
+                {
+                    "modality": code,
+                    "name": spec.name,
+                    "kinds": kinds,
+                }
+            )
+        return ToolResult({"evidence_id": evidence, "modalities": out})
+
+    def _tool_list_assets(self, evidence: str) -> ToolResult:
+        assets: list[dict[str, Any]] = [
+            {
+                "asset_id": "EV/baseline",
+                "kind": "baseline",
+                "name": "Public charging stations counted at t-2 in the case's tile",
+                "tool": "inspect_baseline",
+                "periods_available": [-2],
+            }
+        ]
+        for entry in self.view.table_assets():
+            code = entry["modality"]
+            assets.append(
+                {
+                    "asset_id": f"{code}/table",
+                    "modality": code,
+                    "name": self.catalogue.get(code).name,
+                    "kind": "table",
+                    "fields": [{**f, "unit": _text(f["unit"])} for f in entry["fields"]],
+                    "periods_available": [_to_ev(p) for p in entry["periods"]],
+                }
+            )
+        for code, periods in self.view.chip_periods().items():
+            assets.append(
+                {
+                    "asset_id": f"{code}/raster",
+                    "modality": code,
+                    "name": self.catalogue.get(code).name,
+                    "kind": "raster",
+                    "periods_available": [_to_ev(p) for p in periods],
+                }
+            )
+        return ToolResult({"evidence_id": evidence, "assets": assets})
+
+    def _tool_read_table(
+        self,
+        evidence: str,
+        asset_id: str,
+        tiles: Sequence[str] | None = None,
+        fields: Sequence[str] | None = None,
+        periods: Sequence[int] | None = None,
+        limit: int = MAX_ROWS,
+    ) -> ToolResult:
+        modality, kind = parse_asset_id(asset_id)
+        if kind != "table":
+            raise AgentCaseError(f"{asset_id} is a raster: use describe_raster or view_raster")
+        asked = None if periods is None else [_from_ev(p) for p in periods]
+        rows = []
+        for row in self.view.rows(modality, tiles, fields, asked):
+            row = {k: _text(v) for k, v in row.items()}
+            row["period"] = _to_ev(row["period"])
+            row["source_period"] = _to_ev(row["source_period"])
+            rows.append(row)
+        limit = max(1, min(int(limit), MAX_ROWS))
+        return ToolResult(
+            {
+                "evidence_id": evidence,
+                "asset_id": asset_id,
+                "rows": rows[:limit],
+                "row_count": len(rows),
+                "truncated": len(rows) > limit,
+            }
+        )
+
+    def _raster(self, asset_id: str, period: Any, tile_id: str | None) -> tuple[Any, ...]:
+        from citycube.tasks.loader import chip_group
+
+        modality, kind = parse_asset_id(asset_id)
+        if kind != "raster":
+            raise AgentCaseError(f"{asset_id} is a table: use read_table")
+        chip = self.view.chip(modality, _from_ev(period), tile_id)
+        group = chip_group(str(self.release_root / chip.store))
+        r, c, h, w = chip.row_off, chip.col_off, chip.height, chip.width
+        values = np.asarray(group["data"][:, r : r + h, c : c + w])
+        valid = np.asarray(group["valid"][r : r + h, c : c + w]).astype(bool)
+        bands = [_text(str(b)) for b in np.asarray(group["band"][:])]
+        return self.catalogue.get(modality), chip, bands, values, valid
+
+    def _tool_describe_raster(
+        self, evidence: str, asset_id: str, period: int, tile_id: str | None = None
+    ) -> ToolResult:
+        spec, chip, bands, values, valid = self._raster(asset_id, period, tile_id)
+        stats = []
+        for name, band in zip(bands, values, strict=True):
+            x = band[valid].astype(np.float64)
+            x = x[np.isfinite(x)]
+            summary = (
+                {"min": float(x.min()), "max": float(x.max()), "mean": float(x.mean())}
+                if x.size
+                else {"min": None, "max": None, "mean": None}
+            )
+            stats.append({"band": name, "valid_pixels": int(x.size), **summary})
+        return ToolResult(
+            {
+                "evidence_id": evidence,
+                "asset_id": asset_id,
+                "tile_id": tile_id or self.case.tile_id,
+                "period": int(period),
+                "source_period": _to_ev(chip.source_period),
+                "kind": spec.kind.value,
+                "shape": [int(s) for s in values.shape],
+                "resolution_m": chip.resolution_m,
+                "valid_fraction": chip.valid_fraction,
+                "available": chip.available,
+                "bands": stats,
+            }
+        )
+
+    def _tool_view_raster(
+        self, evidence: str, asset_id: str, period: int, tile_id: str | None = None
+    ) -> ToolResult:
+        from PIL import Image
+
+        from citycube.reports.render import render_chip
+
+        spec, _chip, _bands, values, valid = self._raster(asset_id, period, tile_id)
+        rgba = render_chip(spec, self.catalogue, values, valid)
+        buffer = io.BytesIO()
+        Image.fromarray(rgba, mode="RGBA").save(buffer, format="PNG")
+        return ToolResult(
+            {
+                "evidence_id": evidence,
+                "asset_id": asset_id,
+                "tile_id": tile_id or self.case.tile_id,
+                "period": int(period),
+                "width": int(rgba.shape[1]),
+                "height": int(rgba.shape[0]),
+                "format": "png",
+            },
+            image=buffer.getvalue(),
+        )
+
+    def _tool_inspect_baseline(self, evidence: str) -> ToolResult:
+        import pyarrow.compute as pc
+
+        table = pq.read_table(self.stations)
+        mine = table.filter(pc.equal(table["tile_id"], self.case.tile_id))
+        stations = [
+            {k: v for k, v in row.items() if k not in ("city", "tile_id")}
+            for row in mine.to_pylist()
+        ]
+        return ToolResult(
+            {
+                "evidence_id": evidence,
+                "asset_id": "EV/baseline",
+                "period": -2,
+                "stations": stations,
+                "station_count": len(stations),
+                "note": "stations counted at t-2 (public, available or temporarily unavailable); "
+                "opened_by is the first history period at which the station was open "
+                "(t-4 also for older ones); a blank level has no port of that level",
+            }
+        )
+
+    def _tool_calculate(self, evidence: str, expression: str) -> ToolResult:
+        return ToolResult(
+            {"evidence_id": evidence, "expression": expression, "value": evaluate(expression)}
+        )
+
+    def _tool_submit_forecast(self, evidence: str, **answer: Any) -> ToolResult:
+        from citycube.io.atomic import write_text_atomic
+
+        citable = {c.evidence_id for c in self.calls if c.ok and c.tool not in UNCOUNTED}
+        submission = validate_ev_submission(answer, citable)
+        record = {"case_key": self.case.case_key, "evidence_id": evidence, **submission.to_json()}
+        write_text_atomic(canonical_json(record) + "\n", self.case_dir / "submission.json")
+        self.submission = submission
+        return ToolResult({"evidence_id": evidence, "accepted": True, "case_ended": True})
