@@ -32,11 +32,15 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(BIN)/python -m pipelines.cli build --cities '$(CITIES)' --years '$(YEARS)' --workers '$(WORKERS)'
 
-## Build the smallest scope whose forecasting targets all have cases (Boston, 2010-2024) as its
-## own release, run the scripted agent over MCP on 10 cases per target and print its scores.
+## Build the smallest scope whose forecasting targets all have cases (Boston, 2010-2024) and that
+## has cases of the EV charging, school capacity (London) and food access tasks, as its own
+## release; run the scripted agents over MCP (10 forecasting cases per target, every planning
+## case) and print their scores.
 AGENTS_RELEASE ?= agents-sample-0.1.0
+AGENTS_CITIES ?= Boston,London
+agents: export CITYCUBE_PLANNING_AGENTS = 1
 agents: install
-	$(BIN)/python -m pipelines.cli --release '$(AGENTS_RELEASE)' build --cities Boston --years 2010-2024 --workers '$(WORKERS)'
+	$(BIN)/python -m pipelines.cli --release '$(AGENTS_RELEASE)' build --cities '$(AGENTS_CITIES)' --years 2010-2024 --workers '$(WORKERS)'
 	$(BIN)/python -m pipelines.cli --release '$(AGENTS_RELEASE)' agents show
 
 ## Evaluate the built-in embeddings on the built release (CityRep protocol; docs/representation.md).

@@ -54,7 +54,7 @@ FORECAST = "forecast"
 PLANNING_TASKS: tuple[str, ...] = ("ev_charging", "school_capacity", "food_access")
 """Planning and resource tasks (AgenticCity-Bench App. D.1, D.3.1), each a module of
 :mod:`pipelines.agent_tasks` with ``STRATEGIES``, ``open_run``, ``build_server``,
-``scripted_agent`` and ``score_runs``."""
+``scripted_agent``, ``score_runs`` and ``case_count``."""
 TASKS = (FORECAST, *PLANNING_TASKS)
 """Every task an agent can be served."""
 
@@ -616,22 +616,34 @@ def cmd_show(args: Any) -> int:
         raise AgentCaseError(f"no published cube at {release.duckdb_file}: build it first")
     with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
         have = {name for (name,) in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
-        if "agent_scores" not in have:
+        # each planning task publishes one <prefix>_agent_scores view
+        planning = sorted(v for v in have if v.endswith("_agent_scores") and v != "agent_scores")
+        if "agent_scores" not in have and not planning:
             raise AgentCaseError(
                 f"{release.duckdb_file} has no agent views: build a scope with forecasting "
                 "cases (make agents) or run `citycube agents run --publish`"
             )
-        scores = con.execute("SELECT * FROM agent_scores").to_arrow_table()
-        runs = con.execute(
-            "SELECT run, count(*) FILTER (WHERE submitted) AS answered FROM agent_runs "
-            "GROUP BY run ORDER BY run"
-        ).fetchall()
-    print(scores_text(scores))
-    print()
-    root = runs_root(Path(args.data).resolve(), release.version)
-    for run, answered in runs:
-        print(f"{run}: {answered} cases answered; trajectories in {root / run / 'cases'}")
-    print(f"views agent_runs, agent_tool_calls, agent_scores in {release.duckdb_file}")
+        scores = runs = None
+        if "agent_scores" in have:
+            scores = con.execute("SELECT * FROM agent_scores").to_arrow_table()
+            runs = con.execute(
+                "SELECT run, count(*) FILTER (WHERE submitted) AS answered FROM agent_runs "
+                "GROUP BY run ORDER BY run"
+            ).fetchall()
+        planning_scores = [
+            (v, con.execute(f'SELECT * FROM "{v}"').to_arrow_table()) for v in planning
+        ]
+    if scores is not None and runs is not None:
+        print(scores_text(scores))
+        print()
+        root = runs_root(Path(args.data).resolve(), release.version)
+        for run, answered in runs:
+            print(f"{run}: {answered} cases answered; trajectories in {root / run / 'cases'}")
+        print(f"views agent_runs, agent_tool_calls, agent_scores in {release.duckdb_file}")
+    for view, table in planning_scores:
+        print()
+        print(f"{view}:")
+        print(table.to_pandas().to_string(index=False))
     return 0
 
 

@@ -8,7 +8,7 @@ catalogue digest its run was made on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,18 +30,20 @@ def agent_tables_dir(release: Release) -> Path:
     return release.root / AGENTS_DIR
 
 
-def write_agent_tables(folder: Path, tables: Mapping[str, pa.Table]) -> dict[str, Path]:
+def write_agent_tables(
+    folder: Path, tables: Mapping[str, pa.Table], names: Sequence[str] = AGENT_VIEWS
+) -> dict[str, Path]:
     """Write each table as ``<view name>.parquet`` (atomically); the paths."""
     import pyarrow.parquet as pq
 
     from citycube.io.atomic import atomic_path
 
-    unknown = sorted(set(tables) - set(AGENT_VIEWS))
+    unknown = sorted(set(tables) - set(names))
     if unknown:
-        raise ValueError(f"not agent tables: {unknown}; expected {AGENT_VIEWS}")
+        raise ValueError(f"not agent tables: {unknown}; expected {tuple(names)}")
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name in AGENT_VIEWS:
+    for name in names:
         if name in tables:
             path = folder / f"{name}.parquet"
             with atomic_path(path) as tmp:
@@ -50,14 +52,17 @@ def write_agent_tables(folder: Path, tables: Mapping[str, pa.Table]) -> dict[str
     return paths
 
 
-def create_agent_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
+def create_agent_views(
+    con: duckdb.DuckDBPyConnection, folder: Path, names: Sequence[str] = AGENT_VIEWS
+) -> list[str]:
     """Views over the agent tables present in ``folder``; the names created."""
     created = []
-    for name in AGENT_VIEWS:
+    for name in names:
         path = folder / f"{name}.parquet"
         if path.exists():
             quoted = "'" + str(path.resolve()).replace("'", "''") + "'"
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({quoted})")
+            view = '"' + name.replace('"', '""') + '"'
+            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM read_parquet({quoted})")
             created.append(name)
     return created
 
@@ -75,3 +80,21 @@ def publish_agent_tables(release: Release, tables: Mapping[str, pa.Table]) -> li
     write_agent_tables(folder, tables)
     with atomic_database(release.duckdb_file, copy=True) as con:
         return create_agent_views(con, folder)
+
+
+def publish_task_tables(release: Release, task: str, tables: Mapping[str, pa.Table]) -> list[str]:
+    """A planning task's run tables (``<task>/<name>.parquet`` under the release's agent folder)
+    and a view per table in its published database; the view names."""
+    from citycube.agents.session import validate_run_name
+    from citycube.cube.release import atomic_database
+    from citycube.errors import ReleaseNotFoundError
+
+    if not release.duckdb_file.exists():
+        raise ReleaseNotFoundError(
+            f"no published cube at {release.duckdb_file}: build the release first"
+        )
+    folder = agent_tables_dir(release) / validate_run_name(task)
+    names = tuple(tables)
+    write_agent_tables(folder, tables, names)
+    with atomic_database(release.duckdb_file, copy=True) as con:
+        return create_agent_views(con, folder, names)

@@ -113,6 +113,14 @@ class EvRun:
         self.con.close()
 
 
+def case_count(release: Release) -> int:
+    """How many cases the release publishes (0 when it has none)."""
+    from citycube.tasks.ev_charging import EvFiles
+
+    path = EvFiles.published(release).cases
+    return pq.read_metadata(path).num_rows if path.exists() else 0
+
+
 def open_run(release: Release, run_dir: Path, *, agent: str) -> EvRun:
     """An :class:`EvRun` over the published release, writing into ``run_dir``."""
     if not release.duckdb_file.exists():

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from citycube.agents.food_access import FoodAccessRun, open_food_run, run_predictions
 from citycube.errors import AgentCaseError
@@ -33,6 +34,14 @@ INSTRUCTIONS = (
     "list_reference_assets, inspect_table, describe_raster, view_raster, get_cell_summaries and "
     "calculate, and end it with submit_predictions."
 )
+
+
+def case_count(release: Release) -> int:
+    """How many cases the release publishes (0 when it has none)."""
+    from citycube.tasks.food_access import FoodAccessFiles
+
+    path = FoodAccessFiles.published(release).cases
+    return pq.read_metadata(path).num_rows if path.exists() else 0
 
 
 def open_run(release: Release, run_dir: Path, *, agent: str) -> FoodAccessRun:
@@ -172,7 +181,6 @@ def score_runs(release: Release, run_dirs: Sequence[Path]) -> dict[str, pa.Table
     """``food_access_agent_scores``: per run the task's metrics over every published case
     (a case without a valid submission counts its four cells wrong)."""
     import pandas as pd
-    import pyarrow.parquet as pq
 
     from citycube.agents.trajectory import read_trajectory
     from citycube.tasks.food_access import score

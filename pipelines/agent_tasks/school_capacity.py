@@ -45,6 +45,14 @@ INSTRUCTIONS = (
 """AgenticCity-Bench App. D's school prompt, with the case tools named."""
 
 
+def case_count(release: Release) -> int:
+    """How many cases the release publishes (0 when it has none)."""
+    from citycube.tasks.school_capacity import SchoolFiles
+
+    path = SchoolFiles.published(release).cases
+    return pq.read_metadata(path).num_rows if path.exists() else 0
+
+
 def open_run(release: Release, run_dir: Path, *, agent: str) -> SchoolRun:
     """A run over the published release's school cases, writing into ``run_dir``."""
     return SchoolRun(release, run_dir, agent=agent)
