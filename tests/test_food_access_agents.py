@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import anyio
 import duckdb
@@ -199,3 +200,26 @@ def test_the_scripted_agent_over_mcp_reproduces_the_direct_baselines(
             assert (pd.isna(got) and pd.isna(want)) or got == want, (row.run, metric)
         assert row.n_submitted == 38 and row.mean_calls == 3.0
     assert int(direct["majority"].sum()) == 1
+
+
+def test_the_cli_serves_the_task_over_stdio_and_publishes_its_scores(release, capsys) -> None:
+    """`citycube agents run --task food_access` path: a server subprocess per rule (stdio), the
+    runs' scores equal the direct baseline's, published as a view that `agents show` prints."""
+    from citycube.agents.views import publish_task_tables
+    from pipelines.agents import cmd_show, run_strategies
+
+    strategy = STRATEGIES[0]
+    run_dirs = run_strategies(release.data_root, release, [strategy], task="food_access")
+    assert [d.name for d in run_dirs] == [f"food_access-scripted-{strategy}"]
+    scores = score_runs(release, run_dirs)
+    row = scores["food_access_agent_scores"].to_pylist()[0]
+    direct = pq.read_table(FoodAccessFiles.published(release).scores).to_pandas()
+    want = direct.set_index("baseline").loc[strategy]
+    assert row["n_submitted"] == 38
+    assert row["cell_accuracy"] == want["cell_accuracy"]
+    assert publish_task_tables(release, "food_access", scores) == ["food_access_agent_scores"]
+
+    args = SimpleNamespace(data=str(release.data_root), release=release.version)
+    assert cmd_show(args) == 0
+    shown = capsys.readouterr().out
+    assert "food_access_agent_scores:" in shown and f"food_access-scripted-{strategy}" in shown
