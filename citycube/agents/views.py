@@ -52,11 +52,14 @@ def write_agent_tables(folder: Path, tables: Mapping[str, pa.Table]) -> dict[str
 
 def create_agent_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
     """Views over the agent tables present in ``folder``; the names created."""
+    from citycube.cube.release import drop_table
+
     created = []
     for name in AGENT_VIEWS:
         path = folder / f"{name}.parquet"
         if path.exists():
             quoted = "'" + str(path.resolve()).replace("'", "''") + "'"
+            drop_table(con, name)  # its rows copied by an earlier build
             con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({quoted})")
             created.append(name)
     return created
@@ -64,7 +67,7 @@ def create_agent_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str
 
 def publish_agent_tables(release: Release, tables: Mapping[str, pa.Table]) -> list[str]:
     """Write the tables into the release and add their views to its published database."""
-    from citycube.cube.release import atomic_database
+    from citycube.cube.release import atomic_database, tables_from_file_views
     from citycube.errors import ReleaseNotFoundError
 
     if not release.duckdb_file.exists():
@@ -74,4 +77,6 @@ def publish_agent_tables(release: Release, tables: Mapping[str, pa.Table]) -> li
     folder = agent_tables_dir(release)
     write_agent_tables(folder, tables)
     with atomic_database(release.duckdb_file, copy=True) as con:
-        return create_agent_views(con, folder)
+        created = create_agent_views(con, folder)
+        tables_from_file_views(con)  # the rows travel with the database
+        return created

@@ -971,6 +971,8 @@ def write_baseline_scores(release: Release) -> tuple[pa.Table, dict[str, Path]]:
 def create_forecast_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
     """Views over the forecasting files present now in ``folder`` (a snapshot's benchmark
     folder); the names created."""
+    from citycube.cube.release import drop_table
+
     files = ForecastFiles(folder)
     created = []
     for name, path in (
@@ -981,6 +983,7 @@ def create_forecast_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[
     ):
         if path.exists():
             quoted = "'" + str(path.resolve()).replace("'", "''") + "'"
+            drop_table(con, name)  # its rows copied by an earlier build
             con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({quoted})")
             created.append(name)
     return created
