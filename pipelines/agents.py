@@ -528,7 +528,8 @@ def cmd_show(args: Any) -> int:
     if not release.duckdb_file.exists():
         raise AgentCaseError(f"no published cube at {release.duckdb_file}: build it first")
     with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
-        have = {name for (name,) in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+        names = "SELECT view_name FROM duckdb_views() UNION SELECT table_name FROM duckdb_tables()"
+        have = {name for (name,) in con.execute(names).fetchall()}
         if "agent_scores" not in have:
             raise AgentCaseError(
                 f"{release.duckdb_file} has no agent views: build a scope with forecasting "
