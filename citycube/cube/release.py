@@ -9,8 +9,9 @@ tiles table and the benchmark folder), the derived results per source period and
 quick-looks into the release's draft (``.draft/``), which no reader opens, so a build that
 fails or is stopped by a check changes nothing a published release lists. Building the
 database takes a snapshot of the draft (``.snapshots/<id>/``: hard links, so no byte is
-copied) and its views read that snapshot's files by absolute path; the benchmark
-files computed from the staged database are added to its snapshot before it is published.
+copied) and copies that snapshot's rows into its own tables, so it names no file and the
+release folder can move; the benchmark files computed from the staged database are added to
+its snapshot before it is published.
 Publishing swaps one folder, ``published/``, for a hard-linked copy of the snapshot in one step
 (so a reader of the folder sees every table old or every table new, never new observations
 with the old chip index) and points ``.published`` at the snapshot. A writer only ever
@@ -176,7 +177,7 @@ class Release:
 
     @property
     def duckdb_file(self) -> Path:
-        """DuckDB database with views over the Parquet."""
+        """DuckDB database holding the published tables (copied from the Parquet)."""
         return self.root / "cube.duckdb"
 
     @property
@@ -641,7 +642,7 @@ def publish_tables(release: Release, snapshot: str) -> None:
     ``published/`` becomes a hard-linked copy of the snapshot (observations, chip index,
     tiles table, benchmark folder), swapped in whole in one step: a reader of the folder sees
     all the previous tables or all the new ones. ``.published`` records which snapshot they
-    are. The database's views read the snapshot folder itself, which no later build touches.
+    are. The database holds the snapshot's rows itself.
     The tables of a release published before ``published/`` existed, in the release folder
     itself, are removed once ``published/`` is in place.
     """
@@ -862,15 +863,16 @@ def build_duckdb(
     snapshot: str | None = None,
     benchmark_views: BenchmarkViews | None = None,
 ) -> Path:
-    """(Re)build ``cube.duckdb`` (or the database at ``path``): views over one snapshot of the
-    Parquet tables plus small metadata tables.
+    """(Re)build ``cube.duckdb`` (or the database at ``path``): the rows of one snapshot of the
+    Parquet tables copied into tables (:func:`_partition_table`), plus metadata tables.
 
     Without ``snapshot``, a new one is taken of the draft (:func:`snapshot_tables`); its id is
     recorded in the ``release`` table. Building ``cube.duckdb`` itself publishes the snapshot
     too (unless it is the published one already: ``citycube views`` changes no table); a
-    database built elsewhere (the staged one) is published by :func:`publish_database`. Views
-    use absolute paths, so ``duckdb <release>/cube.duckdb`` works from any directory; after
-    moving a release, rebuild it with ``citycube views``.
+    database built elsewhere (the staged one) is published by :func:`publish_database`. The
+    database names no file (the benchmark's views over files become tables too,
+    :func:`tables_from_file_views`), so it works from any directory and after the release
+    folder is moved or copied.
     """
     path = path or release.duckdb_file
     snapshot = validate_snapshot_id(snapshot) if snapshot else snapshot_tables(release)
