@@ -110,6 +110,13 @@ BENCHMARKS = (
         False,
     ),
     Benchmark(
+        "queries",
+        "benchmarks.bench_queries",
+        "availability matrix and one tile's history on a whole-calendar release "
+        "(CITYCUBE_QUERY_RELEASE, or synthetic) vs a native DuckDB table",
+        False,
+    ),
+    Benchmark(
         "calendar",
         "benchmarks.bench_calendar",
         "the whole calendar: generation, then the build, vs decoding every source file once",

@@ -240,6 +240,13 @@ class CorruptReleaseError(CityCubeError):
     code = "CC308"
 
 
+class ReleaseMovedError(CityCubeError):
+    """A release database whose views read files at another place: a release built before its
+    tables were held in the database, then moved or copied. Rebuilding its views fixes it."""
+
+    code = "CC311"
+
+
 class BuildBusyError(CityCubeError):
     """Another build is building the same release, or drives the same Dagster instance."""
 

@@ -615,8 +615,9 @@ def cmd_show(args: Any) -> int:
     if not release.duckdb_file.exists():
         raise AgentCaseError(f"no published cube at {release.duckdb_file}: build it first")
     with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
-        have = {name for (name,) in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
-        # each planning task publishes one <prefix>_agent_scores view
+        names = "SELECT view_name FROM duckdb_views() UNION SELECT table_name FROM duckdb_tables()"
+        have = {name for (name,) in con.execute(names).fetchall()}
+        # each planning task publishes one <prefix>_agent_scores table
         planning = sorted(v for v in have if v.endswith("_agent_scores") and v != "agent_scores")
         if "agent_scores" not in have and not planning:
             raise AgentCaseError(

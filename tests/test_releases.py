@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from citycube.cube.manifest import read_manifest, verify_release
@@ -173,16 +175,15 @@ def test_only_an_intact_published_release_can_be_frozen(tmp_path: Path) -> None:
     ]
 
 
-def _replace_observations_view(release: Release) -> None:
-    """What a hostile or careless writer does: the same view, NTL values times ten."""
+def _replace_availability_view(release: Release) -> None:
+    """What a hostile or careless writer does: the same view, every city-year unavailable."""
     with duckdb.connect(str(release.duckdb_file)) as con:
         (sql,) = con.execute(
-            "SELECT sql FROM duckdb_views() WHERE view_name = 'observations'"
+            "SELECT sql FROM duckdb_views() WHERE view_name = 'availability'"
         ).fetchone()
         select = sql.split(" AS ", 1)[1].rstrip(";")
         con.execute(
-            "CREATE OR REPLACE VIEW observations AS SELECT * REPLACE "
-            "(CASE WHEN modality = 'NTL' THEN value * 10 ELSE value END AS value) "
+            "CREATE OR REPLACE VIEW availability AS SELECT * REPLACE (false AS available) "
             f"FROM ({select})"
         )
 
@@ -193,33 +194,48 @@ def test_the_database_readers_open_is_covered_by_the_manifest(
     release = build_release(tmp_path, "v1")
     manifest = read_manifest(release)
     assert manifest["files"]["cube.duckdb"]["bytes"] == release.duckdb_file.stat().st_size
-    assert {"observations", "chip_index", "tiles", "availability"} <= set(
-        manifest["database"]["views"]
-    )
-    assert manifest["database"]["tables"]["published_observations"]["rows"] == 2
-    size = release.duckdb_file.stat().st_size
-    with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
-        before = con.execute("SELECT sum(value) FROM observations WHERE modality = 'NTL'")
-        total = before.fetchone()[0]
+    assert {"availability"} <= set(manifest["database"]["views"])
+    tables = manifest["database"]["tables"]
+    assert {"observations", "chip_index", "tiles"} <= set(tables)
+    assert tables["published_observations"]["rows"] == 2
 
-    _replace_observations_view(release)
+    _replace_availability_view(release)
     with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
-        after = con.execute("SELECT sum(value) FROM observations WHERE modality = 'NTL'")
-        assert after.fetchone()[0] == pytest.approx(10 * total)  # what readers now get
-    assert release.duckdb_file.stat().st_size == size  # the listing's size check alone passes
+        assert not con.execute("SELECT bool_or(available) FROM availability").fetchone()[0]
     check = verify_release(release)
-    assert not check.ok and check.database == ["view observations differs from the manifest"]
+    assert not check.ok and check.database == ["view availability differs from the manifest"]
     (summary,) = list_releases(tmp_path)
     assert summary.manifest == "differs"
-    assert summary.manifest_problems[0] == "view observations differs from the manifest"
+    assert "view availability differs from the manifest" in summary.manifest_problems
     data = ["--data", str(tmp_path), "--release", "v1"]
     assert main([*data, "verify"]) == 1
     out = capsys.readouterr().out
-    assert "problems in cube.duckdb:" in out and "view observations differs" in out
+    assert "problems in cube.duckdb:" in out and "view availability differs" in out
 
     assert main([*data, "views"]) == 0  # rebuilt from the published tables: listed anew
     assert "manifest updated" in capsys.readouterr().out
     assert verify_release(release).ok
+
+
+@pytest.mark.parametrize("rows", [10, 100_000], ids=["small-table", "large-table"])
+def test_a_changed_row_of_a_database_table_is_caught(tmp_path: Path, rows: int) -> None:
+    """The rows readers query are in the database: changing one value of a table, small
+    (hashed from its sorted rows) or large (hashed inside DuckDB), is caught by verify."""
+    release = build_release(tmp_path, "v1", modalities=("NTL",))
+    meta = json.loads(release.metadata_file.read_text(encoding="utf-8"))
+    with duckdb.connect(str(release.duckdb_file)) as con:
+        con.execute(f"CREATE TABLE extra AS SELECT range AS i, range / 2 AS x FROM range({rows})")
+    from citycube.cube.manifest import write_manifest
+
+    write_manifest(release, meta, CAT)
+    assert verify_release(release).ok
+    with duckdb.connect(str(release.duckdb_file)) as con:
+        con.execute("UPDATE extra SET x = x + 1e-9 WHERE i = 7")
+    assert verify_release(release).database == ["table extra differs from the manifest"]
+    with duckdb.connect(str(release.duckdb_file)) as con:
+        con.execute("UPDATE extra SET x = x - 1e-9 WHERE i = 7")
+        con.execute("UPDATE observations SET value = value * 10 WHERE modality = 'NTL'")
+    assert verify_release(release).database == ["table observations differs from the manifest"]
 
 
 def test_a_damaged_block_of_the_database_is_caught_by_verify_and_the_listing(
@@ -245,23 +261,84 @@ def test_a_write_ahead_log_beside_the_database_is_not_in_the_manifest(tmp_path: 
     assert verify_release(release).unexpected == ["cube.duckdb.wal"]
 
 
-def test_a_moved_release_reads_its_old_place_until_its_views_are_rebuilt(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def _benchmark_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
+    """The tasks' views over a small translation pair index and splits table written here."""
+    from citycube.tasks.pairs import modality_order
+    from citycube.tasks.translation import BenchmarkFiles
+    from citycube.tasks.views import create_task_views
+
+    files = BenchmarkFiles(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tiles = ["Amsterdam_2KM_r0_c0", "Amsterdam_2KM_r0_c1"]
+    pairs = {"city": ["Amsterdam"] * 2, "scale": ["2km"] * 2, "tile_id": tiles, "year": [2020] * 2}
+    pq.write_table(pa.table({**pairs, "modality_mask": pa.array([3, 7], pa.int64())}), files.pairs)
+    pq.write_table(pa.table({"tile_id": tiles, "split": ["train", "test"]}), files.splits)
+    return create_task_views(con, folder, modality_order(CAT))
+
+
+def _every_relation(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[object, ...]]]:
+    """Every table's and view's rows, sorted."""
+    names = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+    views = "SELECT view_name FROM duckdb_views() WHERE NOT internal"
+    names += [r[0] for r in con.execute(views).fetchall()]
+    return {n: con.execute(f"SELECT * FROM {n} ORDER BY ALL").fetchall() for n in names}
+
+
+def test_a_moved_release_answers_every_view_and_command_from_anywhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The database holds its tables: moving the folder and querying it from another working
+    directory needs no rebuild, and the manifest still matches."""
     import shutil
 
-    build_release(tmp_path / "old", "v1", modalities=("NTL",))
+    from citycube.cube.manifest import write_manifest
+    from citycube.cube.release import build_duckdb, release_metadata
+
+    release = build_release(tmp_path / "old", "v1", modalities=("NTL",))
+    meta = release_metadata(release, source_set="local-test", synthetic=True)
+    build_duckdb(release, CAT, meta, benchmark_views=_benchmark_views)
+    write_manifest(release, meta, CAT)
+    with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
+        before = _every_relation(con)
+    assert {"observations", "tiles", "chip_index", "availability"} <= set(before)
+    assert {"translation_pairs", "translation_routes", "splits"} <= set(before)
+    assert before["observations"] and len(before["translation_routes"]) == 2 + 6
+
     (tmp_path / "new" / "releases").mkdir(parents=True)
-    old, new = tmp_path / "old" / "releases" / "v1", tmp_path / "new" / "releases" / "v1"
-    shutil.copytree(old, new, symlinks=True)  # as `cp -a` or `mv` across disks
+    shutil.move(release.root, tmp_path / "new" / "releases" / "v1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
     moved = Release(tmp_path / "new", "v1")
-    check = verify_release(moved)
-    assert not check.ok and check.database[0].startswith(
-        f"its views read files of the release at {(tmp_path / 'old' / 'releases' / 'v1')}"
-    )
-    assert (
-        "was moved or copied; rebuild its views with `citycube --release v1 views`"
-        in (check.database[0])
-    )
-    assert main(["--data", str(tmp_path / "new"), "--release", "v1", "views"]) == 0
+    with duckdb.connect(str(moved.duckdb_file), read_only=True) as con:
+        assert _every_relation(con) == before
     assert verify_release(moved).ok
+    assert main(["--data", str(tmp_path / "new"), "--release", "v1", "summary"]) == 0
+    assert main(["--data", str(tmp_path / "new"), "--release", "v1", "verify"]) == 0
+    out = capsys.readouterr().out
+    assert "tiles: 2km=" in out and "release v1 is intact" in out
+
+
+def test_a_release_whose_views_read_another_place_says_how_to_fix_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A database of a release built when views read the files by absolute path, then moved:
+    the CLI names the cause and the command that fixes it, not a bare SQL error."""
+    release = build_release(tmp_path, "v1", modalities=("NTL",))
+    import shutil
+
+    gone = tmp_path / "before" / "releases" / "v1" / "published" / "observations"
+    shutil.copytree(release.published_root / "observations", gone)  # where it was built
+    with duckdb.connect(str(release.duckdb_file)) as con:
+        con.execute("DROP TABLE observations")
+        con.execute(
+            "CREATE VIEW observations AS SELECT * FROM read_parquet("
+            f"'{gone}/city=*/year=*/*.parquet')"
+        )
+    shutil.rmtree(tmp_path / "before")
+    assert main(["--data", str(tmp_path), "--release", "v1", "summary"]) == 2
+    err = capsys.readouterr().err
+    assert "[CC311]" in err and "was moved or copied" in err
+    assert f"`citycube --data {tmp_path} --release v1 views`" in err
+    assert main(["--data", str(tmp_path), "--release", "v1", "views"]) == 0
+    assert main(["--data", str(tmp_path), "--release", "v1", "summary"]) == 0

@@ -56,20 +56,20 @@ def create_agent_views(
     con: duckdb.DuckDBPyConnection, folder: Path, names: Sequence[str] = AGENT_VIEWS
 ) -> list[str]:
     """Views over the agent tables present in ``folder``; the names created."""
+    from citycube.cube.release import create_file_view
+
     created = []
     for name in names:
         path = folder / f"{name}.parquet"
         if path.exists():
-            quoted = "'" + str(path.resolve()).replace("'", "''") + "'"
-            view = '"' + name.replace('"', '""') + '"'
-            con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM read_parquet({quoted})")
+            create_file_view(con, name, path)
             created.append(name)
     return created
 
 
 def publish_agent_tables(release: Release, tables: Mapping[str, pa.Table]) -> list[str]:
     """Write the tables into the release and add their views to its published database."""
-    from citycube.cube.release import atomic_database
+    from citycube.cube.release import atomic_database, tables_from_file_views
     from citycube.errors import ReleaseNotFoundError
 
     if not release.duckdb_file.exists():
@@ -79,14 +79,17 @@ def publish_agent_tables(release: Release, tables: Mapping[str, pa.Table]) -> li
     folder = agent_tables_dir(release)
     write_agent_tables(folder, tables)
     with atomic_database(release.duckdb_file, copy=True) as con:
-        return create_agent_views(con, folder)
+        created = create_agent_views(con, folder)
+        tables_from_file_views(con)  # the rows travel with the database
+        return created
 
 
 def publish_task_tables(release: Release, task: str, tables: Mapping[str, pa.Table]) -> list[str]:
     """A planning task's run tables (``<task>/<name>.parquet`` under the release's agent folder)
-    and a view per table in its published database; the view names."""
+    and a table per run table in its published database (the rows travel with the database);
+    the names."""
     from citycube.agents.session import validate_run_name
-    from citycube.cube.release import atomic_database
+    from citycube.cube.release import atomic_database, tables_from_file_views
     from citycube.errors import ReleaseNotFoundError
 
     if not release.duckdb_file.exists():
@@ -97,4 +100,6 @@ def publish_task_tables(release: Release, task: str, tables: Mapping[str, pa.Tab
     names = tuple(tables)
     write_agent_tables(folder, tables, names)
     with atomic_database(release.duckdb_file, copy=True) as con:
-        return create_agent_views(con, folder, names)
+        created = create_agent_views(con, folder, names)
+        tables_from_file_views(con)
+        return created

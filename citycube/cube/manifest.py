@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from citycube.catalogue.modalities import Catalogue
 from citycube.catalogue.versions import ENGINE_VERSION, modality_code_version
@@ -32,6 +32,9 @@ from citycube.cube.release import Release
 from citycube.errors import ReleaseNotFoundError
 from citycube.io.atomic import write_text_atomic
 from citycube.io.digest import WRITTEN_DIGESTS, file_sha256, file_state
+
+if TYPE_CHECKING:
+    import duckdb
 
 MANIFEST_FILE = "manifest.json"
 """The manifest's name in the release directory."""
@@ -184,11 +187,7 @@ def database_definitions(release: Release) -> dict[str, Any]:
         for schema, name in con.execute(
             "SELECT schema_name, table_name FROM duckdb_tables() WHERE NOT internal"
         ).fetchall():
-            cursor = con.execute(f"SELECT * FROM {_quoted(schema)}.{_quoted(name)} ORDER BY ALL")
-            columns = [d[0] for d in cursor.description or ()]
-            rows = cursor.fetchall()
-            text = json.dumps([columns, rows], default=str)
-            tables[named(schema, name)] = {"rows": len(rows), "sha256": digest(text)}
+            tables[named(schema, name)] = _table_digest(con, f"{_quoted(schema)}.{_quoted(name)}")
     folders = re.compile(r"'(/[^']*/releases/" + re.escape(release.version) + r")/")
     elsewhere = {f for _, _, sql in views for f in folders.findall(sql or "")} - {root}
     return {
@@ -203,6 +202,36 @@ def database_definitions(release: Release) -> dict[str, Any]:
         },
         "tables": dict(sorted(tables.items())),
     }
+
+
+LARGE_TABLE_ROWS = 20_000
+"""Tables with more rows are digested inside DuckDB (:func:`_table_digest`)."""
+
+
+def _table_digest(con: duckdb.DuckDBPyConnection, table: str) -> dict[str, Any]:
+    """A table's row count and SHA-256, whatever order its rows are stored in.
+
+    A small table's sorted rows are hashed as JSON. A large one (the observations, the chip
+    index: millions of rows for the whole calendar) would not fit in memory as Python objects,
+    so DuckDB sums the MD5 of each row's text in both halves, and those sums are hashed with
+    the column names and types: a changed, added or dropped row changes them.
+    """
+    import hashlib
+
+    (count,) = con.execute(f"SELECT count(*) FROM {table}").fetchone() or (0,)
+    if count <= LARGE_TABLE_ROWS:
+        cursor = con.execute(f"SELECT * FROM {table} ORDER BY ALL")
+        columns = [d[0] for d in cursor.description or ()]
+        rows = cursor.fetchall()
+        text = json.dumps([columns, rows], default=str)
+    else:
+        columns = con.execute(f"DESCRIBE {table}").fetchall()
+        sums = con.execute(
+            "SELECT sum(md5_number_upper(r::VARCHAR))::VARCHAR, "
+            f"sum(md5_number_lower(r::VARCHAR))::VARCHAR FROM {table} AS r"
+        ).fetchone()
+        text = json.dumps([[c[:2] for c in columns], count, sums], default=str)
+    return {"rows": count, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
 
 
 def _quoted(identifier: str) -> str:

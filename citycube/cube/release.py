@@ -9,8 +9,9 @@ tiles table and the benchmark folder), the derived results per source period and
 quick-looks into the release's draft (``.draft/``), which no reader opens, so a build that
 fails or is stopped by a check changes nothing a published release lists. Building the
 database takes a snapshot of the draft (``.snapshots/<id>/``: hard links, so no byte is
-copied) and its views read that snapshot's files by absolute path; the benchmark
-files computed from the staged database are added to its snapshot before it is published.
+copied) and copies that snapshot's rows into its own tables, so it names no file and the
+release folder can move; the benchmark files computed from the staged database are added to
+its snapshot before it is published.
 Publishing swaps one folder, ``published/``, for a hard-linked copy of the snapshot in one step
 (so a reader of the folder sees every table old or every table new, never new observations
 with the old chip index) and points ``.published`` at the snapshot. A writer only ever
@@ -176,7 +177,7 @@ class Release:
 
     @property
     def duckdb_file(self) -> Path:
-        """DuckDB database with views over the Parquet."""
+        """DuckDB database holding the published tables (copied from the Parquet)."""
         return self.root / "cube.duckdb"
 
     @property
@@ -641,7 +642,7 @@ def publish_tables(release: Release, snapshot: str) -> None:
     ``published/`` becomes a hard-linked copy of the snapshot (observations, chip index,
     tiles table, benchmark folder), swapped in whole in one step: a reader of the folder sees
     all the previous tables or all the new ones. ``.published`` records which snapshot they
-    are. The database's views read the snapshot folder itself, which no later build touches.
+    are. The database holds the snapshot's rows itself.
     The tables of a release published before ``published/`` existed, in the release folder
     itself, are removed once ``published/`` is in place.
     """
@@ -747,11 +748,24 @@ def prune_snapshots(
     return removed
 
 
-def _glob_view(con: duckdb.DuckDBPyConnection, name: str, root: Path, schema: pa.Schema) -> None:
-    """A view over the partition files under ``root`` (a snapshot's table), and only those.
+TABLE_ORDER = {
+    "observations": ("modality", "city", "tile_id", "year", "field"),
+    "chip_index": ("modality", "city", "tile_id", "year"),
+}
+"""How the partition tables are sorted in ``cube.duckdb``: by the filters readers use most (a
+modality, a city, a tile), so that each block's min/max statistics let a query skip the rest."""
 
-    The files are read by a glob, but the view keeps only the (city, year, modality)
-    partitions listed in ``published_<name>`` when the database was built.
+
+def _partition_table(
+    con: duckdb.DuckDBPyConnection, name: str, root: Path, schema: pa.Schema
+) -> None:
+    """A table ``name`` in the database holding the partition files under ``root`` (a
+    snapshot's table), and only those.
+
+    The rows are copied into the database (sorted by :data:`TABLE_ORDER`) rather than read
+    through a view over the files: a query reads DuckDB's own column blocks, and the database
+    names no path, so it answers the same after the release folder is moved or copied. The
+    (city, year, modality) partitions copied are listed in ``published_<name>``.
     """
     partitions = _partitions(root)
     published = f"published_{name}"
@@ -760,17 +774,67 @@ def _glob_view(con: duckdb.DuckDBPyConnection, name: str, root: Path, schema: pa
     con.unregister("_published")
     if partitions:
         pattern = _sql_str(str(root.resolve() / "city=*" / "year=*" / "*.parquet"))
+        order = ", ".join(TABLE_ORDER[name])
         con.execute(
-            f"CREATE VIEW {name} AS SELECT o.* FROM read_parquet({pattern}, "
+            f"CREATE TABLE {name} AS SELECT o.* FROM read_parquet({pattern}, "
             "hive_partitioning = false, union_by_name = true) AS o "
             f"SEMI JOIN {published} AS p "
-            "ON o.city = p.city AND o.year = p.year AND o.modality = p.modality"
+            "ON o.city = p.city AND o.year = p.year AND o.modality = p.modality "
+            f"ORDER BY {order}"
         )
-    else:  # a typed, empty view that stays valid after this connection closes
+    else:  # typed and empty
         types = {"string": "VARCHAR", "int16": "SMALLINT", "int32": "INTEGER"}
         types |= {"double": "DOUBLE", "bool": "BOOLEAN"}
-        columns = ", ".join(f"CAST(NULL AS {types[str(f.type)]}) AS {f.name}" for f in schema)
-        con.execute(f"CREATE VIEW {name} AS SELECT {columns} WHERE false")
+        columns = ", ".join(f"{f.name} {types[str(f.type)]}" for f in schema)
+        con.execute(f"CREATE TABLE {name} ({columns})")
+
+
+def drop_table(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    """Drop table ``name`` of the main schema if there is one (a view of that name stays): a
+    view over a file is about to replace the table an earlier build copied its rows into."""
+    found = con.execute(
+        "SELECT 1 FROM duckdb_tables() WHERE schema_name = 'main' AND table_name = ?", [name]
+    ).fetchone()
+    if found:
+        con.execute(f'DROP TABLE "{name}"')
+
+
+def create_file_view(con: duckdb.DuckDBPyConnection, name: str, path: Path) -> None:
+    """View ``name`` over the Parquet file ``path`` (replacing a table of that name an earlier
+    build copied rows into); publication turns it into a table (:func:`tables_from_file_views`).
+    ``name`` comes from code, never from a user: it must be a plain identifier."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", name):
+        raise ValueError(f"not a view name: {name!r}")
+    quoted = "'" + str(path.resolve()).replace("'", "''") + "'"
+    drop_table(con, name)
+    con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({quoted})")
+
+
+_FILE_VIEW = re.compile(r"CREATE VIEW (\w+) AS SELECT \* FROM read_parquet\('((?:[^']|'')*)'\);?")
+
+
+def tables_from_file_views(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Replace each view that reads one Parquet file whole (``SELECT * FROM read_parquet('…')``,
+    as the benchmark tasks create them) by a table holding its rows; the names replaced.
+
+    A view names its file by an absolute path, which breaks when the release folder moves;
+    a table travels with the database. Views over these (e.g. ``translation_routes`` over
+    ``translation_pairs``) keep working: DuckDB binds a view's names when it is queried.
+    """
+    views = con.execute(
+        "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND schema_name = 'main'"
+    ).fetchall()
+    replaced = []
+    for name, sql in views:
+        found = _FILE_VIEW.fullmatch((sql or "").strip())
+        if found is None or found.group(1) != name:
+            continue
+        source = found.group(2)  # a quoted literal already
+        con.execute(f"CREATE TABLE _file_view_rows AS SELECT * FROM read_parquet('{source}')")
+        con.execute(f"DROP VIEW {name}")
+        con.execute(f"ALTER TABLE _file_view_rows RENAME TO {name}")
+        replaced.append(name)
+    return replaced
 
 
 _PUBLISHED_SCHEMA = pa.schema(
@@ -810,15 +874,16 @@ def build_duckdb(
     snapshot: str | None = None,
     benchmark_views: BenchmarkViews | None = None,
 ) -> Path:
-    """(Re)build ``cube.duckdb`` (or the database at ``path``): views over one snapshot of the
-    Parquet tables plus small metadata tables.
+    """(Re)build ``cube.duckdb`` (or the database at ``path``): the rows of one snapshot of the
+    Parquet tables copied into tables (:func:`_partition_table`), plus metadata tables.
 
     Without ``snapshot``, a new one is taken of the draft (:func:`snapshot_tables`); its id is
     recorded in the ``release`` table. Building ``cube.duckdb`` itself publishes the snapshot
     too (unless it is the published one already: ``citycube views`` changes no table); a
-    database built elsewhere (the staged one) is published by :func:`publish_database`. Views
-    use absolute paths, so ``duckdb <release>/cube.duckdb`` works from any directory; after
-    moving a release, rebuild it with ``citycube views``.
+    database built elsewhere (the staged one) is published by :func:`publish_database`. The
+    database names no file (the benchmark's views over files become tables too,
+    :func:`tables_from_file_views`), so it works from any directory and after the release
+    folder is moved or copied.
     """
     path = path or release.duckdb_file
     snapshot = validate_snapshot_id(snapshot) if snapshot else snapshot_tables(release)
@@ -828,9 +893,9 @@ def build_duckdb(
     with atomic_database(path) as con:
         tiles_file = snapshot_table_path(release, snapshot, TILES_FILE)
         tiles = _sql_str(str(tiles_file.resolve()))
-        con.execute(f"CREATE VIEW tiles AS SELECT * FROM read_parquet({tiles})")
-        _glob_view(con, "observations", tables / "observations", OBSERVATION_SCHEMA)
-        _glob_view(con, "chip_index", tables / "chip_index", CHIP_INDEX_SCHEMA)
+        con.execute(f"CREATE TABLE tiles AS SELECT * FROM read_parquet({tiles}) ORDER BY tile_id")
+        _partition_table(con, "observations", tables / "observations", OBSERVATION_SCHEMA)
+        _partition_table(con, "chip_index", tables / "chip_index", CHIP_INDEX_SCHEMA)
         con.register("_modalities", catalogue_table(catalogue))
         con.execute("CREATE TABLE modalities AS SELECT * FROM _modalities")
         con.unregister("_modalities")
@@ -866,6 +931,7 @@ def build_duckdb(
         )
         if benchmark_views is not None:  # over the benchmark files already written
             benchmark_views(con, snapshot_table_path(release, snapshot, BENCHMARK_DIR))
+            tables_from_file_views(con)
     if publishing:
         publish_tables(release, snapshot)
         prune_snapshots(release)

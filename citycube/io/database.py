@@ -9,9 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from citycube.errors import CityCubeError, CorruptReleaseError, DatabaseBusyError
+from citycube.errors import (
+    CityCubeError,
+    CorruptReleaseError,
+    DatabaseBusyError,
+    ReleaseMovedError,
+)
 
 _LOCKED = ("Could not set lock", "Conflicting lock")
+_MISSING_FILES = "No files found that match the pattern"
 
 
 def database_error(path: Path, exc: Exception) -> CityCubeError:
@@ -21,6 +27,14 @@ def database_error(path: Path, exc: Exception) -> CityCubeError:
         return DatabaseBusyError(
             f"cannot open {path} ({first}): another process holds it (a `duckdb` shell or a "
             "running build); close it and run the command again"
+        )
+    if _MISSING_FILES in first:  # a view over files, written where the release was before
+        release = path.parent
+        return ReleaseMovedError(
+            f"cannot read {path} ({first}): its views read the files of the release where it was "
+            f"built, and {release} was moved or copied from there. Rebuild its views with "
+            f"`citycube --data {release.parent.parent} --release {release.name} views` "
+            "(releases built now hold their tables in the database and can move freely)"
         )
     return CorruptReleaseError(
         f"cannot read {path} ({first}): the database file is damaged, cut short or not a DuckDB "

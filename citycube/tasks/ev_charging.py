@@ -880,12 +880,13 @@ EV_VIEWS = {
 
 def create_ev_views(con: Any, folder: Path) -> list[str]:
     """Views over the EV files present now in ``folder`` (a snapshot's benchmark folder)."""
+    from citycube.cube.release import create_file_view
+
     files = EvFiles(folder)
     created = []
     for name, attribute in EV_VIEWS.items():
         path: Path = getattr(files, attribute)
         if path.exists():
-            quoted = "'" + str(path.resolve()).replace("'", "''") + "'"
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({quoted})")
+            create_file_view(con, name, path)
             created.append(name)
     return created

@@ -583,6 +583,8 @@ def write_food_access_cases(
 
 def create_food_access_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
     """Views over the food-access files present now in ``folder``; the names created."""
+    from citycube.cube.release import create_file_view
+
     files = FoodAccessFiles(folder)
     created = []
     for name, path in (
@@ -592,8 +594,7 @@ def create_food_access_views(con: duckdb.DuckDBPyConnection, folder: Path) -> li
         ("food_access_baseline_scores", files.scores),
     ):
         if path.exists():
-            quoted = "'" + str(path.resolve()).replace("'", "''") + "'"
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({quoted})")
+            create_file_view(con, name, path)
             created.append(name)
     return created
 

@@ -971,6 +971,8 @@ def write_baseline_scores(release: Release) -> tuple[pa.Table, dict[str, Path]]:
 def create_forecast_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
     """Views over the forecasting files present now in ``folder`` (a snapshot's benchmark
     folder); the names created."""
+    from citycube.cube.release import create_file_view
+
     files = ForecastFiles(folder)
     created = []
     for name, path in (
@@ -980,7 +982,6 @@ def create_forecast_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[
         ("forecast_scores", files.scores("parquet")),
     ):
         if path.exists():
-            quoted = "'" + str(path.resolve()).replace("'", "''") + "'"
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({quoted})")
+            create_file_view(con, name, path)
             created.append(name)
     return created

@@ -528,6 +528,8 @@ def write_school_cases(
 
 def create_school_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
     """Views over the school files present now in ``folder``; the names created."""
+    from citycube.cube.release import create_file_view
+
     files = SchoolFiles(folder)
     created = []
     for name, path in (
@@ -537,7 +539,6 @@ def create_school_views(con: duckdb.DuckDBPyConnection, folder: Path) -> list[st
         ("school_baseline_scores", files.scores),
     ):
         if path.exists():
-            quoted = "'" + str(path.resolve()).replace("'", "''") + "'"
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({quoted})")
+            create_file_view(con, name, path)
             created.append(name)
     return created

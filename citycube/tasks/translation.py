@@ -28,6 +28,7 @@ from citycube.cube.release import (
     Release,
     build_connection,
     build_tiles_file,
+    drop_table,
     file_metadata,
     write_json_atomic,
     write_parquet_atomic,
@@ -359,14 +360,15 @@ def create_views(con: duckdb.DuckDBPyConnection, folder: Path, order: Iterable[s
     """Views over the benchmark files present now in ``folder`` (a snapshot's benchmark
     folder); the names created.
 
-    ``translation_routes`` expands the pair index to one row per key and directed route
-    without storing them (tens of millions for the whole calendar).
+    ``translation_routes`` expands the pair index (``translation_pairs``) to one row per key
+    and directed route without storing them (tens of millions for the whole calendar).
     """
     files = BenchmarkFiles(folder)
     created = []
 
     def view(name: str, path: Path, sql: str | None = None) -> None:
         if path.exists():
+            drop_table(con, name)  # its rows copied by an earlier build
             con.execute(
                 f"CREATE OR REPLACE VIEW {name} AS "
                 + (sql or f"SELECT * FROM read_parquet({_sql_path(path)})")
@@ -381,7 +383,7 @@ def create_views(con: duckdb.DuckDBPyConnection, folder: Path, order: Iterable[s
         f"""
         WITH bits(modality, bit) AS (VALUES {bits})
         SELECT p.city, p.scale, p.tile_id, p.year, s.modality AS source, t.modality AS target
-        FROM read_parquet({_sql_path(files.pairs)}) AS p, bits AS s, bits AS t
+        FROM translation_pairs AS p, bits AS s, bits AS t
         WHERE s.modality <> t.modality
           AND p.modality_mask & s.bit <> 0 AND p.modality_mask & t.bit <> 0
         """,

@@ -12,7 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from citycube.catalogue.modalities import Catalogue
-from citycube.cube.release import Release, atomic_database, stage_benchmark
+from citycube.cube.release import (
+    Release,
+    atomic_database,
+    stage_benchmark,
+    tables_from_file_views,
+)
 from citycube.tasks.ev_charging import create_ev_views
 from citycube.tasks.food_access import create_food_access_views
 from citycube.tasks.forecast import create_forecast_views
@@ -48,12 +53,15 @@ def stage_views(release: Release, catalogue: Catalogue) -> list[str]:
     """Add the draft's benchmark files to the staged database's snapshot and their views to
     the staged database (replaced in one rename); both are published with the tables.
 
-    The database holds only views and small tables, so a copy is cheap. Without a staged
-    database (a benchmark step run on its own) nothing is staged: the files wait in the draft
-    for the next build, and no view is created.
+    The database is copied whole (one sequential copy); the views that read one file are then
+    replaced by tables of its rows (:func:`tables_from_file_views`). Without a staged database
+    (a benchmark step run on its own) nothing is staged: the files wait in the draft for the
+    next build, and no view is created.
     """
     folder = stage_benchmark(release)
     if folder is None:
         return []
     with atomic_database(release.staged_duckdb_file, copy=True) as con:
-        return create_task_views(con, folder, modality_order(catalogue))
+        created = create_task_views(con, folder, modality_order(catalogue))
+        tables_from_file_views(con)  # the rows travel with the database
+        return created
