@@ -5,8 +5,9 @@ the direct baselines."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import anyio
 import duckdb
@@ -202,11 +203,11 @@ def test_the_scripted_agent_over_mcp_reproduces_the_direct_baselines(
     assert int(direct["majority"].sum()) == 1
 
 
-def test_the_cli_serves_the_task_over_stdio_and_publishes_its_scores(release, capsys) -> None:
+def test_the_cli_serves_the_task_over_stdio_and_publishes_its_scores(release) -> None:
     """`citycube agents run --task food_access` path: a server subprocess per rule (stdio), the
     runs' scores equal the direct baseline's, published as a view that `agents show` prints."""
     from citycube.agents.views import publish_task_tables
-    from pipelines.agents import cmd_show, run_strategies
+    from pipelines.agents import run_strategies
 
     strategy = STRATEGIES[0]
     run_dirs = run_strategies(release.data_root, release, [strategy], task="food_access")
@@ -219,7 +220,8 @@ def test_the_cli_serves_the_task_over_stdio_and_publishes_its_scores(release, ca
     assert row["cell_accuracy"] == want["cell_accuracy"]
     assert publish_task_tables(release, "food_access", scores) == ["food_access_agent_scores"]
 
-    args = SimpleNamespace(data=str(release.data_root), release=release.version)
-    assert cmd_show(args) == 0
-    shown = capsys.readouterr().out
+    # a new process, as a user's: this one's earlier tests hold the old database open
+    cmd = [sys.executable, "-m", "pipelines.cli", "--data", str(release.data_root)]
+    cmd += ["--release", release.version, "agents", "show"]
+    shown = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "food_access_agent_scores:" in shown and f"food_access-scripted-{strategy}" in shown
