@@ -267,7 +267,7 @@ def run(config: BenchConfig) -> BenchResult:
         remote = _remote_reads(
             release, Path(tmp), params, history_answers["release (cube.duckdb table)"]
         )
-        log(f"    remote one-tile history: {remote['bytes']:,} bytes in {remote['requests']} requests")
+        log(f"    remote one-tile history: {remote['bytes']:,} B in {remote['requests']} requests")
         for con in cons.values():
             con.close()
     agree = all(

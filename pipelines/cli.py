@@ -724,7 +724,7 @@ def parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "example: citycube query --url https://example.org/releases/sample-0.1.0/ "
-            "\"SELECT year, field, value FROM observations WHERE tile_id = "
+            '"SELECT year, field, value FROM observations WHERE tile_id = '
             "'Amsterdam_2KM_r0_c0' AND modality = 'POP' ORDER BY year\""
         ),
     )

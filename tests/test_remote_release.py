@@ -33,7 +33,7 @@ def _served_bytes(log: Path, name: str) -> tuple[int, int]:
         time.sleep(0.3)
     sent = requests = 0
     for line in log.read_text(encoding="utf-8").splitlines() if log.exists() else []:
-        method, path, _range, _status, size, *_ = line.split()
+        _method, path, _range, _status, size, *_ = line.split()
         if path.endswith(name):
             sent += int(size)
             requests += 1
@@ -52,7 +52,8 @@ def _synthetic_release(data_root: Path) -> Release:
         cities=("Amsterdam", "Boston", "London"),
     )
     write_tiles(release)
-    build_duckdb(release, catalogue, release_metadata(release, source_set="synthetic", synthetic=True))
+    meta = release_metadata(release, source_set="synthetic", synthetic=True)
+    build_duckdb(release, catalogue, meta)
     return release
 
 
