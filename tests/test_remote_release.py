@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -118,3 +121,23 @@ def test_a_served_file_that_is_no_database_is_told_apart(
     (served / "cube.duckdb").write_bytes(b"\0" * 8192 + b"not a database")
     with pytest.raises(CorruptReleaseError, match="not with a DuckDB database"):
         open_remote_release(f"{base}/cube.duckdb")
+
+
+def test_an_extension_built_for_another_duckdb_is_named_not_loaded(tmp_path: Path) -> None:
+    """A wheel of the extension for another DuckDB version: the CLI says which to install."""
+    package = tmp_path / "duckdb_extension_httpfs"
+    (package / "extensions" / "v1.4.0").mkdir(parents=True)
+    (package / "extensions" / "v1.4.0" / "httpfs.duckdb_extension").write_bytes(b"\0" * 64)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "query", "--url", "http://127.0.0.1:9/v1/", "1"],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(repo)])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert f"[CC312] no httpfs extension for DuckDB {duckdb.__version__}" in done.stderr
+    assert "v1.4.0" in done.stderr and "Traceback" not in done.stderr
