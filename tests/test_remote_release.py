@@ -98,6 +98,8 @@ def test_the_cli_queries_a_served_release_and_says_why_it_cannot(
     assert main(["query", "--url", url, sql]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "modality\tn" and out[1].startswith("NTL\t")
+    assert main(["--data", str(served), "--release", "v1", "query", sql]) == 0
+    assert capsys.readouterr().out.splitlines() == out, "the same rows as the local release"
 
     assert main(["query", "--url", f"{base}/releases/nope/", sql]) == 2
     assert "[CC312] the server answers HTTP 404" in capsys.readouterr().err
