@@ -9,6 +9,12 @@ the layout releases had before, a view over every partition file semi-joined wit
 published partitions, is timed too. **Targets** (the whole calendar): matrix ≤ 100 ms, history
 ≤ 20 ms, each within 2× of the baseline.
 
+**Remote reads.** The release folder is then served by a loopback HTTP server with Range
+support (``tests.http_file_server``) and opened in place with
+:func:`citycube.cube.remote.open_remote_release`; the bytes the server sends for one tile's
+history (its answer checked against the local one) are reported against the size of
+``cube.duckdb`` and of the release folder.
+
 The release is a whole-calendar build named by ``CITYCUBE_QUERY_RELEASE`` (its folder, e.g.
 ``data/releases/sample-0.1.0``; it is only read), or else a synthetic one of the same size
 written by :func:`benchmarks.bench_translation.write_synthetic_observations` and published by
@@ -18,6 +24,8 @@ written by :func:`benchmarks.bench_translation.write_synthetic_observations` and
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -161,6 +169,64 @@ def _time_examples(
     return timings
 
 
+def _served_bytes(log: Path) -> tuple[int, int]:
+    """Bytes the server sent for ``cube.duckdb`` so far, and in how many requests."""
+    sent = requests = 0
+    for line in log.read_text(encoding="utf-8").splitlines() if log.exists() else []:
+        _method, path, _range, _status, size, *_ = line.split()
+        if path.endswith("/cube.duckdb"):
+            sent, requests = sent + int(size), requests + 1
+    return sent, requests
+
+
+def _remote_reads(
+    release: Path, scratch: Path, params: dict[str, Any], expected: list[tuple[Any, ...]]
+) -> dict[str, Any]:
+    """Bytes and requests one tile's history takes on the release served over loopback HTTP."""
+    from citycube.cube.remote import open_remote_release
+    from tests.processes import stop_process
+
+    log_file = scratch / "requests.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.http_file_server", str(release.parent), str(log_file)],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        started = time.perf_counter()
+        con = open_remote_release(f"http://127.0.0.1:{port}/{release.name}/")
+        open_s = time.perf_counter() - started
+        opened, open_requests = _served_bytes(log_file)
+        started = time.perf_counter()
+        answer = con.execute(HISTORY, params).fetchall()
+        query_s = time.perf_counter() - started
+        con.close()
+        total, requests = _served_bytes(log_file)
+    finally:
+        stop_process(server)
+    files = {  # by inode: the draft, snapshots and published/ share files as hard links
+        (st.st_dev, st.st_ino): st.st_size
+        for p in release.rglob("*")
+        if p.is_file() and "chips" not in p.parts
+        for st in [p.stat()]
+    }
+    folder = sum(files.values())
+    return {
+        "database_bytes": (release / "cube.duckdb").stat().st_size,
+        "folder_bytes_without_chips": folder,
+        "open_bytes": opened,
+        "open_requests": open_requests,
+        "bytes": total,
+        "requests": requests,
+        "open_s": open_s,
+        "query_s": query_s,
+        "answer_agrees": answer == expected,
+    }
+
+
 def _synthetic_release(root: Path, quick: bool) -> Path:
     """A published release of synthetic whole-calendar observations (6 years when quick)."""
     from benchmarks.bench_translation import write_synthetic_observations
@@ -202,6 +268,10 @@ def run(config: BenchConfig) -> BenchResult:
         params = {"tile": tile, "modality": HISTORY_MODALITY}
         history, history_answers = _time_interleaved(cons, HISTORY, params, runs)
         examples = _time_examples(main, params, runs)
+        remote = _remote_reads(
+            release, Path(tmp), params, history_answers["release (cube.duckdb table)"]
+        )
+        log(f"    remote one-tile history: {remote['bytes']:,} B in {remote['requests']} requests")
         for con in cons.values():
             con.close()
     agree = all(
@@ -253,6 +323,14 @@ def run(config: BenchConfig) -> BenchResult:
             f"{HISTORY_TARGET_S * 1000:.0f} ms, each ≤ {RATIO_TARGET:g}× the baseline: "
             + ("met" if met else "NOT met"),
             "answers identical across layouts: " + ("yes" if agree else "NO"),
+            "served over loopback HTTP (Range requests), opened in place: one tile's "
+            f"{HISTORY_MODALITY} history read {remote['bytes'] / 1e6:.1f} MB in "
+            f"{remote['requests']} requests (opening: {remote['open_bytes'] / 1e6:.1f} MB in "
+            f"{remote['open_requests']}), {remote['bytes'] / remote['database_bytes']:.1%} of the "
+            f"{remote['database_bytes'] / 1e6:.1f} MB cube.duckdb and "
+            f"{remote['bytes'] / remote['folder_bytes_without_chips']:.1%} of the "
+            f"{remote['folder_bytes_without_chips'] / 1e6:.1f} MB release folder (without chips); "
+            "answer identical to the local one: " + ("yes" if remote["answer_agrees"] else "NO"),
             "the querying guide's examples on the release (median ms): "
             + "; ".join(
                 f"{name} {t.median_s * 1000:.1f}" if t else f"{name}: no such table"
@@ -270,5 +348,6 @@ def run(config: BenchConfig) -> BenchResult:
             "examples": {name: t.as_dict() if t else None for name, t in examples.items()},
             "targets_met": met,
             "answers_agree": agree,
+            "remote": remote,
         },
     )

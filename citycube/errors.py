@@ -247,6 +247,13 @@ class ReleaseMovedError(CityCubeError):
     code = "CC311"
 
 
+class RemoteReleaseError(CityCubeError):
+    """A release served over HTTP(S) cannot be opened: the server is unreachable or has no
+    ``cube.duckdb`` there, or DuckDB's ``httpfs`` extension for this DuckDB is not installed."""
+
+    code = "CC312"
+
+
 class BuildBusyError(CityCubeError):
     """Another build is building the same release, or drives the same Dagster instance."""
 

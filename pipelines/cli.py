@@ -428,6 +428,43 @@ def summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def query(args: argparse.Namespace) -> int:
+    """Run one SQL query on a release, local or served over HTTP(S), and print its rows."""
+    import duckdb
+
+    from citycube.cube.release import Release
+    from citycube.cube.remote import open_remote_release
+    from citycube.io.database import database_error
+
+    if args.url:
+        con = open_remote_release(args.url)
+        where = args.url
+    else:
+        path = Release(Path(args.data).resolve(), args.release).duckdb_file
+        if not path.exists():
+            print(f"no database at {path}; run `make run` first", file=sys.stderr)
+            return 2
+        try:
+            con = duckdb.connect(str(path), read_only=True)
+        except duckdb.Error as exc:
+            raise database_error(path, exc) from None
+        where = str(path)
+    try:
+        result = con.execute(args.sql)
+        names = [c[0] for c in result.description or []]
+        rows = result.fetchall()
+    except duckdb.Error as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"error: the query failed on {where}: {first}", file=sys.stderr)
+        return 2
+    finally:
+        con.close()
+    print("\t".join(names))
+    for row in rows:
+        print("\t".join("" if v is None else str(v) for v in row))
+    return 0
+
+
 def verify(args: argparse.Namespace) -> int:
     """Recompute every file's SHA-256 and compare with the release's manifest."""
     from citycube.cube.manifest import verify_release
@@ -675,6 +712,28 @@ def parser() -> argparse.ArgumentParser:
     v.set_defaults(func=views)
     s = sub.add_parser("summary", help="print a DuckDB summary of a release")
     s.set_defaults(func=summary)
+    q = sub.add_parser(
+        "query",
+        help="run one read-only SQL query on a release, local or served over HTTP(S) (--url)",
+        description=(
+            "Run SQL on a release's cube.duckdb, read-only, and print the rows tab-separated "
+            "with a header line. Without --url the release is --release under --data. With "
+            "--url the release is read where it is served (a web server or object store that "
+            "answers HTTP Range requests): DuckDB's httpfs extension fetches only the blocks the "
+            "query touches, so a one-tile query reads a small part of the database."
+        ),
+        epilog=(
+            "example: citycube query --url https://example.org/releases/sample-0.1.0/ "
+            '"SELECT year, field, value FROM observations WHERE tile_id = '
+            "'Amsterdam_2KM_r0_c0' AND modality = 'POP' ORDER BY year\""
+        ),
+    )
+    q.add_argument(
+        "--url",
+        help="URL of a served release folder (…/releases/<version>/) or of its cube.duckdb",
+    )
+    q.add_argument("sql", help="the query: tables and views as in `citycube releases --open`")
+    q.set_defaults(func=query)
     vf = sub.add_parser(
         "verify",
         help="check every file of a release against its manifest (SHA-256); exit 1 if not",
