@@ -21,7 +21,6 @@ the tools never read.
 from __future__ import annotations
 
 import ast
-import io
 import json
 import math
 import operator
@@ -31,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow.parquet as pq
 
 from citycube.agents.cases import Case, CaseView
+from citycube.agents.cube_tools import CubeAssetTools
 from citycube.agents.session import ToolResult, ToolSession
 from citycube.agents.trajectory import canonical_json
 from citycube.errors import AgentCaseError, EvSubmissionError
@@ -78,8 +77,6 @@ QUESTION = (
     "Missing values are unknown, not zero."
 )
 """The case question (App. D's EV prompt, its task part)."""
-MAX_ROWS = 5_000
-"""Most rows one read_table returns."""
 EVIDENCE_PATTERN = re.compile(r"evidence-[0-9]{4,}")
 """A citable evidence id."""
 
@@ -173,19 +170,6 @@ def _text(value: Any) -> Any:
     if isinstance(value, str):
         return PERIOD_TEXT.sub(lambda m: f"period {int(m.group(1)) - 1}", value)
     return value
-
-
-def parse_asset_id(asset_id: Any) -> tuple[str, str]:
-    """``"HEAT/table"`` → (``HEAT``, ``table``), or a clear error."""
-    if not isinstance(asset_id, str) or asset_id.count("/") != 1:
-        raise AgentCaseError(
-            f"asset id {asset_id!r} is not of the form MODALITY/table or MODALITY/raster: "
-            "take ids from list_assets"
-        )
-    modality, kind = asset_id.split("/")
-    if kind not in ("table", "raster"):
-        raise AgentCaseError(f"asset id {asset_id!r}: the kind must be 'table' or 'raster'")
-    return modality, kind
 
 
 # ------------------------------------------------------------------------------ calculate
@@ -336,8 +320,10 @@ def validate_ev_submission(answer: Mapping[str, Any], citable: set[str]) -> EvSu
 # ------------------------------------------------------------------------------ session
 
 
-class EvSession(ToolSession):
+class EvSession(CubeAssetTools, ToolSession):
     """One EV charging case being solved with App. D's nine tools."""
+
+    raster_std = False
 
     def __init__(
         self,
@@ -397,42 +383,28 @@ class EvSession(ToolSession):
                 "periods_available": [-2],
             }
         ]
-        for entry in self.view.table_assets():
-            code = entry["modality"]
-            assets.append(
-                {
-                    "asset_id": f"{code}/table",
-                    "modality": code,
-                    "name": self.catalogue.get(code).name,
-                    "kind": "table",
-                    "fields": [{**f, "unit": _text(f["unit"])} for f in entry["fields"]],
-                    "periods_available": [_to_ev(p) for p in entry["periods"]],
-                }
-            )
-        for code, periods in self.view.chip_periods().items():
-            assets.append(
-                {
-                    "asset_id": f"{code}/raster",
-                    "modality": code,
-                    "name": self.catalogue.get(code).name,
-                    "kind": "raster",
-                    "periods_available": [_to_ev(p) for p in periods],
-                }
-            )
+        assets += self._cube_assets()
         return ToolResult({"evidence_id": evidence, "assets": assets})
 
-    def _tool_read_table(
+    def _period_out(self, period: Any) -> Any:
+        return _to_ev(period)
+
+    def _period_in(self, period: Any) -> int:
+        return _from_ev(period)
+
+    def _fields_out(self, fields: Any) -> Any:
+        return [{**f, "unit": _text(f["unit"])} for f in fields]
+
+    def _band_name(self, band: str) -> str | None:
+        return _text(band)
+
+    def _table_rows(
         self,
-        evidence: str,
-        asset_id: str,
-        tiles: Sequence[str] | None = None,
-        fields: Sequence[str] | None = None,
-        periods: Sequence[int] | None = None,
-        limit: int = MAX_ROWS,
-    ) -> ToolResult:
-        modality, kind = parse_asset_id(asset_id)
-        if kind != "table":
-            raise AgentCaseError(f"{asset_id} is a raster: use describe_raster or view_raster")
+        modality: str,
+        tiles: Sequence[str] | None,
+        fields: Sequence[str] | None,
+        periods: Sequence[int] | None,
+    ) -> list[dict[str, Any]]:
         asked = None if periods is None else [_from_ev(p) for p in periods]
         rows = []
         for row in self.view.rows(modality, tiles, fields, asked):
@@ -440,84 +412,7 @@ class EvSession(ToolSession):
             row["period"] = _to_ev(row["period"])
             row["source_period"] = _to_ev(row["source_period"])
             rows.append(row)
-        limit = max(1, min(int(limit), MAX_ROWS))
-        return ToolResult(
-            {
-                "evidence_id": evidence,
-                "asset_id": asset_id,
-                "rows": rows[:limit],
-                "row_count": len(rows),
-                "truncated": len(rows) > limit,
-            }
-        )
-
-    def _raster(self, asset_id: str, period: Any, tile_id: str | None) -> tuple[Any, ...]:
-        from citycube.tasks.loader import chip_group
-
-        modality, kind = parse_asset_id(asset_id)
-        if kind != "raster":
-            raise AgentCaseError(f"{asset_id} is a table: use read_table")
-        chip = self.view.chip(modality, _from_ev(period), tile_id)
-        group = chip_group(str(self.release_root / chip.store))
-        r, c, h, w = chip.row_off, chip.col_off, chip.height, chip.width
-        values = np.asarray(group["data"][:, r : r + h, c : c + w])
-        valid = np.asarray(group["valid"][r : r + h, c : c + w]).astype(bool)
-        bands = [_text(str(b)) for b in np.asarray(group["band"][:])]
-        return self.catalogue.get(modality), chip, bands, values, valid
-
-    def _tool_describe_raster(
-        self, evidence: str, asset_id: str, period: int, tile_id: str | None = None
-    ) -> ToolResult:
-        spec, chip, bands, values, valid = self._raster(asset_id, period, tile_id)
-        stats = []
-        for name, band in zip(bands, values, strict=True):
-            x = band[valid].astype(np.float64)
-            x = x[np.isfinite(x)]
-            summary = (
-                {"min": float(x.min()), "max": float(x.max()), "mean": float(x.mean())}
-                if x.size
-                else {"min": None, "max": None, "mean": None}
-            )
-            stats.append({"band": name, "valid_pixels": int(x.size), **summary})
-        return ToolResult(
-            {
-                "evidence_id": evidence,
-                "asset_id": asset_id,
-                "tile_id": tile_id or self.case.tile_id,
-                "period": int(period),
-                "source_period": _to_ev(chip.source_period),
-                "kind": spec.kind.value,
-                "shape": [int(s) for s in values.shape],
-                "resolution_m": chip.resolution_m,
-                "valid_fraction": chip.valid_fraction,
-                "available": chip.available,
-                "bands": stats,
-            }
-        )
-
-    def _tool_view_raster(
-        self, evidence: str, asset_id: str, period: int, tile_id: str | None = None
-    ) -> ToolResult:
-        from PIL import Image
-
-        from citycube.reports.render import render_chip
-
-        spec, _chip, _bands, values, valid = self._raster(asset_id, period, tile_id)
-        rgba = render_chip(spec, self.catalogue, values, valid)
-        buffer = io.BytesIO()
-        Image.fromarray(rgba, mode="RGBA").save(buffer, format="PNG")
-        return ToolResult(
-            {
-                "evidence_id": evidence,
-                "asset_id": asset_id,
-                "tile_id": tile_id or self.case.tile_id,
-                "period": int(period),
-                "width": int(rgba.shape[1]),
-                "height": int(rgba.shape[0]),
-                "format": "png",
-            },
-            image=buffer.getvalue(),
-        )
+        return rows
 
     def _tool_inspect_baseline(self, evidence: str) -> ToolResult:
         import pyarrow.compute as pc

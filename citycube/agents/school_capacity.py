@@ -15,7 +15,6 @@ never reach a tool.
 from __future__ import annotations
 
 import ast
-import io
 import json
 import math
 import operator
@@ -29,6 +28,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from citycube.agents.cases import OBSERVATION_COLUMNS, YEAR_PATTERN
+from citycube.agents.cube_tools import CubeAssetTools
 from citycube.agents.session import ToolResult, ToolSession
 from citycube.agents.trajectory import canonical_json
 from citycube.errors import AgentCaseError, SchoolCasesError, SchoolPlanError
@@ -59,8 +59,6 @@ CUTOFF_YEAR = HISTORY_YEARS[-1]
 """The last calendar year of urban data a case may see (period 0): server side only."""
 URBAN_PERIODS = 10
 """Urban data reach back this many years before period 0."""
-MAX_ROWS = 5_000
-"""Most rows one read_table returns."""
 SOURCE_LABEL = "Department for Education, School capacity (school level)"
 """How the history's source is named; a synthetic reference says so."""
 EVIDENCE = re.compile(r"evidence-[0-9]{4,}")
@@ -375,7 +373,7 @@ def calculate(expression: Any) -> float:
 # ------------------------------------------------------------------------------ session
 
 
-class SchoolSession(ToolSession):
+class SchoolSession(CubeAssetTools, ToolSession):
     """One school case being solved with the eight tools."""
 
     def __init__(
@@ -420,137 +418,30 @@ class SchoolSession(ToolSession):
         return ToolResult({"evidence_id": evidence, "city": self.case.city, "modalities": out})
 
     def _tool_list_assets(self, evidence: str) -> ToolResult:
-        assets: list[dict[str, Any]] = []
-        for entry in self.view.table_assets():
-            code = entry["modality"]
-            assets.append(
-                {
-                    "asset_id": f"{code}/table",
-                    "modality": code,
-                    "name": self.catalogue.get(code).name,
-                    "kind": "table",
-                    "fields": entry["fields"],
-                    "periods_available": entry["periods"],
-                }
-            )
-        for code, periods in self.view.chip_periods().items():
-            assets.append(
-                {
-                    "asset_id": f"{code}/raster",
-                    "modality": code,
-                    "name": self.catalogue.get(code).name,
-                    "kind": "raster",
-                    "periods_available": periods,
-                }
-            )
         return ToolResult(
             {
                 "evidence_id": evidence,
                 "tile_id": self.case.tile_id,
-                "assets": assets,
+                "assets": self._cube_assets(),
                 "note": "a 2 km tile is not the school's catchment",
             }
         )
 
-    def _tool_read_table(
-        self,
-        evidence: str,
-        asset_id: str,
-        tiles: Sequence[str] | None = None,
-        fields: Sequence[str] | None = None,
-        periods: Sequence[int] | None = None,
-        limit: int = MAX_ROWS,
-    ) -> ToolResult:
-        from citycube.agents.tools import parse_asset_id
+    def _band_name(self, band: str) -> str | None:
+        return hide_years(band)
 
-        modality, kind = parse_asset_id(asset_id)
-        if kind != "table":
-            raise AgentCaseError(f"{asset_id} is a raster: use describe_raster or view_raster")
-        rows = self.view.rows(modality, tiles, fields, periods)
-        limit = max(1, min(int(limit), MAX_ROWS))
-        return ToolResult(
-            {
-                "evidence_id": evidence,
-                "asset_id": asset_id,
-                "rows": rows[:limit],
-                "row_count": len(rows),
-                "truncated": len(rows) > limit,
-            }
-        )
-
-    def _raster(self, asset_id: str, period: int, tile_id: str | None) -> tuple[Any, ...]:
-        from citycube.agents.tools import parse_asset_id
-        from citycube.tasks.loader import chip_group
-
-        modality, kind = parse_asset_id(asset_id)
-        if kind != "raster":
-            raise AgentCaseError(f"{asset_id} is a table: use read_table")
+    def _chip(self, modality: str, period: Any, tile_id: str | None) -> tuple[str, tuple, Any]:
         store, r, c, h, w, res, vf, ok, sy = self.view.chip(modality, int(period), tile_id)
-        group = chip_group(str(self.release_root / store))
-        values = np.asarray(group["data"][:, r : r + h, c : c + w])
-        valid = np.asarray(group["valid"][r : r + h, c : c + w]).astype(bool)
-        bands = [hide_years(str(b)) for b in np.asarray(group["band"][:])]
         meta = {
             "resolution_m": float(res),
             "valid_fraction": float(vf),
             "available": bool(ok),
             "source_period": None if sy is None else self.case.period(sy),
         }
-        return self.catalogue.get(modality), meta, bands, values, valid
+        return store, (r, c, h, w), meta
 
-    def _tool_describe_raster(
-        self, evidence: str, asset_id: str, period: int, tile_id: str | None = None
-    ) -> ToolResult:
-        spec, meta, bands, values, valid = self._raster(asset_id, period, tile_id)
-        stats = []
-        for name, band in zip(bands, values, strict=True):
-            x = band[valid].astype(np.float64)
-            x = x[np.isfinite(x)]
-            summary: dict[str, Any] = {"min": None, "max": None, "mean": None, "std": None}
-            if x.size:
-                summary = {
-                    "min": float(x.min()),
-                    "max": float(x.max()),
-                    "mean": float(x.mean()),
-                    "std": float(x.std()),
-                }
-            stats.append({"band": name, "valid_pixels": int(x.size), **summary})
-        return ToolResult(
-            {
-                "evidence_id": evidence,
-                "asset_id": asset_id,
-                "tile_id": tile_id or self.case.tile_id,
-                "period": int(period),
-                "kind": spec.kind.value,
-                "shape": [int(s) for s in values.shape],
-                **meta,
-                "bands": stats,
-            }
-        )
-
-    def _tool_view_raster(
-        self, evidence: str, asset_id: str, period: int, tile_id: str | None = None
-    ) -> ToolResult:
-        from PIL import Image
-
-        from citycube.reports.render import render_chip
-
-        spec, _meta, _bands, values, valid = self._raster(asset_id, period, tile_id)
-        rgba = render_chip(spec, self.catalogue, values, valid)
-        buffer = io.BytesIO()
-        Image.fromarray(rgba, mode="RGBA").save(buffer, format="PNG")
-        return ToolResult(
-            {
-                "evidence_id": evidence,
-                "asset_id": asset_id,
-                "tile_id": tile_id or self.case.tile_id,
-                "period": int(period),
-                "width": int(rgba.shape[1]),
-                "height": int(rgba.shape[0]),
-                "format": "png",
-            },
-            image=buffer.getvalue(),
-        )
+    def _raster_facts(self, spec: Any, chip: Any, values: np.ndarray) -> dict[str, Any]:
+        return {"kind": spec.kind.value, "shape": [int(s) for s in values.shape], **chip}
 
     def _tool_calculate(self, evidence: str, expression: str) -> ToolResult:
         return ToolResult(

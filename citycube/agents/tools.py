@@ -13,7 +13,6 @@ summary-statistics and time-series-diagnostics tools that Earth-Agent's adapter 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -24,6 +23,7 @@ import numpy as np
 
 from citycube.agents import analysis
 from citycube.agents.cases import Case, CaseView, hide_years
+from citycube.agents.cube_tools import CubeAssetTools, parse_asset_id
 from citycube.agents.session import (
     ToolResult,
     ToolSession,
@@ -57,24 +57,9 @@ PROFILES: dict[str, tuple[str, ...]] = {
 """Tool profiles by name."""
 UNCOUNTED = ("submit_answer",)
 """Calls not counted as tool use (App. 10.4.1 leaves the submission out)."""
-MAX_ROWS = 5_000
-"""Most rows one read_table returns (the rest is reported as truncated)."""
 
 
-def parse_asset_id(asset_id: Any) -> tuple[str, str]:
-    """``"HEAT/table"`` → (``HEAT``, ``table``), or a clear error."""
-    if not isinstance(asset_id, str) or asset_id.count("/") != 1:
-        raise AgentCaseError(
-            f"asset id {asset_id!r} is not of the form MODALITY/table or MODALITY/raster: "
-            "take ids from list_assets"
-        )
-    modality, kind = asset_id.split("/")
-    if kind not in ("table", "raster"):
-        raise AgentCaseError(f"asset id {asset_id!r}: the kind must be 'table' or 'raster'")
-    return modality, kind
-
-
-class CaseSession(ToolSession):
+class CaseSession(CubeAssetTools, ToolSession):
     """One forecasting case being solved: the profile's tools over a :class:`CaseView`."""
 
     def __init__(
@@ -110,140 +95,18 @@ class CaseSession(ToolSession):
 
     def _tool_list_assets(self, evidence: str) -> ToolResult:
         view, tile = self.view, self.case.tile_id
-        assets: list[dict[str, Any]] = []
-        for entry in view.table_assets():
-            code = entry["modality"]
-            assets.append(
-                {
-                    "asset_id": f"{code}/table",
-                    "modality": code,
-                    "name": self.catalogue.get(code).name,
-                    "kind": "table",
-                    "fields": entry["fields"],
-                    "periods_available": entry["periods"],
-                }
-            )
-        for code, periods in view.chip_periods().items():
-            assets.append(
-                {
-                    "asset_id": f"{code}/raster",
-                    "modality": code,
-                    "name": self.catalogue.get(code).name,
-                    "kind": "raster",
-                    "periods_available": periods,
-                }
-            )
         return ToolResult(
             {
                 "evidence_id": evidence,
                 "case": self.case.message(),
-                "assets": assets,
+                "assets": self._cube_assets(),
                 "neighbour_tiles": neighbours(tile, view.tiles),
                 "city_tiles": len(view.tiles),
             }
         )
 
-    def _tool_read_table(
-        self,
-        evidence: str,
-        asset_id: str,
-        tiles: Sequence[str] | None = None,
-        fields: Sequence[str] | None = None,
-        periods: Sequence[int] | None = None,
-        limit: int = MAX_ROWS,
-    ) -> ToolResult:
-        modality, kind = parse_asset_id(asset_id)
-        if kind != "table":
-            raise AgentCaseError(f"{asset_id} is a raster: use describe_raster or view_raster")
-        rows = self.view.rows(modality, tiles, fields, periods)
-        limit = max(1, min(int(limit), MAX_ROWS))
-        return ToolResult(
-            {
-                "evidence_id": evidence,
-                "asset_id": asset_id,
-                "rows": rows[:limit],
-                "row_count": len(rows),
-                "truncated": len(rows) > limit,
-            }
-        )
-
-    def _raster(self, asset_id: str, period: int, tile_id: str | None) -> tuple[Any, ...]:
-        from citycube.tasks.loader import chip_group
-
-        modality, kind = parse_asset_id(asset_id)
-        if kind != "raster":
-            raise AgentCaseError(f"{asset_id} is a table: use read_table")
-        chip = self.view.chip(modality, int(period), tile_id)
-        group = chip_group(str(self.release_root / chip.store))
-        r, c, h, w = chip.row_off, chip.col_off, chip.height, chip.width
-        values = np.asarray(group["data"][:, r : r + h, c : c + w])
-        valid = np.asarray(group["valid"][r : r + h, c : c + w]).astype(bool)
-        bands = [hide_years(str(b), self.case) for b in np.asarray(group["band"][:])]
-        return self.catalogue.get(modality), chip, bands, values, valid
-
-    def _tool_describe_raster(
-        self, evidence: str, asset_id: str, period: int, tile_id: str | None = None
-    ) -> ToolResult:
-        spec, chip, bands, values, valid = self._raster(asset_id, period, tile_id)
-        stats = []
-        for name, band in zip(bands, values, strict=True):
-            x = band[valid].astype(np.float64)
-            x = x[np.isfinite(x)]
-            stats.append(
-                {
-                    "band": name,
-                    "valid_pixels": int(x.size),
-                    **(
-                        {
-                            "min": float(x.min()),
-                            "max": float(x.max()),
-                            "mean": float(x.mean()),
-                            "std": float(x.std()),
-                        }
-                        if x.size
-                        else {"min": None, "max": None, "mean": None, "std": None}
-                    ),
-                }
-            )
-        return ToolResult(
-            {
-                "evidence_id": evidence,
-                "asset_id": asset_id,
-                "tile_id": tile_id or self.case.tile_id,
-                "period": int(period),
-                "source_period": chip.source_period,
-                "kind": spec.kind.value,
-                "shape": [int(values.shape[0]), int(values.shape[1]), int(values.shape[2])],
-                "resolution_m": chip.resolution_m,
-                "valid_fraction": chip.valid_fraction,
-                "available": chip.available,
-                "bands": stats,
-            }
-        )
-
-    def _tool_view_raster(
-        self, evidence: str, asset_id: str, period: int, tile_id: str | None = None
-    ) -> ToolResult:
-        from PIL import Image
-
-        from citycube.reports.render import render_chip
-
-        spec, _chip, _bands, values, valid = self._raster(asset_id, period, tile_id)
-        rgba = render_chip(spec, self.catalogue, values, valid)
-        buffer = io.BytesIO()
-        Image.fromarray(rgba, mode="RGBA").save(buffer, format="PNG")
-        return ToolResult(
-            {
-                "evidence_id": evidence,
-                "asset_id": asset_id,
-                "tile_id": tile_id or self.case.tile_id,
-                "period": int(period),
-                "width": int(rgba.shape[1]),
-                "height": int(rgba.shape[0]),
-                "format": "png",
-            },
-            image=buffer.getvalue(),
-        )
+    def _band_name(self, band: str) -> str | None:
+        return hide_years(band, self.case)
 
     def _tool_materialize_asset(
         self,
