@@ -142,6 +142,31 @@ OBSERVATION_COLUMNS = (
 )
 
 
+def observation_query(
+    guard: str,
+    guard_params: Sequence[Any],
+    modality: str,
+    tiles: Sequence[str],
+    years: Sequence[int],
+    fields: Sequence[str] | None,
+) -> tuple[str, list[Any]]:
+    """The SQL and parameters of a view's observation rows: ``guard`` (a task's leakage guard,
+    its parameters first) and one modality, tiles, years and optionally fields, ordered."""
+    # IN lists of parameters (not list_contains) so DuckDB can prune row groups by tile
+    sql = (
+        f"SELECT {OBSERVATION_COLUMNS} FROM observations WHERE {guard} AND modality = ? "
+        f"AND tile_id IN ({', '.join('?' * len(tiles))}) "
+        f"AND year IN ({', '.join('?' * len(years))})"
+    )
+    params = [*guard_params, modality, *tiles, *years]
+    if fields:
+        names = [str(f) for f in fields]
+        sql += f" AND field IN ({', '.join('?' * len(names))})"
+        params += names
+    sql += " ORDER BY scale, tile_id, field, year"
+    return sql, params
+
+
 @dataclass(frozen=True)
 class Chip:
     """Where one tile's chip of one period is (server side: the store path names a year)."""
@@ -228,18 +253,7 @@ class CaseView:
             )
         years = [self.case.origin_year + p for p in _known_periods(periods)]
         wanted = self.check_tiles(tiles)
-        # IN lists of parameters (not list_contains) so DuckDB can prune row groups by tile
-        sql = (
-            f"SELECT {OBSERVATION_COLUMNS} FROM observations WHERE {GUARD} AND modality = ? "
-            f"AND tile_id IN ({', '.join('?' * len(wanted))}) "
-            f"AND year IN ({', '.join('?' * len(years))})"
-        )
-        params = [*self.guard(), modality, *wanted, *years]
-        if fields:
-            names = [str(f) for f in fields]
-            sql += f" AND field IN ({', '.join('?' * len(names))})"
-            params += names
-        sql += " ORDER BY scale, tile_id, field, year"
+        sql, params = observation_query(GUARD, self.guard(), modality, wanted, years, fields)
         return [self._row(r) for r in self.con.execute(sql, params).fetchall()]
 
     def table_assets(self) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from citycube.agents.cases import OBSERVATION_COLUMNS, YEAR_PATTERN
+from citycube.agents.cases import YEAR_PATTERN, observation_query
 from citycube.agents.cube_tools import CubeAssetTools
 from citycube.agents.session import ToolResult, ToolSession
 from citycube.agents.trajectory import canonical_json
@@ -205,17 +205,7 @@ class UrbanView:
                 f"modality {modality!r} has no data for this case: list_modalities names them"
             )
         years, wanted = self.periods(periods), self.tiles(tiles)
-        sql = (
-            f"SELECT {OBSERVATION_COLUMNS} FROM observations WHERE {GUARD} AND modality = ? "
-            f"AND tile_id IN ({', '.join('?' * len(wanted))}) "
-            f"AND year IN ({', '.join('?' * len(years))})"
-        )
-        params = [*self.guard(), modality, *wanted, *years]
-        if fields:
-            names = [str(f) for f in fields]
-            sql += f" AND field IN ({', '.join('?' * len(names))})"
-            params += names
-        sql += " ORDER BY scale, tile_id, field, year"
+        sql, params = observation_query(GUARD, self.guard(), modality, wanted, years, fields)
         out = []
         for (
             tile,
