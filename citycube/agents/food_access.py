@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from citycube.agents.session import ToolResult, ToolSession
+from citycube.agents.session import CaseRun, ToolResult, ToolSession
 from citycube.agents.trajectory import canonical_json
 from citycube.errors import AgentCaseError, FoodAccessSubmissionError
 from citycube.tasks.food_access import CELL_NAMES, CELLS, CUTOFF, LABELS, FoodAccessFiles
@@ -545,9 +545,11 @@ def validate_predictions(
     return {"predictions": out, "limitations": limitations}
 
 
-class FoodAccessRun:
+class FoodAccessRun(CaseRun):
     """A run of one agent over a release's food-access cases, one case open at a time, each in
     ``run_dir/cases/<case_id>/`` (trajectory, submission, workspace)."""
+
+    case_word = "id"
 
     def __init__(
         self,
@@ -593,18 +595,6 @@ class FoodAccessRun:
             self.run_dir / "cases" / case_key,
         )
         return self.cases[case_key].message()
-
-    def call(self, tool: str, arguments: Mapping[str, Any] | None = None) -> ToolResult:
-        """A tool call on the open case."""
-        if self.session is None:
-            raise AgentCaseError("no case is open: call start_case with an id from list_cases")
-        return self.session.call(tool, arguments)
-
-    def close(self) -> None:
-        """Close the open case's trajectory."""
-        if self.session is not None:
-            self.session.close()
-            self.session = None
 
 
 def open_food_run(release: Release, run_dir: Path, *, agent: str) -> FoodAccessRun:

@@ -19,7 +19,7 @@ import json
 import math
 import operator
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from citycube.agents.cases import YEAR_PATTERN, observation_query
 from citycube.agents.cube_tools import CubeAssetTools
-from citycube.agents.session import ToolResult, ToolSession
+from citycube.agents.session import CaseRun, ToolResult, ToolSession
 from citycube.agents.trajectory import canonical_json
 from citycube.errors import AgentCaseError, SchoolCasesError, SchoolPlanError
 from citycube.tasks.school_capacity import HISTORY_YEARS, SchoolFiles
@@ -514,7 +514,7 @@ def validate_plan(
     }
 
 
-class SchoolRun:
+class SchoolRun(CaseRun):
     """A run of one agent over a release's school cases (``cases/<case_key>/`` per case)."""
 
     def __init__(self, release: Release, run_dir: Path, *, agent: str) -> None:
@@ -573,15 +573,3 @@ class SchoolRun:
             self.shared,
         )
         return case.message()
-
-    def call(self, tool: str, arguments: Mapping[str, Any] | None = None) -> ToolResult:
-        """A tool call on the open case."""
-        if self.session is None:
-            raise AgentCaseError("no case is open: call start_case with a key from list_cases")
-        return self.session.call(tool, arguments)
-
-    def close(self) -> None:
-        """Close the open case's trajectory."""
-        if self.session is not None:
-            self.session.close()
-            self.session = None

@@ -157,3 +157,27 @@ class ToolSession:
     def close(self) -> None:
         """Close the trajectory file."""
         self._trajectory.close()
+
+
+class CaseRun:
+    """What every task's run shares: one case open at a time (:attr:`session`), tool calls sent
+    to it, and closing it. Subclasses open cases (``start_case``) and set :attr:`session`."""
+
+    session: ToolSession | None = None
+    case_word = "key"
+    """What ``list_cases`` calls a case's name in the task's messages."""
+
+    def call(self, tool: str, arguments: Mapping[str, Any] | None = None) -> ToolResult:
+        """A tool call on the open case."""
+        if self.session is None:
+            article = "an" if self.case_word[0] in "aeiou" else "a"
+            raise AgentCaseError(
+                f"no case is open: call start_case with {article} {self.case_word} from list_cases"
+            )
+        return self.session.call(tool, arguments)
+
+    def close(self) -> None:
+        """Close the open case's trajectory."""
+        if self.session is not None:
+            self.session.close()
+            self.session = None

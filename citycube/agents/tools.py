@@ -25,6 +25,7 @@ from citycube.agents import analysis
 from citycube.agents.cases import Case, CaseView, hide_years
 from citycube.agents.cube_tools import CubeAssetTools, parse_asset_id
 from citycube.agents.session import (
+    CaseRun,
     ToolResult,
     ToolSession,
     workspace_file,
@@ -233,7 +234,7 @@ def neighbours(tile: str, tiles: Sequence[str]) -> list[str]:
 # ------------------------------------------------------------------------------ runs
 
 
-class AgentRun:
+class AgentRun(CaseRun):
     """A run of one agent over a release's cases: one case open at a time, each in its own
     folder (``cases/<case_key>/``: trajectory, submission, workspace) under ``run_dir``."""
 
@@ -292,18 +293,6 @@ class AgentRun:
         case_dir = self.run_dir / "cases" / case_key
         self.session = CaseSession(view, self.catalogue, self.release_root, case_dir, self.profile)
         return case.message()
-
-    def call(self, tool: str, arguments: Mapping[str, Any] | None = None) -> ToolResult:
-        """A tool call on the open case."""
-        if self.session is None:
-            raise AgentCaseError("no case is open: call start_case with a key from list_cases")
-        return self.session.call(tool, arguments)
-
-    def close(self) -> None:
-        """Close the open case's trajectory."""
-        if self.session is not None:
-            self.session.close()
-            self.session = None
 
 
 # ------------------------------------------------------------------------------ replay

@@ -13,7 +13,7 @@ its scores equal :func:`citycube.tasks.ev_charging.baseline_scores` exactly.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from citycube.agents.ev_charging import EV_TOOLS, UNCOUNTED, EvSession, load_ev_cases
-from citycube.agents.session import ToolResult, validate_run_name
+from citycube.agents.session import CaseRun, validate_run_name
 from citycube.errors import AgentCaseError
 from citycube.tasks.ev_charging import BASELINES, RANGES, EvFiles, range_of
 from pipelines.agents import result_json, result_text, tool_errors
@@ -50,7 +50,7 @@ INSTRUCTIONS = (
 """AgenticCity-Bench App. D's EV task prompt, with the case tools added."""
 
 
-class EvRun:
+class EvRun(CaseRun):
     """A run of one agent over a release's EV cases, one case open at a time."""
 
     def __init__(self, release: Release, run_dir: Path, agent: str) -> None:
@@ -99,17 +99,9 @@ class EvRun:
         )
         return case.message()
 
-    def call(self, tool: str, arguments: Mapping[str, Any] | None = None) -> ToolResult:
-        """A tool call on the open case."""
-        if self.session is None:
-            raise AgentCaseError("no case is open: call start_case with a key from list_cases")
-        return self.session.call(tool, arguments)
-
     def close(self) -> None:
         """Close the open case and the database."""
-        if self.session is not None:
-            self.session.close()
-            self.session = None
+        super().close()
         self.con.close()
 
 
