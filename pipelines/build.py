@@ -284,12 +284,37 @@ def backfill_phases(request: BuildRequest) -> list[tuple[str, Selection]]:
     from pipelines.selection import build_selection, is_empty, merged, source_periods_first
 
     partitions = asset_partitions()
-    keys = selected_asset_keys(request.assets)
+    left_out = set(cube_readers_left_out(request))
+    keys = [k for k in selected_asset_keys(request.assets) if k not in left_out]
     selection = build_selection(partitions, request.cities, request.years, keys)
     first, rest = source_periods_first(partitions, selection)
     if is_empty(first) or is_empty(rest):
         return [("", merged(first, rest))]
     return [("static and 5-year products", first), ("city-years and the cube", rest)]
+
+
+def cube_readers_left_out(request: BuildRequest) -> list[Any]:
+    """Selected assets that read the cube being built, left out of a build that neither builds
+    that cube nor has one: e.g. the planning tasks' sources, which fetch for the staged
+    cube's cities, in a fetch-only build (``--assets sources``). Without the cube they could
+    only fail; once it exists, the same selection takes them."""
+    if not request.assets:
+        return []
+    from assets.cube import STAGED_DATABASE_KEY
+    from citycube.cube.release import Release, build_database
+    from pipelines.definitions import defs
+
+    keys = selected_asset_keys(request.assets)
+    if STAGED_DATABASE_KEY in keys:
+        return []
+    if build_database(Release(Path(request.data_root), request.release)).exists():
+        return []
+    reads_cube = {
+        spec.key
+        for spec in defs.resolve_all_asset_specs()
+        if any(dep.asset_key == STAGED_DATABASE_KEY for dep in spec.deps)
+    }
+    return [key for key in keys if key in reads_cube]
 
 
 def asset_partitions() -> dict[Any, Any]:
@@ -781,6 +806,15 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
             driver = "daemon" if served else "build"
             partitions = asset_partitions()
             phases = backfill_phases(request)
+            waiting = cube_readers_left_out(request)
+            if waiting:
+                print(
+                    f"Left out, as they read the cube being built and there is none yet: "
+                    f"{', '.join(k.to_user_string() for k in waiting)} (build the cube first, "
+                    f"or add 'cube' to --assets).",
+                    file=out,
+                    flush=True,
+                )
             printer = ProgressPrinter(instance, out)
             backfill_id = ""
             previous: Selection = {}

@@ -77,3 +77,34 @@ def test_what_a_build_made_counts_not_what_an_earlier_build_made() -> None:
     assert unmaterialized(instance, partitions, selection, since=since) == {key: None}
     assert dg.materialize([cube_database], instance=instance).success  # this build's
     assert unmaterialized(instance, partitions, selection, since=since) == {}
+
+
+def test_a_fetch_only_build_leaves_out_the_sources_that_read_the_cube(tmp_path) -> None:
+    """`--assets sources` on a data root with no cube: the planning tasks' sources, which
+    fetch for the staged cube's cities, are left out (they could only fail); once a cube is
+    staged the same selection takes them."""
+    from assets.cube import STAGED_DATABASE_KEY
+    from assets.tasks.ev_charging import EV_SOURCE_KEY
+    from citycube.cube.release import Release
+    from pipelines.build import BuildRequest, backfill_phases, cube_readers_left_out
+
+    request = BuildRequest(
+        cities=["Boston"], years=[2020], release="r", data_root=str(tmp_path), workers=1,
+        assets=["sources"],
+    )  # fmt: skip
+    left_out = cube_readers_left_out(request)
+    assert EV_SOURCE_KEY in left_out
+    phased = {key for _, selection in backfill_phases(request) for key in selection}
+    assert phased and not phased & set(left_out)
+    assert all(key.path[0] == "sources" for key in phased)
+
+    everything = BuildRequest(**{**request.__dict__, "assets": []})
+    assert cube_readers_left_out(everything) == []  # the cube is built first, then they run
+    with_cube = BuildRequest(**{**request.__dict__, "assets": ["sources", "cube"]})
+    assert cube_readers_left_out(with_cube) == []
+    assert STAGED_DATABASE_KEY in {k for _, s in backfill_phases(with_cube) for k in s}
+
+    staged = Release(tmp_path, "r").staged_duckdb_file
+    staged.parent.mkdir(parents=True)
+    staged.touch()
+    assert cube_readers_left_out(request) == []
