@@ -27,8 +27,8 @@ from openpyxl import Workbook
 from citycube.catalogue.cities import get_city
 from citycube.errors import FoodAtlasSourceError
 from citycube.grid.tiles import city_extent
-from sources.sample.world import SYNTHETIC_NOTICE, stable_hash
 from citycube.items.protocol import SourceInfo
+from sources.sample.world import SYNTHETIC_NOTICE, stable_hash
 from sources.usda_food_atlas import (
     ADAPTER_VERSION,
     ATLAS_COLUMNS,
