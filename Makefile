@@ -65,7 +65,7 @@ lint: install
 bench: install
 	$(BIN)/python -m benchmarks.run
 
-## Write docs/performance.md from the measured results in benchmarks/results/*.json.
+## Write docs/performance.md and the querying guide's figures from benchmarks/results/*.json.
 docs: install
 	$(BIN)/python -m benchmarks.render_docs
 

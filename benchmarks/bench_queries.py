@@ -18,7 +18,9 @@ history (its answer checked against the local one) are reported against the size
 The release is a whole-calendar build named by ``CITYCUBE_QUERY_RELEASE`` (its folder, e.g.
 ``data/releases/sample-0.1.0``; it is only read), or else a synthetic one of the same size
 written by :func:`benchmarks.bench_translation.write_synthetic_observations` and published by
-:func:`citycube.cube.release.build_duckdb` (6 years with ``--quick``).
+:func:`citycube.cube.release.build_duckdb` (6 years with ``--quick``); the details record which
+(``release_kind``: ``pipeline`` or ``synthetic``) and its cities and years, and ``make docs``
+quotes them with the examples' times in the querying guide.
 """
 
 from __future__ import annotations
@@ -257,7 +259,10 @@ def run(config: BenchConfig) -> BenchResult:
             "SELECT (SELECT count(*) FROM observations), (SELECT count(*) FROM "
             "published_observations)"
         ).fetchone() or (0, 0)
-        years = main.execute("SELECT count(DISTINCT year) FROM observations").fetchone()[0]
+        years, first_year, last_year, cities = main.execute(
+            "SELECT count(DISTINCT year), min(year), max(year), count(DISTINCT city) "
+            "FROM observations"
+        ).fetchone() or (0, None, None, 0)
         tile = main.execute(
             "SELECT min(tile_id) FROM observations WHERE modality = ? AND scale = '2km'",
             [HISTORY_MODALITY],
@@ -339,6 +344,10 @@ def run(config: BenchConfig) -> BenchResult:
         ],
         details={
             "release": str(release) if named else None,
+            "release_kind": "pipeline" if named else "synthetic",
+            "cities": cities,
+            "first_year": first_year,
+            "last_year": last_year,
             "rows": rows,
             "partition_files": files,
             "years": years,

@@ -3,7 +3,6 @@ reason for Amsterdam) and the case set staged as DuckDB views with its counts.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import dagster as dg
@@ -15,6 +14,8 @@ from benchmarks.bench_translation import write_synthetic_observations
 from citycube.catalogue.modalities import load_catalogue
 from citycube.cube.release import Release, build_duckdb, release_metadata, write_tiles
 from pipelines.resources import CubeResource
+from sources.sample.food_access import SampleFoodAtlas
+from sources.usda_food_atlas import read_city
 
 CAT = load_catalogue()
 
@@ -43,12 +44,15 @@ def test_the_default_scope_fetches_boston_and_explains_amsterdam(tmp_path: Path)
             instance=instance,
         )
         assert result.success
-    items = tmp_path / "data" / "sources" / "usda_food_atlas"
-    (tag,) = [p.name for p in items.iterdir()]
+    sources = tmp_path / "data" / "sources"
+    (tag,) = [p.name for p in (sources / "usda_food_atlas").iterdir()]
     assert tag.startswith("sample-")
-    reason = json.loads((items / tag / "Amsterdam" / "unavailable.json").read_text())["reason"]
-    assert "not a US city" in reason
-    assert (items / tag / "Boston" / "food_access_tracts.parquet").is_file()
+    source = SampleFoodAtlas(0)
+    assert source.tag == tag
+    nothing, reason = read_city(source, "Amsterdam", sources)
+    assert nothing is None and reason is not None and "not a US city" in reason
+    boston, _ = read_city(source, "Boston", sources)
+    assert boston is not None and len(boston) > 0
     result = dg.materialize(
         assets, selection=[FOOD_CASES_KEY], resources=resources, instance=instance
     )

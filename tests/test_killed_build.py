@@ -193,12 +193,11 @@ def _assert_readers_see_only_whole_partitions(release: Release) -> None:
     sources = release.data_root / "sources"
     for record in sources.glob("*/*/*"):  # items are whole or absent
         if not any(part.startswith(".") for part in record.relative_to(sources).parts):
-            if (record / "unavailable.json").is_file():  # a city the source does not serve
-                assert json.loads((record / "unavailable.json").read_text())["reason"], record
-                continue
             assert (record / "_complete.json").exists(), record
     for fetched in sources.glob(".fetched/*/*/*.json"):  # fetch records: written whole
-        assert json.loads(fetched.read_text())["format"] == 1, fetched
+        outcome = json.loads(fetched.read_text())
+        assert outcome["format"] == 1, fetched
+        assert outcome["item"] is not None or outcome["missing_reason"], fetched  # or why not
     if release.duckdb_file.exists():
         with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
             con.sql("SELECT count(*) FROM observations").fetchall()

@@ -17,8 +17,6 @@ from pipelines.resources import CubeResource
 
 FOOD_SOURCE_KEY = dg.AssetKey(["sources", "usda_food_atlas"])
 FOOD_CASES_KEY = dg.AssetKey(["benchmark", "food_access_cases"])
-SOURCE_ROOT = "usda_food_atlas"
-"""Folder of the items under the data root's shared ``sources/``."""
 
 
 def _source(cube: CubeResource):
@@ -45,8 +43,8 @@ def build_food_access_assets() -> list[dg.AssetsDefinition]:
     ) -> dg.MaterializeResult:
         from sources.usda_food_atlas import fetch_city
 
-        source, root = _source(cube), cube.release().sources_dir / SOURCE_ROOT
-        done = [fetch_city(source, city, root) for city in context.partition_keys]
+        source, sources_dir = _source(cube), cube.release().sources_dir
+        done = [fetch_city(source, city, sources_dir) for city in context.partition_keys]
         return dg.MaterializeResult(metadata={"cities": dg.MetadataValue.json(done)})
 
     @dg.asset(
@@ -70,10 +68,10 @@ def build_food_access_assets() -> list[dg.AssetsDefinition]:
         with build_connection(release) as con:
             scope = [c for (c,) in con.execute(
                 "SELECT DISTINCT city FROM observations ORDER BY city").fetchall()]  # fmt: skip
-        source, root = _source(cube), release.sources_dir / SOURCE_ROOT
+        source = _source(cube)
         tracts, unavailable = {}, {}
         for city in scope:
-            frame, reason = read_city(source, city, root)
+            frame, reason = read_city(source, city, release.sources_dir)
             if frame is not None:
                 tracts[city] = frame
             else:

@@ -27,11 +27,14 @@ from openpyxl import Workbook
 from citycube.catalogue.cities import get_city
 from citycube.errors import FoodAtlasSourceError
 from citycube.grid.tiles import city_extent
+from citycube.items.protocol import SourceInfo
 from sources.sample.world import SYNTHETIC_NOTICE, stable_hash
 from sources.usda_food_atlas import (
+    ADAPTER_VERSION,
     ATLAS_COLUMNS,
     ATLAS_SHEET,
     CITY_STATES,
+    PRODUCT_ID,
     TRACT_CRS,
     FoodAtlasFiles,
     install_files,
@@ -153,6 +156,18 @@ class SampleFoodAtlas:
     def tag(self) -> str:
         """A folder name for this twin's items (generator version and seed)."""
         return f"sample-{SAMPLE_FOOD_VERSION}-seed{self.seed}"
+
+    @property
+    def info(self) -> SourceInfo:
+        """Who serves the items (the tag names generator version and seed)."""
+        return SourceInfo(
+            product_id=PRODUCT_ID,
+            source_id=self.tag,
+            version=ADAPTER_VERSION,
+            synthetic=True,
+            licence=f"{SYNTHETIC_NOTICE} (Apache-2.0)",
+            attribution="CityCube sample twin of the Food Access Research Atlas",
+        )
 
     def covers(self, city: str) -> bool:
         """Like the Atlas: US cities only."""

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import io
+import os
+import shutil
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,9 +36,18 @@ from shapely.geometry import box
 
 from citycube.errors import FoodAtlasSourceError
 from citycube.io.atomic import atomic_path, write_json_atomic
+from citycube.io.scratch import owned_name
+from citycube.items.fetched import FetchOutcome, record_outcome, recorded_outcome
+from citycube.items.protocol import SourceInfo, SourceItem
+from citycube.items.staging import StagedFiles, install_item
 from citycube.tasks.food_access import LABELS
 from sources.downloads import DownloadManager, DownloadOptions
 
+PRODUCT_ID = "usda_food_atlas"
+"""The items' folder under the sources directory, and the product their fetch records name."""
+ADAPTER_VERSION = "2"
+"""Bump when the installed files or their reading change (2: installed as complete items, a
+city not served recorded in its fetch record)."""
 ATLAS_SHEET = "Food Access Research Atlas"
 """The data sheet of the ERS workbook."""
 ATLAS_COLUMNS = ("CensusTract", "Urban", "LowIncomeTracts", "LA1and10", "LILATracts_1And10")
@@ -300,7 +311,22 @@ class FoodAtlasSource:
         import hashlib
 
         key = f"{self.options.atlas_url}|{self.options.tiger_url}"
+        if self.options.atlas_sha256:  # a pinned table is another item (tags without stay)
+            key += f"|{self.options.atlas_sha256}"
         return "ers-2019-" + hashlib.sha256(key.encode()).hexdigest()[:10]
+
+    @property
+    def info(self) -> SourceInfo:
+        """Who serves the items (the tag names the addresses), as fetch records name it."""
+        return SourceInfo(
+            product_id=PRODUCT_ID,
+            source_id=self.tag,
+            version=ADAPTER_VERSION,
+            synthetic=False,
+            licence="Public domain (U.S. Government works)",
+            attribution="USDA ERS Food Access Research Atlas 2019; U.S. Census Bureau "
+            "TIGER/Line 2019 census tracts",
+        )
 
     def covers(self, city: str) -> bool:
         """The Atlas covers US tracts only."""
@@ -353,40 +379,80 @@ def install_files(city: str, files: FoodAtlasFiles, dest: Path) -> Path:
     return write_item(frame, dest, provenance)
 
 
-UNAVAILABLE_FILE = "unavailable.json"
-"""Written instead of an item where the source does not cover a city, with the reason."""
+def item_dir(source: Any, city: str, sources_dir: Path) -> Path:
+    """Where ``city``'s item of ``source`` is installed under the sources directory."""
+    return Path(sources_dir) / PRODUCT_ID / source.tag / city
 
 
-def fetch_city(source: Any, city: str, root: Path) -> dict[str, Any]:
-    """Install ``city``'s labelled tracts under ``root/<source tag>/<city>`` (or record why the
-    source does not cover it); what was done, for the asset's metadata."""
-    from citycube.io.atomic import replace_dir_atomic
+def fetch_city(source: Any, city: str, sources_dir: Path) -> dict[str, Any]:
+    """Install ``city``'s labelled tracts (or find why the source does not cover it) and record
+    the outcome under ``sources_dir/.fetched``; what was done, for the asset's metadata.
 
-    dest = root / source.tag / city
+    The item is installed like any source item (staged, completion record last, one rename
+    replacing whatever folder was there) and is reused while its source and files are
+    unchanged. A city the source does not serve has no item: its fetch record says why, and an
+    item installed there before is removed.
+    """
+    info, final = source.info, item_dir(source, city, sources_dir)
     if not source.covers(city):
         reason = f"{city} is not a US city: the Food Access Research Atlas covers US tracts only"
-        dest.mkdir(parents=True, exist_ok=True)
-        write_json_atomic({"city": city, "reason": reason}, dest / UNAVAILABLE_FILE)
+        record_outcome(sources_dir, info, city, None, None, FetchOutcome(None, None, reason))
+        _discard(final)
         return {"city": city, "available": False, "reason": reason}
-    staging = dest.with_name(f".{city}.staging")
-    if staging.exists():
-        import shutil
+    identity = {
+        "product": PRODUCT_ID,
+        "city": city,
+        "source_id": info.source_id,
+        "version": info.version,
+    }
 
-        shutil.rmtree(staging)
-    source.install(city, staging)
-    replace_dir_atomic(staging, dest)
-    frame = read_item(dest)
+    def write(staging: Path) -> StagedFiles:
+        source.install(city, staging)
+        return StagedFiles({"tracts": TRACTS_FILE, "source": SOURCE_FILE})
+
+    installed = install_item(final, identity, write)
+    item = SourceItem(
+        product=PRODUCT_ID,
+        city=city,
+        source_year=None,
+        files=installed.files,
+        source_id=info.source_id,
+        version=info.version,
+        synthetic=info.synthetic,
+        fingerprint=installed.fingerprint,
+    )
+    record_outcome(sources_dir, info, city, None, None, FetchOutcome(None, item, None))
+    frame = read_item(final)
     return {"city": city, "available": True, "tracts": len(frame),
             "unlabelled": int(frame["label"].isna().sum())}  # fmt: skip
 
 
-def read_city(source: Any, city: str, root: Path) -> tuple[gpd.GeoDataFrame | None, str | None]:
-    """(labelled tracts, None) of an installed city, or (None, why there are none)."""
-    dest = root / source.tag / city
-    if (dest / TRACTS_FILE).is_file():
-        return read_item(dest), None
-    if (dest / UNAVAILABLE_FILE).is_file():
-        import json
+def _discard(final: Path) -> None:
+    """Remove an item folder in one step for readers: renamed aside, then deleted (a kill in
+    between leaves a hidden leftover that the next install of the item removes)."""
+    aside = owned_name(final, "old")
+    try:
+        os.replace(final, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
 
-        return None, str(json.loads((dest / UNAVAILABLE_FILE).read_text())["reason"])
-    return None, "the food-access reference of this city was not fetched"
+
+def read_city(
+    source: Any, city: str, sources_dir: Path
+) -> tuple[gpd.GeoDataFrame | None, str | None]:
+    """(labelled tracts, None) of a city fetched with ``source``, or (None, why there are none).
+
+    The city's fetch record decides, never the files found in a folder: a city the source does
+    not serve, one never fetched, and one whose installed files changed since its fetch each
+    say so.
+    """
+    outcome = recorded_outcome(sources_dir, source.info, city, None, None)
+    if outcome is None:
+        return None, (
+            f"the food-access reference of {city} was not fetched with this source, or its "
+            "files changed since: run the usda_food_atlas source again"
+        )
+    if outcome.item is None:
+        return None, str(outcome.missing_reason)
+    return read_item(Path(outcome.item.files["tracts"]).parent), None
