@@ -547,7 +547,8 @@ def validate_predictions(
 
 class FoodAccessRun(CaseRun):
     """A run of one agent over a release's food-access cases, one case open at a time, each in
-    ``run_dir/cases/<case_id>/`` (trajectory, submission, workspace)."""
+    ``run_dir/cases/<case_id>/`` (trajectory, submission, workspace). The run takes over
+    ``con``: closing the run closes it."""
 
     case_word = "id"
 
@@ -586,7 +587,7 @@ class FoodAccessRun(CaseRun):
         """Open a case (closing the one open) and return its message."""
         if case_key not in self.cases:
             raise AgentCaseError(f"no case {case_key!r} in this run: take ids from list_cases")
-        self.close()
+        self.end_case()
         self.session = FoodAccessSession(
             self.con,
             self.cases[case_key],
@@ -611,7 +612,11 @@ def open_food_run(release: Release, run_dir: Path, *, agent: str) -> FoodAccessR
     validate_run_name(run_dir.name)
     cases = load_food_cases(FoodAccessFiles.published(release).root)
     con = duckdb.connect(str(release.duckdb_file), read_only=True)
-    return FoodAccessRun(con, cases, load_catalogue(), release.root, run_dir, agent=agent)
+    try:
+        return FoodAccessRun(con, cases, load_catalogue(), release.root, run_dir, agent=agent)
+    except BaseException:
+        con.close()
+        raise
 
 
 def run_predictions(run_dir: Path) -> list[dict[str, Any]]:

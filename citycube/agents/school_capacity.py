@@ -530,7 +530,6 @@ class SchoolRun(CaseRun):
             )
         validate_run_name(run_dir.name)
         self.cases = load_school_cases(SchoolFiles.published(release).root)
-        self.con = duckdb.connect(str(release.duckdb_file), read_only=True)
         self.catalogue = load_catalogue()
         self.release_root = release.root
         manifest = SchoolFiles.published(release).manifest
@@ -542,17 +541,22 @@ class SchoolRun(CaseRun):
         }
         self.run_dir = run_dir
         self.session: SchoolSession | None = None
-        meta = dict(self.con.execute("SELECT key, value FROM release").fetchall())
-        run_dir.mkdir(parents=True, exist_ok=True)
-        record = {
-            "run": run_dir.name,
-            "agent": agent,
-            "profile": "school_capacity",
-            "tools": list(SCHOOL_TOOLS),
-            "release": json.loads(meta.get("version", "null")),
-            "catalogue_digest": json.loads(meta.get("catalogue_digest", "null")),
-        }
-        write_text_atomic(json.dumps(record, indent=2) + "\n", run_dir / "run.json")
+        self.con = duckdb.connect(str(release.duckdb_file), read_only=True)
+        try:
+            meta = dict(self.con.execute("SELECT key, value FROM release").fetchall())
+            run_dir.mkdir(parents=True, exist_ok=True)
+            record = {
+                "run": run_dir.name,
+                "agent": agent,
+                "profile": "school_capacity",
+                "tools": list(SCHOOL_TOOLS),
+                "release": json.loads(meta.get("version", "null")),
+                "catalogue_digest": json.loads(meta.get("catalogue_digest", "null")),
+            }
+            write_text_atomic(json.dumps(record, indent=2) + "\n", run_dir / "run.json")
+        except BaseException:  # no run to close: give the connection back here
+            self.con.close()
+            raise
 
     def case_keys(self) -> list[str]:
         """The cases, in key order."""
@@ -562,7 +566,7 @@ class SchoolRun(CaseRun):
         """Open a case (closing the one open) and return its message."""
         if case_key not in self.cases:
             raise AgentCaseError(f"no case {case_key!r} in this run: take keys from list_cases")
-        self.close()
+        self.end_case()
         case = self.cases[case_key]
         self.session = SchoolSession(
             case,
