@@ -117,6 +117,10 @@ def test_calculate_evaluates_arithmetic_only() -> None:
     for bad in ("__import__('os').system('true')", "open('x')", "a + 1", "2 ** 1000", "1/0", ""):
         with pytest.raises(CityCubeError):
             calculate(bad)
+    with pytest.raises(AgentCaseError, match="calculate: exponents above 64 are not evaluated"):
+        calculate("2 ** 65")  # the school task's own limit and wording
+    with pytest.raises(AgentCaseError, match="calculate: 'a' is not allowed"):
+        calculate("a + 1")
 
 
 def test_the_scripted_agent_over_mcp_reproduces_the_direct_baselines(

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
+from citycube.agents.cases import load_case_file
+from citycube.agents.cube_tools import parse_asset_id
 from citycube.agents.session import CaseRun, ToolResult, ToolSession
 from citycube.agents.trajectory import canonical_json
 from citycube.errors import AgentCaseError, FoodAccessSubmissionError
@@ -106,25 +107,14 @@ class FoodCase:
 
 
 def load_food_cases(folder: Path) -> dict[str, FoodCase]:
-    """The cases of a benchmark folder (no reference is read)."""
-    path = FoodAccessFiles(folder).cases
-    if not path.exists():
-        return {}
-    rows = pq.read_table(path).to_pylist()
-    return {r["case_id"]: FoodCase(**r) for r in rows}
+    """The cases of a benchmark folder (no reference is read; none without a case file)."""
+    cases = FoodAccessFiles(folder).cases
+    return load_case_file(cases, lambda row: FoodCase(**row), None, key="case_id")
 
 
 def parse_asset(asset_id: Any) -> tuple[str, str]:
     """``"POP/table"`` → (``POP``, ``table``), or a clear error."""
-    if not isinstance(asset_id, str) or asset_id.count("/") != 1:
-        raise AgentCaseError(
-            f"asset id {asset_id!r} is not of the form MODALITY/table or MODALITY/raster: "
-            "take ids from list_reference_assets"
-        )
-    modality, kind = asset_id.split("/")
-    if kind not in ("table", "raster"):
-        raise AgentCaseError(f"asset id {asset_id!r}: the kind must be 'table' or 'raster'")
-    return modality, kind
+    return parse_asset_id(asset_id, "list_reference_assets")
 
 
 _OPS: dict[type, Any] = {
