@@ -177,6 +177,11 @@ def test_calculate_is_arithmetic_only() -> None:
     for bad in ("__import__('os').system('true')", "a + 1", "2 ** 1000", "1 / 0", ""):
         with pytest.raises(AgentCaseError):
             evaluate(bad)
+    assert evaluate("2 ** 100") == 2.0**100  # the EV task's own limit and wording
+    with pytest.raises(AgentCaseError, match=r"^\[CC\d+\] exponents above 100 are refused"):
+        evaluate("2 ** 101")
+    with pytest.raises(AgentCaseError, match=r"calculate takes numbers.*; not Name\(id='a'"):
+        evaluate("a + 1")
 
 
 def test_tool_errors_reach_the_client_with_their_code(release: Release) -> None:

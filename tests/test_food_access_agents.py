@@ -5,8 +5,6 @@ the direct baselines."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import anyio
@@ -203,12 +201,17 @@ def test_the_scripted_agent_over_mcp_reproduces_the_direct_baselines(
     assert int(direct["majority"].sum()) == 1
 
 
-def test_the_cli_serves_the_task_over_stdio_and_publishes_its_scores(release) -> None:
+def test_the_cli_serves_the_task_over_stdio_and_publishes_its_scores(
+    release, tmp_path: Path, capsys
+) -> None:
     """`citycube agents run --task food_access` path: a server subprocess per rule (stdio), the
     runs' scores equal the direct baseline's, published as a view that `agents show` prints."""
     from citycube.agents.views import publish_task_tables
     from pipelines.agents import run_strategies
+    from pipelines.cli import main
 
+    with open_run(release, tmp_path / "ended", agent="ended") as ended:
+        ended.start_case(ended.case_keys()[0])
     strategy = STRATEGIES[0]
     run_dirs = run_strategies(release.data_root, release, [strategy], task="food_access")
     assert [d.name for d in run_dirs] == [f"food_access-scripted-{strategy}"]
@@ -220,8 +223,10 @@ def test_the_cli_serves_the_task_over_stdio_and_publishes_its_scores(release) ->
     assert row["cell_accuracy"] == want["cell_accuracy"]
     assert publish_task_tables(release, "food_access", scores) == ["food_access_agent_scores"]
 
-    # a new process, as a user's: this one's earlier tests hold the old database open
-    cmd = [sys.executable, "-m", "pipelines.cli", "--data", str(release.data_root)]
-    cmd += ["--release", release.version, "agents", "show"]
-    shown = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    # in this process, with a run still referenced: an ended run holds no database open, so
+    # `agents show` opens the database just published, not the one the run read
+    assert ended.session is None
+    args = ["--data", str(release.data_root), "--release", release.version, "agents", "show"]
+    assert main(args) == 0
+    shown = capsys.readouterr().out
     assert "food_access_agent_scores:" in shown and f"food_access-scripted-{strategy}" in shown

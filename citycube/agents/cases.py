@@ -6,20 +6,24 @@ period instead of a year, values from a product of period 0 or later (an epoch p
 source year is the origin or after) are left out, and the held-out reference is never read.
 Text that could name a year (units such as ``GBP (nominal, 2020)``, source ids, reasons) is
 rewritten with the year replaced by its period.
+
+The planning tasks reuse two parts: :func:`load_case_file` (a case file read into cases by key)
+and :class:`GuardedView` (the guarded queries, periods for years), which the school capacity
+view extends with its own guard; EV charging reads through :class:`CaseView` itself.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from citycube.errors import AgentCaseError
+from citycube.errors import AgentCaseError, CityCubeError
 from citycube.tasks.forecast import HISTORY, HISTORY_PERIODS, ForecastFiles
 
 if TYPE_CHECKING:
@@ -29,6 +33,18 @@ if TYPE_CHECKING:
 
 YEAR_PATTERN = re.compile(r"(?<![0-9A-Za-z])(19[0-9]{2}|20[0-9]{2})(?![0-9A-Za-z])")
 """A calendar year inside a text (what no tool output may contain)."""
+
+C = TypeVar("C")
+"""A task's case type."""
+
+
+class Dated(Protocol):
+    """A case that knows the relative period of a calendar year (server side)."""
+
+    def period(self, year: int) -> int:
+        """The relative period of ``year``."""
+        ...
+
 
 CASE_FIELDS = ("case_key", "target", "city", "tile_id", "scale", "unit", "aggregation")
 """The case message's fields (AgenticCity-Bench App. D: city and tile, target, unit, aggregation,
@@ -69,6 +85,24 @@ class Case:
     def period(self, year: int) -> int:
         """The relative period of a calendar year."""
         return int(year) - self.origin_year
+
+
+def load_case_file(
+    path: Path,
+    make: Callable[[dict[str, Any]], C],
+    missing: CityCubeError | None,
+    *,
+    key: str = "case_key",
+) -> dict[str, C]:
+    """A task's published cases by key: ``make`` turns each row of its case file into a case.
+
+    Only the case file is read, never a reference. A missing file raises ``missing`` (a task
+    that may have no cases passes None and gets none)."""
+    if not path.exists():
+        if missing is None:
+            return {}
+        raise missing
+    return {row[key]: make(row) for row in pq.read_table(path).to_pylist()}
 
 
 def load_cases(folder: Path) -> dict[str, Case]:
@@ -112,7 +146,7 @@ def release_cases(release: Release) -> dict[str, Case]:
     return load_cases(ForecastFiles.published(release).root)
 
 
-def hide_years(text: str | None, case: Case) -> str | None:
+def hide_years(text: str | None, case: Dated) -> str | None:
     """``text`` with every calendar year replaced by its period (``period -3``)."""
     if text is None:
         return None
@@ -182,23 +216,34 @@ class Chip:
     source_period: int | None
 
 
-class CaseView:
-    """Everything an agent may read for one case, with periods, not years.
+class GuardedView:
+    """What a case may read of the release through its task's leakage guard, with periods in
+    place of years: the queries the forecasting and school views share.
 
-    Every query goes through the release's DuckDB views under :data:`GUARD`; rows come back
-    with ``period`` and ``source_period`` in place of ``year`` and ``source_year``.
-    """
+    Every query is limited by :attr:`guard_sql` (a subclass's ``GUARD``) with :meth:`guard`'s
+    parameters first; the case turns years into periods (``case.period``) and texts are
+    rewritten by :func:`hide_years`. A subclass says which periods and tiles a case may ask
+    for (:meth:`years`, :meth:`check_tiles`)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, case: Case) -> None:
+    guard_sql: str
+    """The task's guard (SQL with ``?`` parameters)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, case: Any) -> None:
         self.con = con
         self.case = case
-        self._modalities: list[str] | None = None
-        self._tiles: list[str] | None = None
 
     def guard(self) -> list[Any]:
-        """Parameters of :data:`GUARD` for this case."""
-        c = self.case
-        return [c.city, c.origin_year - HISTORY, c.origin_year - 1, c.origin_year]
+        """Parameters of :attr:`guard_sql` for this case."""
+        raise NotImplementedError
+
+    def years(self, periods: Iterable[int] | None) -> list[int]:
+        """Calendar years of the periods asked for (default: all the case may see), or a clear
+        error for one it may not."""
+        raise NotImplementedError
+
+    def check_tiles(self, tiles: Sequence[str] | None) -> list[str]:
+        """``tiles`` (default: the case's tile) after checking the case may read them."""
+        raise NotImplementedError
 
     def _row(self, values: Sequence[Any]) -> dict[str, Any]:
         tile, scale, year, mod, field, value, unit, vf, ok, reason, basis, sy, sid = values
@@ -218,6 +263,89 @@ class CaseView:
             "source_period": None if sy is None else case.period(sy),
             "source": hide_years(sid, case),
         }
+
+    def _observations(
+        self,
+        modality: str,
+        tiles: Sequence[str] | None,
+        fields: Sequence[str] | None,
+        periods: Iterable[int] | None,
+    ) -> list[dict[str, Any]]:
+        """Rows of one modality (a subclass has checked the case may read it)."""
+        years, wanted = self.years(periods), self.check_tiles(tiles)
+        guard, params = self.guard_sql, self.guard()
+        sql, params = observation_query(guard, params, modality, wanted, years, fields)
+        return [self._row(r) for r in self.con.execute(sql, params).fetchall()]
+
+    def table_assets(self) -> list[dict[str, Any]]:
+        """Per modality of the case's tile: its fields with units and the periods at which at
+        least one field is available (one query)."""
+        found = self.con.execute(
+            f"SELECT modality, field, min(unit), list(DISTINCT year) FILTER (WHERE available) "
+            f"FROM observations WHERE {self.guard_sql} AND tile_id = ? GROUP BY modality, field "
+            "ORDER BY modality, field",
+            [*self.guard(), self.case.tile_id],
+        ).fetchall()
+        out: dict[str, dict[str, Any]] = {}
+        for modality, field, unit, years in found:
+            entry = out.setdefault(modality, {"modality": modality, "fields": [], "periods": set()})
+            entry["fields"].append({"field": field, "unit": hide_years(unit, self.case)})
+            entry["periods"].update(self.case.period(y) for y in years or [])
+        return [{**e, "periods": sorted(e["periods"])} for e in out.values()]
+
+    def chip(self, modality: str, period: int, tile: str | None = None) -> Chip:
+        """The chip of one tile (default: the case's) and period, or a clear error."""
+        (year,) = self.years([period])
+        (tile,) = self.check_tiles([tile] if tile else None)
+        found = self.con.execute(
+            "SELECT store, row_off, col_off, height, width, resolution_m, valid_fraction, "
+            f"available, source_year FROM chip_index WHERE {self.guard_sql} AND modality = ? "
+            "AND tile_id = ? AND year = ?",
+            [*self.guard(), modality, tile, year],
+        ).fetchone()
+        if found is None:
+            raise AgentCaseError(
+                f"no {modality} raster of {tile} at period {int(period)}: list_assets names the "
+                "raster assets and their periods"
+            )
+        store, r, c, h, w, res, vf, ok, sy = found
+        source_period = None if sy is None else self.case.period(sy)
+        return Chip(store, r, c, h, w, float(res), float(vf), bool(ok), source_period)
+
+    def chip_periods(self) -> dict[str, list[int]]:
+        """Raster modalities of the case's tile and the periods each has a chip at."""
+        out: dict[str, list[int]] = {}
+        for mod, year in self.con.execute(
+            f"SELECT modality, year FROM chip_index WHERE {self.guard_sql} AND tile_id = ? "
+            "ORDER BY modality, year",
+            [*self.guard(), self.case.tile_id],
+        ).fetchall():
+            out.setdefault(mod, []).append(self.case.period(year))
+        return out
+
+
+class CaseView(GuardedView):
+    """Everything an agent may read for one forecasting case, with periods, not years.
+
+    Every query goes through the release's DuckDB views under :data:`GUARD`; rows come back
+    with ``period`` and ``source_period`` in place of ``year`` and ``source_year``.
+    """
+
+    guard_sql = GUARD
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, case: Case) -> None:
+        super().__init__(con, case)
+        self._modalities: list[str] | None = None
+        self._tiles: list[str] | None = None
+
+    def guard(self) -> list[Any]:
+        """Parameters of :data:`GUARD` for this case."""
+        c = self.case
+        return [c.city, c.origin_year - HISTORY, c.origin_year - 1, c.origin_year]
+
+    def years(self, periods: Iterable[int] | None) -> list[int]:
+        """Years of history periods (default: all ten), or a clear error for period 0 on."""
+        return [self.case.origin_year + p for p in _known_periods(periods)]
 
     @property
     def tiles(self) -> list[str]:
@@ -251,26 +379,7 @@ class CaseView:
                 f"modality {modality!r} has no data in this case: call list_assets for the "
                 "assets there are"
             )
-        years = [self.case.origin_year + p for p in _known_periods(periods)]
-        wanted = self.check_tiles(tiles)
-        sql, params = observation_query(GUARD, self.guard(), modality, wanted, years, fields)
-        return [self._row(r) for r in self.con.execute(sql, params).fetchall()]
-
-    def table_assets(self) -> list[dict[str, Any]]:
-        """Per modality of the case's tile: its fields with units and the periods at which at
-        least one field is available (one query)."""
-        found = self.con.execute(
-            f"SELECT modality, field, min(unit), list(DISTINCT year) FILTER (WHERE available) "
-            f"FROM observations WHERE {GUARD} AND tile_id = ? GROUP BY modality, field "
-            "ORDER BY modality, field",
-            [*self.guard(), self.case.tile_id],
-        ).fetchall()
-        out: dict[str, dict[str, Any]] = {}
-        for modality, field, unit, years in found:
-            entry = out.setdefault(modality, {"modality": modality, "fields": [], "periods": set()})
-            entry["fields"].append({"field": field, "unit": hide_years(unit, self.case)})
-            entry["periods"].update(self.case.period(y) for y in years or [])
-        return [{**e, "periods": sorted(e["periods"])} for e in out.values()]
+        return self._observations(modality, tiles, fields, periods)
 
     def check_tiles(self, tiles: Sequence[str] | None) -> list[str]:
         """``tiles`` (default: the case's tile) after checking each is of the case's city."""
@@ -286,33 +395,3 @@ class CaseView:
                 "case's tile or those list_assets names"
             )
         return list(dict.fromkeys(tiles))
-
-    def chip(self, modality: str, period: int, tile: str | None = None) -> Chip:
-        """The chip of one tile (default: the case's) and period, or a clear error."""
-        (period,) = _known_periods([period])
-        (tile,) = self.check_tiles([tile] if tile else None)
-        found = self.con.execute(
-            "SELECT store, row_off, col_off, height, width, resolution_m, valid_fraction, "
-            f"available, source_year FROM chip_index WHERE {GUARD} AND modality = ? "
-            "AND tile_id = ? AND year = ?",
-            [*self.guard(), modality, tile, self.case.origin_year + period],
-        ).fetchone()
-        if found is None:
-            raise AgentCaseError(
-                f"no {modality} raster of {tile} at period {period}: list_assets names the "
-                "raster assets and their periods"
-            )
-        store, r, c, h, w, res, vf, ok, sy = found
-        source_period = None if sy is None else self.case.period(sy)
-        return Chip(store, r, c, h, w, float(res), float(vf), bool(ok), source_period)
-
-    def chip_periods(self) -> dict[str, list[int]]:
-        """Raster modalities of the case's tile and the periods each has a chip at."""
-        out: dict[str, list[int]] = {}
-        for mod, year in self.con.execute(
-            f"SELECT modality, year FROM chip_index WHERE {GUARD} AND tile_id = ? "
-            "ORDER BY modality, year",
-            [*self.guard(), self.case.tile_id],
-        ).fetchall():
-            out.setdefault(mod, []).append(self.case.period(year))
-        return out

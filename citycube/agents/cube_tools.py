@@ -28,12 +28,13 @@ MAX_ROWS = 5_000
 """Most rows one read_table returns (the rest is reported as truncated)."""
 
 
-def parse_asset_id(asset_id: Any) -> tuple[str, str]:
-    """``"HEAT/table"`` → (``HEAT``, ``table``), or a clear error."""
+def parse_asset_id(asset_id: Any, listing: str = "list_assets") -> tuple[str, str]:
+    """``"HEAT/table"`` → (``HEAT``, ``table``), or a clear error naming the task's ``listing``
+    tool."""
     if not isinstance(asset_id, str) or asset_id.count("/") != 1:
         raise AgentCaseError(
             f"asset id {asset_id!r} is not of the form MODALITY/table or MODALITY/raster: "
-            "take ids from list_assets"
+            f"take ids from {listing}"
         )
     modality, kind = asset_id.split("/")
     if kind not in ("table", "raster"):

@@ -20,10 +20,8 @@ the tools never read.
 
 from __future__ import annotations
 
-import ast
 import json
 import math
-import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
-from citycube.agents.cases import Case, CaseView
+from citycube.agents import calculator
+from citycube.agents.calculator import Wording
+from citycube.agents.cases import Case, CaseView, load_case_file
 from citycube.agents.cube_tools import CubeAssetTools
 from citycube.agents.session import ToolResult, ToolSession
 from citycube.agents.trajectory import canonical_json
@@ -109,22 +109,20 @@ class EvCase:
 
 def load_ev_cases(folder: Path) -> dict[str, EvCase]:
     """The EV cases of a benchmark folder by key (the reference file is not opened)."""
-    files = EvFiles(folder)
-    if not files.cases.exists():
-        raise AgentCaseError(
-            f"no EV charging cases in {folder}: build a release whose scope has Boston, New "
-            "York City or San Francisco (make run)"
-        )
-    out = {}
-    for row in pq.read_table(files.cases).to_pylist():
-        out[row["case_key"]] = EvCase(
+    return load_case_file(
+        EvFiles(folder).cases,
+        lambda row: EvCase(
             case_key=row["case_key"],
             city=row["city"],
             tile_id=row["tile_id"],
             history=json.loads(row["history_json"]),
             ranges=json.loads(row["ranges_json"]),
-        )
-    return out
+        ),
+        AgentCaseError(
+            f"no EV charging cases in {folder}: build a release whose scope has Boston, New "
+            "York City or San Francisco (make run)"
+        ),
+    )
 
 
 def cube_case(case: EvCase) -> Case:
@@ -174,16 +172,6 @@ def _text(value: Any) -> Any:
 
 # ------------------------------------------------------------------------------ calculate
 
-_BINARY = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
-_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 _FUNCTIONS = {
     "abs": abs,
     "min": min,
@@ -196,52 +184,20 @@ _FUNCTIONS = {
     "mean": lambda *v: sum(v) / len(v),
 }
 """Functions ``calculate`` knows."""
-MAX_EXPRESSION = 500
-"""Longest expression ``calculate`` evaluates."""
+WORDING = Wording(
+    example="(12 - 7) / 7",
+    unparsable="cannot parse {expression!r}: {reason}",
+    exponent="exponents above {limit} are refused",
+    not_allowed="calculate takes numbers, + - * / // % **, parentheses and {functions}; not {dump}",
+    failed="cannot evaluate {expression!r}: {error}",
+    not_finite="{expression!r} has no finite value",
+)
+"""The EV task's ``calculate`` errors."""
 
 
 def evaluate(expression: Any) -> float:
     """The value of an arithmetic expression (numbers, + − × ÷ // % **, a few functions)."""
-    if not isinstance(expression, str) or not expression.strip():
-        raise AgentCaseError("calculate needs an arithmetic expression, e.g. '(12 - 7) / 7'")
-    if len(expression) > MAX_EXPRESSION:
-        raise AgentCaseError(f"expression longer than {MAX_EXPRESSION} characters")
-    try:
-        tree = ast.parse(expression, mode="eval")
-    except SyntaxError as exc:
-        raise AgentCaseError(f"cannot parse {expression!r}: {exc.msg}") from None
-
-    def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Expression):
-            return value(node.body)
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > 100:
-                raise AgentCaseError("exponents above 100 are refused")
-            return _BINARY[type(node.op)](left, right)
-        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-            return _UNARY[type(node.op)](value(node.operand))
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in _FUNCTIONS
-            and not node.keywords
-        ):
-            return _FUNCTIONS[node.func.id](*(value(a) for a in node.args))
-        raise AgentCaseError(
-            f"calculate takes numbers, + - * / // % **, parentheses and "
-            f"{', '.join(_FUNCTIONS)}; not {ast.dump(node)[:60]}"
-        )
-
-    try:
-        result = float(value(tree))
-    except (ArithmeticError, ValueError, TypeError) as exc:
-        raise AgentCaseError(f"cannot evaluate {expression!r}: {exc}") from None
-    if not math.isfinite(result):
-        raise AgentCaseError(f"{expression!r} has no finite value")
-    return result
+    return calculator.evaluate(expression, functions=_FUNCTIONS, max_exponent=100, wording=WORDING)
 
 
 # ------------------------------------------------------------------------------ submission

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
+from citycube.agents.cases import load_case_file
+from citycube.agents.cube_tools import parse_asset_id
 from citycube.agents.session import CaseRun, ToolResult, ToolSession
 from citycube.agents.trajectory import canonical_json
 from citycube.errors import AgentCaseError, FoodAccessSubmissionError
@@ -106,25 +107,14 @@ class FoodCase:
 
 
 def load_food_cases(folder: Path) -> dict[str, FoodCase]:
-    """The cases of a benchmark folder (no reference is read)."""
-    path = FoodAccessFiles(folder).cases
-    if not path.exists():
-        return {}
-    rows = pq.read_table(path).to_pylist()
-    return {r["case_id"]: FoodCase(**r) for r in rows}
+    """The cases of a benchmark folder (no reference is read; none without a case file)."""
+    cases = FoodAccessFiles(folder).cases
+    return load_case_file(cases, lambda row: FoodCase(**row), None, key="case_id")
 
 
 def parse_asset(asset_id: Any) -> tuple[str, str]:
     """``"POP/table"`` → (``POP``, ``table``), or a clear error."""
-    if not isinstance(asset_id, str) or asset_id.count("/") != 1:
-        raise AgentCaseError(
-            f"asset id {asset_id!r} is not of the form MODALITY/table or MODALITY/raster: "
-            "take ids from list_reference_assets"
-        )
-    modality, kind = asset_id.split("/")
-    if kind not in ("table", "raster"):
-        raise AgentCaseError(f"asset id {asset_id!r}: the kind must be 'table' or 'raster'")
-    return modality, kind
+    return parse_asset_id(asset_id, "list_reference_assets")
 
 
 _OPS: dict[type, Any] = {
@@ -547,7 +537,8 @@ def validate_predictions(
 
 class FoodAccessRun(CaseRun):
     """A run of one agent over a release's food-access cases, one case open at a time, each in
-    ``run_dir/cases/<case_id>/`` (trajectory, submission, workspace)."""
+    ``run_dir/cases/<case_id>/`` (trajectory, submission, workspace). The run takes over
+    ``con``: closing the run closes it."""
 
     case_word = "id"
 
@@ -586,7 +577,7 @@ class FoodAccessRun(CaseRun):
         """Open a case (closing the one open) and return its message."""
         if case_key not in self.cases:
             raise AgentCaseError(f"no case {case_key!r} in this run: take ids from list_cases")
-        self.close()
+        self.end_case()
         self.session = FoodAccessSession(
             self.con,
             self.cases[case_key],
@@ -611,7 +602,11 @@ def open_food_run(release: Release, run_dir: Path, *, agent: str) -> FoodAccessR
     validate_run_name(run_dir.name)
     cases = load_food_cases(FoodAccessFiles.published(release).root)
     con = duckdb.connect(str(release.duckdb_file), read_only=True)
-    return FoodAccessRun(con, cases, load_catalogue(), release.root, run_dir, agent=agent)
+    try:
+        return FoodAccessRun(con, cases, load_catalogue(), release.root, run_dir, agent=agent)
+    except BaseException:
+        con.close()
+        raise
 
 
 def run_predictions(run_dir: Path) -> list[dict[str, Any]]:

@@ -14,20 +14,19 @@ never reach a tool.
 
 from __future__ import annotations
 
-import ast
 import json
 import math
-import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
-from citycube.agents.cases import YEAR_PATTERN, observation_query
+from citycube.agents import calculator
+from citycube.agents.calculator import Wording
+from citycube.agents.cases import GuardedView, hide_years, load_case_file
 from citycube.agents.cube_tools import CubeAssetTools
 from citycube.agents.session import CaseRun, ToolResult, ToolSession
 from citycube.agents.trajectory import canonical_json
@@ -99,14 +98,9 @@ class SchoolCase:
 def load_school_cases(folder: Path) -> dict[str, SchoolCase]:
     """The school cases of a benchmark folder, by key (the held-out file is not opened)."""
     files = SchoolFiles(folder)
-    if not files.cases.exists():
-        raise SchoolCasesError(
-            f"no school capacity cases in {folder}: build a release whose scope includes "
-            "London (e.g. make run CITIES=London YEARS=2021-2024)"
-        )
-    out = {}
-    for row in pq.read_table(files.cases).to_pylist():
-        out[row["case_key"]] = SchoolCase(
+    out = load_case_file(
+        files.cases,
+        lambda row: SchoolCase(
             case_key=row["case_key"],
             city=row["city"],
             tile_id=row["tile_id"],
@@ -114,18 +108,16 @@ def load_school_cases(folder: Path) -> dict[str, SchoolCase]:
             phase=row["phase"],
             enrollment=tuple(int(v) for v in row["enrollment"]),
             capacity=tuple(int(v) for v in row["capacity"]),
-        )
+        ),
+        SchoolCasesError(
+            f"no school capacity cases in {folder}: build a release whose scope includes "
+            "London (e.g. make run CITIES=London YEARS=2021-2024)"
+        ),
+    )
     if not out:
         manifest = json.loads(files.manifest.read_text(encoding="utf-8"))
         raise SchoolCasesError(f"the release has no school capacity cases: {manifest['note']}")
     return out
-
-
-def hide_years(text: str | None) -> str | None:
-    """``text`` with every calendar year replaced by its period."""
-    if text is None:
-        return None
-    return YEAR_PATTERN.sub(lambda m: f"period {int(m.group(1)) - CUTOFF_YEAR}", text)
 
 
 GUARD = "city = ? AND year BETWEEN ? AND ? AND (source_year IS NULL OR source_year <= ?)"
@@ -133,8 +125,10 @@ GUARD = "city = ? AND year BETWEEN ? AND ? AND (source_year IS NULL OR source_ye
 period 0 or earlier."""
 
 
-class UrbanView:
+class UrbanView(GuardedView):
     """The cube's urban data a school case may read, with periods for years."""
+
+    guard_sql = GUARD
 
     def __init__(
         self,
@@ -142,15 +136,14 @@ class UrbanView:
         case: SchoolCase,
         shared: dict[str, Any] | None = None,
     ) -> None:
-        self.con = con
-        self.case = case
+        super().__init__(con, case)
         self.shared = {} if shared is None else shared  # city-wide results kept across cases
 
     def guard(self) -> list[Any]:
         """Parameters of :data:`GUARD`."""
         return [self.case.city, CUTOFF_YEAR - URBAN_PERIODS + 1, CUTOFF_YEAR, CUTOFF_YEAR]
 
-    def periods(self, periods: Sequence[int] | None) -> list[int]:
+    def years(self, periods: Iterable[int] | None) -> list[int]:
         """Years of ``periods`` (default all), or a clear error for a later one."""
         allowed = list(range(1 - URBAN_PERIODS, 1))
         if periods is None:
@@ -164,7 +157,7 @@ class UrbanView:
             )
         return [CUTOFF_YEAR + p for p in asked]
 
-    def tiles(self, tiles: Sequence[str] | None) -> list[str]:
+    def check_tiles(self, tiles: Sequence[str] | None) -> list[str]:
         """``tiles`` (default the case's) after checking they are of the case's city."""
         if not tiles:
             return [self.case.tile_id]
@@ -204,99 +197,11 @@ class UrbanView:
             raise AgentCaseError(
                 f"modality {modality!r} has no data for this case: list_modalities names them"
             )
-        years, wanted = self.periods(periods), self.tiles(tiles)
-        sql, params = observation_query(GUARD, self.guard(), modality, wanted, years, fields)
-        out = []
-        for (
-            tile,
-            scale,
-            year,
-            mod,
-            fld,
-            value,
-            unit,
-            vf,
-            ok,
-            reason,
-            basis,
-            sy,
-            sid,
-        ) in self.con.execute(sql, params).fetchall():
-            out.append(
-                {
-                    "tile_id": tile,
-                    "scale": scale,
-                    "period": self.case.period(year),
-                    "modality": mod,
-                    "field": fld,
-                    "value": None if value is None or not np.isfinite(value) else float(value),
-                    "unit": hide_years(unit),
-                    "valid_fraction": vf,
-                    "available": bool(ok),
-                    "reason": hide_years(reason),
-                    "temporal_basis": basis,
-                    "source_period": None if sy is None else self.case.period(sy),
-                    "source": hide_years(sid),
-                }
-            )
-        return out
-
-    def table_assets(self) -> list[dict[str, Any]]:
-        """Per modality of the case's tile: fields, units and periods with a value."""
-        found = self.con.execute(
-            f"SELECT modality, field, min(unit), list(DISTINCT year) FILTER (WHERE available) "
-            f"FROM observations WHERE {GUARD} AND tile_id = ? GROUP BY modality, field "
-            "ORDER BY modality, field",
-            [*self.guard(), self.case.tile_id],
-        ).fetchall()
-        out: dict[str, dict[str, Any]] = {}
-        for modality, fld, unit, years in found:
-            entry = out.setdefault(modality, {"modality": modality, "fields": [], "periods": set()})
-            entry["fields"].append({"field": fld, "unit": hide_years(unit)})
-            entry["periods"].update(self.case.period(y) for y in years or [])
-        return [{**e, "periods": sorted(e["periods"])} for e in out.values()]
-
-    def chip_periods(self) -> dict[str, list[int]]:
-        """Raster modalities of the case's tile and their periods."""
-        out: dict[str, list[int]] = {}
-        for mod, year in self.con.execute(
-            f"SELECT modality, year FROM chip_index WHERE {GUARD} AND tile_id = ? "
-            "ORDER BY modality, year",
-            [*self.guard(), self.case.tile_id],
-        ).fetchall():
-            out.setdefault(mod, []).append(self.case.period(year))
-        return out
-
-    def chip(self, modality: str, period: int, tile: str | None) -> tuple[Any, ...]:
-        """(store, row, col, height, width, resolution, valid fraction, available, source
-        period) of one chip, or a clear error."""
-        (year,) = self.periods([period])
-        (tile_id,) = self.tiles([tile] if tile else None)
-        found = self.con.execute(
-            "SELECT store, row_off, col_off, height, width, resolution_m, valid_fraction, "
-            f"available, source_year FROM chip_index WHERE {GUARD} AND modality = ? "
-            "AND tile_id = ? AND year = ?",
-            [*self.guard(), modality, tile_id, year],
-        ).fetchone()
-        if found is None:
-            raise AgentCaseError(
-                f"no {modality} raster of {tile_id} at period {int(period)}: list_assets names "
-                "the raster assets and their periods"
-            )
-        return found
+        return self._observations(modality, tiles, fields, periods)
 
 
 # ------------------------------------------------------------------------------ calculate
 
-_BINARY = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
 _FUNCTIONS = {
     "abs": abs,
     "min": min,
@@ -308,56 +213,23 @@ _FUNCTIONS = {
     "sum": lambda *v: sum(v),
     "mean": lambda *v: sum(v) / len(v),
 }
-MAX_EXPRESSION = 500
-"""Longest expression ``calculate`` accepts."""
+"""Functions ``calculate`` knows."""
+WORDING = Wording(
+    example="(637+724+753)/3",
+    unparsable="calculate: {expression!r} is not an expression ({reason})",
+    exponent="calculate: exponents above {limit} are not evaluated",
+    not_allowed="calculate: {source!r} is not allowed (numbers, + - * / // % **, parentheses "
+    "and {functions})",
+    failed="calculate: {expression!r} cannot be evaluated ({error})",
+    not_finite="calculate: {expression!r} is not a finite number",
+)
+"""The school task's ``calculate`` errors."""
 
 
 def calculate(expression: Any) -> float:
     """The value of an arithmetic expression: numbers, + − × ÷ // % **, parentheses and
     abs, min, max, round, ceil, floor, sqrt, sum, mean. Nothing else is evaluated."""
-    if not isinstance(expression, str) or not expression.strip():
-        raise AgentCaseError("calculate needs an arithmetic expression, e.g. '(637+724+753)/3'")
-    if len(expression) > MAX_EXPRESSION:
-        raise AgentCaseError(f"expression longer than {MAX_EXPRESSION} characters")
-    try:
-        tree = ast.parse(expression, mode="eval")
-    except SyntaxError as exc:
-        raise AgentCaseError(
-            f"calculate: {expression!r} is not an expression ({exc.msg})"
-        ) from None
-
-    def ev(node: ast.AST) -> float:
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-            value = ev(node.operand)
-            return -value if isinstance(node.op, ast.USub) else value
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            left, right = ev(node.left), ev(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > 64:
-                raise AgentCaseError("calculate: exponents above 64 are not evaluated")
-            return _BINARY[type(node.op)](left, right)
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in _FUNCTIONS
-            and not node.keywords
-        ):
-            return _FUNCTIONS[node.func.id](*(ev(a) for a in node.args))
-        raise AgentCaseError(
-            f"calculate: {ast.unparse(node)!r} is not allowed (numbers, + - * / // % **, "
-            f"parentheses and {', '.join(_FUNCTIONS)})"
-        )
-
-    try:
-        value = float(ev(tree))
-    except (ZeroDivisionError, OverflowError, ValueError, TypeError) as exc:
-        raise AgentCaseError(f"calculate: {expression!r} cannot be evaluated ({exc})") from None
-    if not math.isfinite(value):
-        raise AgentCaseError(f"calculate: {expression!r} is not a finite number")
-    return value
+    return calculator.evaluate(expression, functions=_FUNCTIONS, max_exponent=64, wording=WORDING)
 
 
 # ------------------------------------------------------------------------------ session
@@ -418,20 +290,12 @@ class SchoolSession(CubeAssetTools, ToolSession):
         )
 
     def _band_name(self, band: str) -> str | None:
-        return hide_years(band)
-
-    def _chip(self, modality: str, period: Any, tile_id: str | None) -> tuple[str, tuple, Any]:
-        store, r, c, h, w, res, vf, ok, sy = self.view.chip(modality, int(period), tile_id)
-        meta = {
-            "resolution_m": float(res),
-            "valid_fraction": float(vf),
-            "available": bool(ok),
-            "source_period": None if sy is None else self.case.period(sy),
-        }
-        return store, (r, c, h, w), meta
+        return hide_years(band, self.case)
 
     def _raster_facts(self, spec: Any, chip: Any, values: np.ndarray) -> dict[str, Any]:
-        return {"kind": spec.kind.value, "shape": [int(s) for s in values.shape], **chip}
+        facts = super()._raster_facts(spec, chip, values)
+        source_period = facts.pop("source_period")
+        return {**facts, "source_period": source_period}  # listed last
 
     def _tool_calculate(self, evidence: str, expression: str) -> ToolResult:
         return ToolResult(
@@ -530,7 +394,6 @@ class SchoolRun(CaseRun):
             )
         validate_run_name(run_dir.name)
         self.cases = load_school_cases(SchoolFiles.published(release).root)
-        self.con = duckdb.connect(str(release.duckdb_file), read_only=True)
         self.catalogue = load_catalogue()
         self.release_root = release.root
         manifest = SchoolFiles.published(release).manifest
@@ -542,17 +405,22 @@ class SchoolRun(CaseRun):
         }
         self.run_dir = run_dir
         self.session: SchoolSession | None = None
-        meta = dict(self.con.execute("SELECT key, value FROM release").fetchall())
-        run_dir.mkdir(parents=True, exist_ok=True)
-        record = {
-            "run": run_dir.name,
-            "agent": agent,
-            "profile": "school_capacity",
-            "tools": list(SCHOOL_TOOLS),
-            "release": json.loads(meta.get("version", "null")),
-            "catalogue_digest": json.loads(meta.get("catalogue_digest", "null")),
-        }
-        write_text_atomic(json.dumps(record, indent=2) + "\n", run_dir / "run.json")
+        self.con = duckdb.connect(str(release.duckdb_file), read_only=True)
+        try:
+            meta = dict(self.con.execute("SELECT key, value FROM release").fetchall())
+            run_dir.mkdir(parents=True, exist_ok=True)
+            record = {
+                "run": run_dir.name,
+                "agent": agent,
+                "profile": "school_capacity",
+                "tools": list(SCHOOL_TOOLS),
+                "release": json.loads(meta.get("version", "null")),
+                "catalogue_digest": json.loads(meta.get("catalogue_digest", "null")),
+            }
+            write_text_atomic(json.dumps(record, indent=2) + "\n", run_dir / "run.json")
+        except BaseException:  # no run to close: give the connection back here
+            self.con.close()
+            raise
 
     def case_keys(self) -> list[str]:
         """The cases, in key order."""
@@ -562,7 +430,7 @@ class SchoolRun(CaseRun):
         """Open a case (closing the one open) and return its message."""
         if case_key not in self.cases:
             raise AgentCaseError(f"no case {case_key!r} in this run: take keys from list_cases")
-        self.close()
+        self.end_case()
         case = self.cases[case_key]
         self.session = SchoolSession(
             case,

@@ -15,10 +15,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from citycube.agents.trajectory import Call, TrajectoryWriter, canonical_json, digest, evidence_id
 from citycube.errors import AgentCaseError, CityCubeError, WorkspacePathError
+
+if TYPE_CHECKING:
+    import duckdb
 
 LOCAL_FIELDS = ("workspace_path",)
 """Result fields that depend on where the run is written, left out of the result digest."""
@@ -160,9 +163,15 @@ class ToolSession:
 
 
 class CaseRun:
-    """What every task's run shares: one case open at a time (:attr:`session`), tool calls sent
-    to it, and closing it. Subclasses open cases (``start_case``) and set :attr:`session`."""
+    """What every task's run shares: the release database it reads (:attr:`con`), one case open
+    at a time (:attr:`session`), tool calls sent to it, and ending the case and the run.
 
+    A run owns its connection: :meth:`end_case` closes the open case and keeps the run open for
+    the next one, :meth:`close` (or leaving a ``with`` block) also closes the database.
+    Subclasses set :attr:`con`, open cases (``start_case``) and set :attr:`session`."""
+
+    con: duckdb.DuckDBPyConnection
+    """The release database, closed with the run."""
     session: ToolSession | None = None
     case_word = "key"
     """What ``list_cases`` calls a case's name in the task's messages."""
@@ -176,8 +185,19 @@ class CaseRun:
             )
         return self.session.call(tool, arguments)
 
-    def close(self) -> None:
-        """Close the open case's trajectory."""
+    def end_case(self) -> None:
+        """Close the open case's trajectory; the run stays open for another case."""
         if self.session is not None:
             self.session.close()
             self.session = None
+
+    def close(self) -> None:
+        """End the run: close the open case and the database connection (again: no-op)."""
+        self.end_case()
+        self.con.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

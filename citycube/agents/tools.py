@@ -236,7 +236,8 @@ def neighbours(tile: str, tiles: Sequence[str]) -> list[str]:
 
 class AgentRun(CaseRun):
     """A run of one agent over a release's cases: one case open at a time, each in its own
-    folder (``cases/<case_key>/``: trajectory, submission, workspace) under ``run_dir``."""
+    folder (``cases/<case_key>/``: trajectory, submission, workspace) under ``run_dir``. The
+    run takes over ``con``: closing the run closes it."""
 
     def __init__(
         self,
@@ -286,8 +287,7 @@ class AgentRun(CaseRun):
             raise AgentCaseError(
                 f"no case {case_key!r} in this run: take case keys from list_cases"
             )
-        if self.session is not None:
-            self.session.close()
+        self.end_case()
         case = self.cases[case_key]
         view = CaseView(self.con, case)
         case_dir = self.run_dir / "cases" / case_key
@@ -301,7 +301,7 @@ class AgentRun(CaseRun):
 def replay_case(run: AgentRun, case_key: str, recorded: Sequence[dict[str, Any]]) -> list[dict]:
     """Issue a recorded trajectory's calls again on ``run`` (offline, no MCP) and return the
     new trajectory's lines; equal to ``recorded`` but for timing when the tools are
-    deterministic for the release and the case."""
+    deterministic for the release and the case. The case is ended, the run left open."""
     run.start_case(case_key)
     for line in recorded:
         # a recorded failure must fail again: the lines compare its message's digest
@@ -309,5 +309,5 @@ def replay_case(run: AgentRun, case_key: str, recorded: Sequence[dict[str, Any]]
             run.call(line["tool"], line["arguments"])
     session = run.session
     assert session is not None
-    run.close()
+    run.end_case()
     return read_trajectory(session.case_dir / "trajectory.jsonl")

@@ -99,11 +99,6 @@ class EvRun(CaseRun):
         )
         return case.message()
 
-    def close(self) -> None:
-        """Close the open case and the database."""
-        super().close()
-        self.con.close()
-
 
 def case_count(release: Release) -> int:
     """How many cases the release publishes (0 when it has none)."""
