@@ -174,6 +174,7 @@ def test_submissions_are_validated_and_end_the_case(release: Release) -> None:
 
 def test_calculate_is_arithmetic_only() -> None:
     assert evaluate("(12 - 7) / 5 + max(1, 2) ** 2") == 5.0
+    assert evaluate("sum(1, 2, 3.5)") == 6.5  # every listed function takes numbers
     for bad in ("__import__('os').system('true')", "a + 1", "2 ** 1000", "1 / 0", ""):
         with pytest.raises(AgentCaseError):
             evaluate(bad)

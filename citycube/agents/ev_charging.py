@@ -177,7 +177,7 @@ _FUNCTIONS = {
     "min": min,
     "max": max,
     "round": round,
-    "sum": sum,
+    "sum": lambda *v: sum(v),
     "sqrt": math.sqrt,
     "log": math.log,
     "exp": math.exp,
