@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 from citycube.agents.food_access import FoodAccessRun, open_food_run, run_predictions
 from citycube.errors import AgentCaseError
 from citycube.tasks.food_access import CELLS, LABELS, FoodAccessFiles
-from pipelines.agents import result_json, result_text, tool_errors
+from pipelines.agent_tasks.cube_tools import result_text, tool_errors
+from pipelines.agents import result_json
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
