@@ -61,7 +61,8 @@ FORECAST = "forecast"
 PLANNING_TASKS: tuple[str, ...] = ("ev_charging", "school_capacity", "food_access")
 """Planning and resource tasks (AgenticCity-Bench App. D.1, D.3.1), each a module of
 :mod:`pipelines.agent_tasks` with ``STRATEGIES``, ``open_run``, ``build_server``,
-``scripted_agent``, ``score_runs`` and ``case_count``."""
+``scripted_agent``, ``score_runs``, ``case_count`` and ``SCORE_TABLE`` (the name of its
+published scores, which ``agents show`` prints)."""
 TASKS = (FORECAST, *PLANNING_TASKS)
 """Every task an agent can be served."""
 CUBE_TOOL_DOCS = CubeToolDocs(
@@ -569,6 +570,11 @@ def _per_run(runs: pa.Table, run_dirs: Sequence[Path]) -> list[int]:
     return [sum(1 for r in rows if r["run"] == d.name and r["submitted"]) for d in run_dirs]
 
 
+def planning_score_tables() -> list[str]:
+    """The score table each planning task publishes, in task order."""
+    return [planning_task(task).SCORE_TABLE for task in PLANNING_TASKS]
+
+
 def cmd_show(args: Any) -> int:
     """``citycube agents show``: the scores in the release's agent views, and the runs."""
     import duckdb
@@ -579,8 +585,7 @@ def cmd_show(args: Any) -> int:
     with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
         names = "SELECT view_name FROM duckdb_views() UNION SELECT table_name FROM duckdb_tables()"
         have = {name for (name,) in con.execute(names).fetchall()}
-        # each planning task publishes one <prefix>_agent_scores table
-        planning = sorted(v for v in have if v.endswith("_agent_scores") and v != "agent_scores")
+        planning = sorted(v for v in planning_score_tables() if v in have)
         if "agent_scores" not in have and not planning:
             raise AgentCaseError(
                 f"{release.duckdb_file} has no agent views: build a scope with forecasting "

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 STRATEGIES: tuple[str, ...] = BASELINES
 """The scripted agent's rules: the task's direct baselines."""
+SCORE_TABLE = "ev_agent_scores"
+"""The table of this task's run scores a release publishes (what ``agents show`` prints)."""
 INSTRUCTIONS = (
     "EV charging-site planning. Forecast the net change in publicly available EV charging "
     "ports in one 2 km x 2 km tile from t-2 to t (two years) and choose one of the supplied "
@@ -296,7 +298,7 @@ def score_runs(release: Release, run_dirs: Sequence[Path]) -> dict[str, pa.Table
         answered = {k: predicted.get(k, "none") for k in keys}
         scores.append(_score(references, run_dir.name, answered, score_table))
     table = pa.concat_tables([SCORE_SCHEMA.empty_table(), *scores])
-    return {"ev_agent_runs": pa.table(rows, schema=CALL_COUNT_SCHEMA), "ev_agent_scores": table}
+    return {"ev_agent_runs": pa.table(rows, schema=CALL_COUNT_SCHEMA), SCORE_TABLE: table}
 
 
 def _score(references: pa.Table, name: str, predicted: dict[str, str], score_table: Any) -> Any:

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 STRATEGIES = tuple(f"constant_{label}" for label in LABELS)
 """The scripted agent's rules: one constant class per strategy (the majority-class baseline is
 the one whose class is the candidate pool's most frequent, as the baseline scores mark)."""
+SCORE_TABLE = "food_access_agent_scores"
+"""The table of this task's run scores a release publishes (what ``agents show`` prints)."""
 INSTRUCTIONS = (
     "CityCube food-access cases. list_cases, then start_case(case_id); per case use "
     "list_reference_assets, inspect_table, describe_raster, view_raster, get_cell_summaries and "
@@ -204,4 +206,4 @@ def score_runs(release: Release, run_dirs: Sequence[Path]) -> dict[str, pa.Table
                 "mean_calls": sum(calls) / len(calls) if calls else None,
             }
         )
-    return {"food_access_agent_scores": pa.Table.from_pylist(rows, schema=SCORE_SCHEMA)}
+    return {SCORE_TABLE: pa.Table.from_pylist(rows, schema=SCORE_SCHEMA)}

@@ -34,8 +34,17 @@ if TYPE_CHECKING:
 
     from citycube.cube.release import Release
 
-__all__ = ["STRATEGIES", "build_server", "open_run", "score_runs", "scripted_agent"]
+__all__ = [
+    "SCORE_TABLE",
+    "STRATEGIES",
+    "build_server",
+    "open_run",
+    "score_runs",
+    "scripted_agent",
+]
 
+SCORE_TABLE = "school_agent_scores"
+"""The table of this task's run scores a release publishes (what ``agents show`` prints)."""
 INSTRUCTIONS = (
     "Forecast next-year enrollment and plan period-+1 capacity for the specified school. Call "
     "list_cases, then start_case with a case key. Read enrollment and capacity for periods -2, "
@@ -248,5 +257,5 @@ def score_runs(release: Release, run_dirs: Sequence[Path]) -> dict[str, pa.Table
     return {
         "school_agent_runs": pa.Table.from_pylist(runs, schema=RUN_SCHEMA),
         "school_agent_tool_calls": pa.Table.from_pylist(calls, schema=CALL_SCHEMA),
-        "school_agent_scores": pa.concat_tables(scores) if scores else SCORE_SCHEMA.empty_table(),
+        SCORE_TABLE: pa.concat_tables(scores) if scores else SCORE_SCHEMA.empty_table(),
     }
