@@ -68,9 +68,6 @@ TASKS = (FORECAST, *PLANNING_TASKS)
 CUBE_TOOL_DOCS = CubeToolDocs(
     list_assets="Table and raster assets of the open case, with fields, units and periods.",
     read_table="Rows of a table asset (default: the case's tile, every field and period).",
-    describe_raster=(
-        "Bands, shape, resolution and per-band statistics of a raster asset at a period."
-    ),
     view_raster="A PNG preview of a raster asset at a period (fixed colours; invalid transparent).",
 )
 """What the forecasting server's clients read of the cube-asset tools."""

@@ -22,12 +22,15 @@ if TYPE_CHECKING:
 
 
 class CubeToolDocs(NamedTuple):
-    """A task's descriptions of the cube-asset tools (what its MCP clients read)."""
+    """A task's descriptions of the cube-asset tools (what its MCP clients read); the raster
+    tools' have a default for tasks that add nothing to it."""
 
     list_assets: str
     read_table: str
-    describe_raster: str
-    view_raster: str
+    describe_raster: str = (
+        "Bands, shape, resolution and per-band statistics of a raster asset at a period."
+    )
+    view_raster: str = "A PNG preview of a raster asset at a period."
 
 
 CUBE_TOOLS: tuple[str, ...] = CubeToolDocs._fields

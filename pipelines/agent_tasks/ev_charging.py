@@ -62,7 +62,7 @@ CUBE_TOOL_DOCS = CubeToolDocs(
     read_table=(
         "Rows of a table asset (default: the case's tile, every field, periods through t-2)."
     ),
-    describe_raster=("Bands, shape and per-band statistics of a raster asset at a period (<= -2)."),
+    describe_raster="Bands, shape and per-band statistics of a raster asset at a period (<= -2).",
     view_raster="A PNG preview of a raster asset at a period (<= -2).",
 )
 """What the EV server's clients read of the cube-asset tools (periods up to t-2)."""

@@ -62,10 +62,6 @@ INSTRUCTIONS = (
 CUBE_TOOL_DOCS = CubeToolDocs(
     list_assets="Table and raster assets of the school's tile, with fields, units and periods.",
     read_table="Rows of a table asset (default: the school's tile, every field and period).",
-    describe_raster=(
-        "Bands, shape, resolution and per-band statistics of a raster asset at a period."
-    ),
-    view_raster="A PNG preview of a raster asset at a period.",
 )
 """What the school server's clients read of the cube-asset tools."""
 
