@@ -30,6 +30,7 @@ from pipelines.agent_tasks.cube_tools import (
     CubeToolDocs,
     add_case_tools,
     add_cube_tools,
+    new_server,
     result_text,
     tool_errors,
 )
@@ -133,14 +134,7 @@ def open_run(
 
 def build_server(run: AgentRun) -> MCPServer:
     """An MCP server whose tools are the run's (the profile's tools and the case tools)."""
-    from mcp.server.mcpserver import MCPServer
-
-    server = MCPServer(
-        name="citycube-forecasting",
-        instructions=INSTRUCTIONS,
-        version="1",
-        log_level="WARNING",
-    )
+    server = new_server("citycube-forecasting", INSTRUCTIONS)
     tools = PROFILES[run.profile]
 
     def get_history() -> str:

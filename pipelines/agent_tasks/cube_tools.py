@@ -1,5 +1,6 @@
 """MCP wiring the agent tasks' servers share: a tool's CityCube errors as MCP tool errors, a
-result as JSON text, and one registration of the case tools and of the cube-asset tools.
+result as JSON text, the server's settings, and one registration of the case tools and of the
+cube-asset tools.
 
 The cube-asset tools (``list_assets``, ``read_table``, ``describe_raster``, ``view_raster``)
 are implemented once in :class:`citycube.agents.cube_tools.CubeAssetTools`; the forecasting,
@@ -57,6 +58,13 @@ def tool_errors(fn: Any) -> Any:
             raise ToolError(str(exc)) from None
 
     return wrapper
+
+
+def new_server(name: str, instructions: str) -> MCPServer:
+    """An empty MCP server with the settings every task's server shares."""
+    from mcp.server.mcpserver import MCPServer
+
+    return MCPServer(name=name, instructions=instructions, version="1", log_level="WARNING")
 
 
 def add_case_tools(server: MCPServer, run: Any, list_doc: str, start_doc: str) -> None:

@@ -28,6 +28,7 @@ from pipelines.agent_tasks.cube_tools import (
     CubeToolDocs,
     add_case_tools,
     add_cube_tools,
+    new_server,
     result_text,
     tool_errors,
 )
@@ -143,11 +144,7 @@ def open_run(release: Release, run_dir: Path, *, agent: str) -> EvRun:
 
 def build_server(run: EvRun) -> MCPServer:
     """An MCP server with the case tools and App. D's nine EV tools."""
-    from mcp.server.mcpserver import MCPServer
-
-    server = MCPServer(
-        name="citycube-ev-charging", instructions=INSTRUCTIONS, version="1", log_level="WARNING"
-    )
+    server = new_server("citycube-ev-charging", INSTRUCTIONS)
 
     def inspect_case() -> str:
         """The case, the question and the charging history at t-4, t-3 and t-2."""

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from citycube.agents.food_access import FoodAccessRun, open_food_run, run_predictions
 from citycube.errors import AgentCaseError
 from citycube.tasks.food_access import CELLS, LABELS, FoodAccessFiles
-from pipelines.agent_tasks.cube_tools import result_text, tool_errors
+from pipelines.agent_tasks.cube_tools import new_server, result_text, tool_errors
 from pipelines.agents import result_json
 
 if TYPE_CHECKING:
@@ -54,11 +54,9 @@ def open_run(release: Release, run_dir: Path, *, agent: str) -> FoodAccessRun:
 
 def build_server(run: FoodAccessRun) -> MCPServer:
     """An MCP server with the case tools and the seven food-access tools."""
-    from mcp.server.mcpserver import Image, MCPServer
+    from mcp.server.mcpserver import Image
 
-    server = MCPServer(
-        name="citycube-food-access", instructions=INSTRUCTIONS, version="1", log_level="WARNING"
-    )
+    server = new_server("citycube-food-access", INSTRUCTIONS)
 
     def list_cases() -> str:
         """Ids of the food-access cases this server serves."""

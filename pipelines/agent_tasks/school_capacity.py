@@ -24,6 +24,7 @@ from pipelines.agent_tasks.cube_tools import (
     CubeToolDocs,
     add_case_tools,
     add_cube_tools,
+    new_server,
     result_text,
     tool_errors,
 )
@@ -81,14 +82,7 @@ def open_run(release: Release, run_dir: Path, *, agent: str) -> SchoolRun:
 
 def build_server(run: SchoolRun) -> MCPServer:
     """An MCP server with one typed function per tool of the run."""
-    from mcp.server.mcpserver import MCPServer
-
-    server = MCPServer(
-        name="citycube-school-capacity",
-        instructions=INSTRUCTIONS,
-        version="1",
-        log_level="WARNING",
-    )
+    server = new_server("citycube-school-capacity", INSTRUCTIONS)
 
     def read_school_history() -> str:
         """Enrollment and capacity of the school at periods -2, -1 and 0."""
