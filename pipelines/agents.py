@@ -30,9 +30,9 @@ from pipelines.agent_tasks.cube_tools import (
     CubeToolDocs,
     add_case_tools,
     add_cube_tools,
+    add_tools,
     new_server,
     result_text,
-    tool_errors,
 )
 
 if TYPE_CHECKING:
@@ -185,25 +185,22 @@ def build_server(run: AgentRun) -> MCPServer:
         """Lag-1 autocorrelation, differences, AR(1) forecast and four local estimates."""
         return result_text(run.call("time_series_diagnostics", {"values": values}))
 
-    def add(*fns: Any) -> None:
-        for fn in fns:
-            if fn.__name__ in tools:
-                server.add_tool(tool_errors(fn), structured_output=False)
-
     add_case_tools(
         server,
         run,
         "Keys of the cases this server serves (opaque: they name no year).",
         "Open a case and return its message (target, unit, aggregation, tile, window).",
     )
-    add(get_history)
+    add_tools(server, get_history, only=tools)
     add_cube_tools(server, run, CUBE_TOOL_DOCS, only=tools)
-    add(
+    add_tools(
+        server,
         materialize_asset,
         submit_answer,
         trend_estimate,
         summary_statistics,
         time_series_diagnostics,
+        only=tools,
     )
     return server
 

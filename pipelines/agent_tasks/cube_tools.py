@@ -67,6 +67,14 @@ def new_server(name: str, instructions: str) -> MCPServer:
     return MCPServer(name=name, instructions=instructions, version="1", log_level="WARNING")
 
 
+def add_tools(server: MCPServer, *fns: Any, only: Container[str] | None = None) -> None:
+    """Register each function as a tool named after it and described by its docstring (with
+    ``only``, just those it holds), its CityCube errors raised as tool errors."""
+    for fn in fns:
+        if only is None or fn.__name__ in only:
+            server.add_tool(tool_errors(fn), structured_output=False)
+
+
 def add_case_tools(server: MCPServer, run: Any, list_doc: str, start_doc: str) -> None:
     """Register ``list_cases`` and ``start_case`` (by case key) on ``server`` for ``run``,
     described by ``list_doc`` and ``start_doc``."""

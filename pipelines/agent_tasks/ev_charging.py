@@ -28,9 +28,9 @@ from pipelines.agent_tasks.cube_tools import (
     CubeToolDocs,
     add_case_tools,
     add_cube_tools,
+    add_tools,
     new_server,
     result_text,
-    tool_errors,
 )
 from pipelines.agents import result_json
 
@@ -188,11 +188,9 @@ def build_server(run: EvRun) -> MCPServer:
         "Keys of the EV cases this server serves.",
         "Open a case and return its message (city, tile, ranges A-D).",
     )
-    for fn in (inspect_case, list_modalities):
-        server.add_tool(tool_errors(fn), structured_output=False)
+    add_tools(server, inspect_case, list_modalities)
     add_cube_tools(server, run, CUBE_TOOL_DOCS)
-    for fn in (inspect_baseline, calculate, submit_forecast):
-        server.add_tool(tool_errors(fn), structured_output=False)
+    add_tools(server, inspect_baseline, calculate, submit_forecast)
     return server
 
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from citycube.agents.food_access import FoodAccessRun, open_food_run, run_predictions
 from citycube.errors import AgentCaseError
 from citycube.tasks.food_access import CELLS, LABELS, FoodAccessFiles
-from pipelines.agent_tasks.cube_tools import new_server, result_text, tool_errors
+from pipelines.agent_tasks.cube_tools import add_tools, new_server, result_text
 from pipelines.agents import result_json
 
 if TYPE_CHECKING:
@@ -102,7 +102,8 @@ def build_server(run: FoodAccessRun) -> MCPServer:
         args = {"predictions": predictions, "limitations": limitations}
         return result_text(run.call("submit_predictions", args))
 
-    for fn in (
+    add_tools(
+        server,
         list_cases,
         start_case,
         list_reference_assets,
@@ -112,8 +113,7 @@ def build_server(run: FoodAccessRun) -> MCPServer:
         get_cell_summaries,
         calculate,
         submit_predictions,
-    ):
-        server.add_tool(tool_errors(fn), structured_output=False)
+    )
     return server
 
 

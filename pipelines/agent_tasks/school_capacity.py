@@ -24,9 +24,9 @@ from pipelines.agent_tasks.cube_tools import (
     CubeToolDocs,
     add_case_tools,
     add_cube_tools,
+    add_tools,
     new_server,
     result_text,
-    tool_errors,
 )
 from pipelines.agents import result_json
 
@@ -114,11 +114,9 @@ def build_server(run: SchoolRun) -> MCPServer:
         "Keys of the school cases this server serves.",
         "Open a case and return its message (city, tile, school, phase, periods).",
     )
-    for fn in (read_school_history, list_modalities):
-        server.add_tool(tool_errors(fn), structured_output=False)
+    add_tools(server, read_school_history, list_modalities)
     add_cube_tools(server, run, CUBE_TOOL_DOCS)
-    for fn in (calculate, submit_plan):
-        server.add_tool(tool_errors(fn), structured_output=False)
+    add_tools(server, calculate, submit_plan)
     return server
 
 
