@@ -23,9 +23,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from citycube.agents.cases import Case, release_cases
-from citycube.agents.session import ToolResult, validate_run_name
+from citycube.agents.session import validate_run_name
 from citycube.agents.tools import PROFILES, AgentRun
 from citycube.errors import AgentCaseError, CityCubeError, WorkspacePathError
+from pipelines.agent_tasks.cube_tools import (
+    CubeToolDocs,
+    add_case_tools,
+    add_cube_tools,
+    add_tools,
+    new_server,
+    result_text,
+)
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -54,9 +62,16 @@ FORECAST = "forecast"
 PLANNING_TASKS: tuple[str, ...] = ("ev_charging", "school_capacity", "food_access")
 """Planning and resource tasks (AgenticCity-Bench App. D.1, D.3.1), each a module of
 :mod:`pipelines.agent_tasks` with ``STRATEGIES``, ``open_run``, ``build_server``,
-``scripted_agent``, ``score_runs`` and ``case_count``."""
+``scripted_agent``, ``score_runs``, ``case_count`` and ``SCORE_TABLE`` (the name of its
+published scores, which ``agents show`` prints)."""
 TASKS = (FORECAST, *PLANNING_TASKS)
 """Every task an agent can be served."""
+CUBE_TOOL_DOCS = CubeToolDocs(
+    list_assets="Table and raster assets of the open case, with fields, units and periods.",
+    read_table="Rows of a table asset (default: the case's tile, every field and period).",
+    view_raster="A PNG preview of a raster asset at a period (fixed colours; invalid transparent).",
+)
+"""What the forecasting server's clients read of the cube-asset tools."""
 
 
 def planning_task(name: str) -> Any:
@@ -117,79 +132,14 @@ def open_run(
     )
 
 
-def result_text(result: ToolResult) -> str:
-    return json.dumps(result.data, ensure_ascii=False)
-
-
-def tool_errors(fn: Any) -> Any:
-    """``fn`` with CityCube errors raised as MCP tool errors, whose message (code, cause,
-    remedy) the client sees; anything else stays an unexpected error."""
-    import functools
-
-    from mcp.server.mcpserver.exceptions import ToolError
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except CityCubeError as exc:
-            raise ToolError(str(exc)) from None
-
-    return wrapper
-
-
 def build_server(run: AgentRun) -> MCPServer:
     """An MCP server whose tools are the run's (the profile's tools and the case tools)."""
-    from mcp.server.mcpserver import Image, MCPServer
-
-    server = MCPServer(
-        name="citycube-forecasting",
-        instructions=INSTRUCTIONS,
-        version="1",
-        log_level="WARNING",
-    )
+    server = new_server("citycube-forecasting", INSTRUCTIONS)
     tools = PROFILES[run.profile]
-
-    def list_cases() -> str:
-        """Keys of the cases this server serves (opaque: they name no year)."""
-        return json.dumps({"cases": run.case_keys()})
-
-    def start_case(case_key: str) -> str:
-        """Open a case and return its message (target, unit, aggregation, tile, window)."""
-        return json.dumps(run.start_case(case_key), ensure_ascii=False)
 
     def get_history() -> str:
         """The target's values at periods -10..-1 of the open case."""
         return result_text(run.call("get_history"))
-
-    def list_assets() -> str:
-        """Table and raster assets of the open case, with fields, units and periods."""
-        return result_text(run.call("list_assets"))
-
-    def read_table(
-        asset_id: str,
-        tiles: list[str] | None = None,
-        fields: list[str] | None = None,
-        periods: list[int] | None = None,
-        limit: int = 5000,
-    ) -> str:
-        """Rows of a table asset (default: the case's tile, every field and period)."""
-        args: dict[str, Any] = {"asset_id": asset_id, "limit": limit}
-        args |= {k: v for k, v in (("tiles", tiles), ("fields", fields), ("periods", periods)) if v}
-        return result_text(run.call("read_table", args))
-
-    def describe_raster(asset_id: str, period: int, tile_id: str | None = None) -> str:
-        """Bands, shape, resolution and per-band statistics of a raster asset at a period."""
-        args = {"asset_id": asset_id, "period": period}
-        return result_text(
-            run.call("describe_raster", args | ({"tile_id": tile_id} if tile_id else {}))
-        )
-
-    def view_raster(asset_id: str, period: int, tile_id: str | None = None) -> list[Any]:
-        """A PNG preview of a raster asset at a period (fixed colours; invalid transparent)."""
-        args = {"asset_id": asset_id, "period": period}
-        result = run.call("view_raster", args | ({"tile_id": tile_id} if tile_id else {}))
-        return [result_text(result), Image(data=result.image, format="png")]
 
     def materialize_asset(
         asset_id: str,
@@ -235,22 +185,23 @@ def build_server(run: AgentRun) -> MCPServer:
         """Lag-1 autocorrelation, differences, AR(1) forecast and four local estimates."""
         return result_text(run.call("time_series_diagnostics", {"values": values}))
 
-    server.add_tool(tool_errors(list_cases), structured_output=False)
-    server.add_tool(tool_errors(start_case), structured_output=False)
-    for fn in (
-        get_history,
-        list_assets,
-        read_table,
-        describe_raster,
-        view_raster,
+    add_case_tools(
+        server,
+        run,
+        "Keys of the cases this server serves (opaque: they name no year).",
+        "Open a case and return its message (target, unit, aggregation, tile, window).",
+    )
+    add_tools(server, get_history, only=tools)
+    add_cube_tools(server, run, CUBE_TOOL_DOCS, only=tools)
+    add_tools(
+        server,
         materialize_asset,
         submit_answer,
         trend_estimate,
         summary_statistics,
         time_series_diagnostics,
-    ):
-        if fn.__name__ in tools:
-            server.add_tool(tool_errors(fn), structured_output=False)
+        only=tools,
+    )
     return server
 
 
@@ -607,6 +558,11 @@ def _per_run(runs: pa.Table, run_dirs: Sequence[Path]) -> list[int]:
     return [sum(1 for r in rows if r["run"] == d.name and r["submitted"]) for d in run_dirs]
 
 
+def planning_score_tables() -> list[str]:
+    """The score table each planning task publishes, in task order."""
+    return [planning_task(task).SCORE_TABLE for task in PLANNING_TASKS]
+
+
 def cmd_show(args: Any) -> int:
     """``citycube agents show``: the scores in the release's agent views, and the runs."""
     import duckdb
@@ -617,8 +573,7 @@ def cmd_show(args: Any) -> int:
     with duckdb.connect(str(release.duckdb_file), read_only=True) as con:
         names = "SELECT view_name FROM duckdb_views() UNION SELECT table_name FROM duckdb_tables()"
         have = {name for (name,) in con.execute(names).fetchall()}
-        # each planning task publishes one <prefix>_agent_scores table
-        planning = sorted(v for v in have if v.endswith("_agent_scores") and v != "agent_scores")
+        planning = sorted(v for v in planning_score_tables() if v in have)
         if "agent_scores" not in have and not planning:
             raise AgentCaseError(
                 f"{release.duckdb_file} has no agent views: build a scope with forecasting "

@@ -14,6 +14,7 @@ Cases are made and published through the core, as a build does.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -56,10 +57,20 @@ def _value(code: str, tile: int, year: int) -> float:
     return (300_000.0 + 1_000.0 * tile) * 1.03**t + 500.0 * np.sin(3 * tile + year)
 
 
-def _row(tile: str, scale: str, year: int, code: str, field: str, value: float | None, **kw):
+def observation_row(
+    city: str,
+    tile: str,
+    scale: str,
+    year: int,
+    code: str,
+    field: str,
+    value: float | None,
+    **kw: object,
+) -> dict:
+    """One observation (a missing value is unavailable with a reason, never zero)."""
     return {
         "tile_id": tile,
-        "city": CITY,
+        "city": city,
         "scale": scale,
         "year": year,
         "modality": code,
@@ -75,6 +86,17 @@ def _row(tile: str, scale: str, year: int, code: str, field: str, value: float |
         "source_version": "0",
         "synthetic": True,
     }
+
+
+def write_observations(release: Release, city: str, year: int, code: str, rows: list[dict]) -> None:
+    """One city × year × modality partition of the release's draft observations."""
+    path = release.observations_file(city, year, code)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=OBSERVATION_SCHEMA), path)
+
+
+def _row(tile: str, scale: str, year: int, code: str, field: str, value: float | None, **kw):
+    return observation_row(CITY, tile, scale, year, code, field, value, **kw)
 
 
 def _rows(year: int) -> dict[str, list[dict]]:
@@ -137,14 +159,23 @@ def _rows(year: int) -> dict[str, list[dict]]:
     return out
 
 
-def _chips(release: Release) -> None:
-    grid = pixel_grid(CITY, CHIP_RES)
-    tiles = [t for s in ("2km", "5km") for t in city_grid(CITY, s).tiles()]
-    for year in CHIP_YEARS:
-        store = f"chips/OPT/{CITY}/{year}.zarr"
+def write_opt_chips(
+    release: Release,
+    city: str,
+    years: Iterable[int],
+    res: int,
+    scales: Iterable[str] = ("2km", "5km"),
+    band_step: int = 1,
+) -> None:
+    """OPT chips of ``city`` (a Zarr store per year and its chip index) for the tiles of
+    ``scales``: band ``b`` of year ``y`` is ``y - 2000 + b * band_step`` at every pixel."""
+    grid = pixel_grid(city, res)
+    tiles = [t for s in scales for t in city_grid(city, s).tiles()]
+    for year in years:
+        store = f"chips/OPT/{city}/{year}.zarr"
         values = np.full((3, *grid.shape), year - 2000, dtype=np.uint8)
-        values[1] += 1
-        values[2] += 2
+        for band in (1, 2):
+            values[band] += band * band_step
         valid = np.ones(grid.shape, dtype=bool)
         with chip_writer(
             release.root / store, grid, ["red", "green", "blue"], np.uint8, 0, {}
@@ -156,7 +187,7 @@ def _chips(release: Release) -> None:
             rows.append(
                 {
                     "tile_id": tile.tile_id,
-                    "city": CITY,
+                    "city": city,
                     "scale": tile.scale,
                     "year": year,
                     "modality": "OPT",
@@ -165,7 +196,7 @@ def _chips(release: Release) -> None:
                     "col_off": c,
                     "height": h,
                     "width": wd,
-                    "resolution_m": float(CHIP_RES),
+                    "resolution_m": float(res),
                     "valid_fraction": 1.0,
                     "available": True,
                     "temporal_basis": "annual",
@@ -173,24 +204,43 @@ def _chips(release: Release) -> None:
                     "classes": None,
                 }
             )
-        path = release.chip_index_file(CITY, year, "OPT")
+        path = release.chip_index_file(city, year, "OPT")
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rows, schema=CHIP_INDEX_SCHEMA), path)
 
 
-def make_agent_release(root: Path) -> Release:
-    """Write, stage and publish the release with its forecasting cases."""
+def stage_release(root: Path, write: Callable[[Release], None]) -> tuple[Release, dict]:
+    """Release ``t`` under ``root/data``: its tiles and what ``write`` adds to the draft, with
+    a staged database over them (not published); the release and its metadata."""
     release = Release(root / "data", "t")
     write_tiles(release)
-    for year in YEARS:
-        for code, rows in _rows(year).items():
-            path = release.observations_file(CITY, year, code)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.Table.from_pylist(rows, schema=OBSERVATION_SCHEMA), path)
-    _chips(release)
+    write(release)
     meta = release_metadata(release, source_set="test", synthetic=True)
     build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
-    write_forecast_cases(release, ASKED)
+    return release, meta
+
+
+def publish(release: Release, meta: dict) -> None:
+    """Stage the task views and publish the release, as a build does."""
     stage_views(release, CAT)
     publish_database(release, meta)
+
+
+def _write_boston(release: Release) -> None:
+    for year in YEARS:
+        for code, rows in _rows(year).items():
+            write_observations(release, CITY, year, code, rows)
+    write_opt_chips(release, CITY, CHIP_YEARS, CHIP_RES)
+
+
+def stage_boston(root: Path) -> tuple[Release, dict]:
+    """The Boston release written and staged, without cases yet (and its metadata)."""
+    return stage_release(root, _write_boston)
+
+
+def make_agent_release(root: Path) -> Release:
+    """Write, stage and publish the release with its forecasting cases."""
+    release, meta = stage_boston(root)
+    write_forecast_cases(release, ASKED)
+    publish(release, meta)
     return release

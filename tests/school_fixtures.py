@@ -11,28 +11,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from citycube.catalogue.modalities import load_catalogue
-from citycube.cube.chips import chip_writer
-from citycube.cube.release import (
-    CHIP_INDEX_SCHEMA,
-    OBSERVATION_SCHEMA,
-    Release,
-    build_duckdb,
-    publish_database,
-    release_metadata,
-    write_tiles,
-)
-from citycube.grid.tiles import city_grid, pixel_grid
+from citycube.cube.release import Release
+from citycube.grid.tiles import city_grid
 from citycube.tasks.school_capacity import select_cases, write_school_cases
-from citycube.tasks.views import stage_views
 from sources.dfe_schools import item_records
 from sources.sample.school_capacity import sample_school_item
+from tests.agent_fixtures import (
+    observation_row,
+    publish,
+    stage_release,
+    write_observations,
+    write_opt_chips,
+)
 
-CAT = load_catalogue()
 CITY = "London"
 YEARS = tuple(range(2014, 2026))
 FUTURE_MARK = 987_654.0
@@ -41,24 +32,9 @@ CHIP_RES = 200
 
 
 def _row(tile: str, year: int, code: str, field: str, value: float, **kw: object) -> dict:
-    return {
-        "tile_id": tile,
-        "city": CITY,
-        "scale": "2km",
-        "year": year,
-        "modality": code,
-        "field": field,
-        "value": value,
-        "unit": kw.get("unit", "1"),
-        "valid_fraction": 1.0,
-        "available": True,
-        "reason": None,
-        "temporal_basis": kw.get("basis", "annual"),
-        "source_year": kw.get("source_year", year),
-        "source_id": kw.get("source_id", f"test {year}"),
-        "source_version": "0",
-        "synthetic": True,
-    }
+    return observation_row(
+        CITY, tile, "2km", year, code, field, value, **{"source_id": f"test {year}", **kw}
+    )
 
 
 def _observations(release: Release) -> None:
@@ -84,59 +60,17 @@ def _observations(release: Release) -> None:
             for i, t in enumerate(tiles)
         ]
         for code, rows in (("HEAT", heat), ("POP", pop)):
-            path = release.observations_file(CITY, year, code)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.Table.from_pylist(rows, schema=OBSERVATION_SCHEMA), path)
+            write_observations(release, CITY, year, code, rows)
 
 
-def _chips(release: Release) -> None:
-    grid = pixel_grid(CITY, CHIP_RES)
-    tiles = list(city_grid(CITY, "2km").tiles())
-    for year in CHIP_YEARS:
-        store = f"chips/OPT/{CITY}/{year}.zarr"
-        values = np.full((3, *grid.shape), year - 2000, dtype=np.uint8)
-        valid = np.ones(grid.shape, dtype=bool)
-        with chip_writer(
-            release.root / store, grid, ["red", "green", "blue"], np.uint8, 0, {}
-        ) as w:
-            w.write_block(0, 0, values, valid)
-        rows = []
-        for tile in tiles:
-            r, c, h, wd = grid.window(tile)
-            rows.append(
-                {
-                    "tile_id": tile.tile_id,
-                    "city": CITY,
-                    "scale": "2km",
-                    "year": year,
-                    "modality": "OPT",
-                    "store": store,
-                    "row_off": r,
-                    "col_off": c,
-                    "height": h,
-                    "width": wd,
-                    "resolution_m": float(CHIP_RES),
-                    "valid_fraction": 1.0,
-                    "available": True,
-                    "temporal_basis": "annual",
-                    "source_year": year,
-                    "classes": None,
-                }
-            )
-        path = release.chip_index_file(CITY, year, "OPT")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(rows, schema=CHIP_INDEX_SCHEMA), path)
+def _write_london(release: Release) -> None:
+    _observations(release)
+    write_opt_chips(release, CITY, CHIP_YEARS, CHIP_RES, scales=("2km",), band_step=0)
 
 
 def stage_london(root: Path) -> tuple[Release, dict]:
     """The London release written and staged, not yet with school cases (and its metadata)."""
-    release = Release(root / "data", "t")
-    write_tiles(release)
-    _observations(release)
-    _chips(release)
-    meta = release_metadata(release, source_set="test", synthetic=True)
-    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
-    return release, meta
+    return stage_release(root, _write_london)
 
 
 def make_school_release(root: Path) -> Release:
@@ -145,6 +79,5 @@ def make_school_release(root: Path) -> Release:
     item = sample_school_item(CITY, root / "sources", seed=0)
     found = select_cases(item_records(item, CITY))
     write_school_cases(release, found, {"source_id": "sample", "synthetic": True})
-    stage_views(release, CAT)
-    publish_database(release, meta)
+    publish(release, meta)
     return release

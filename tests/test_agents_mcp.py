@@ -287,3 +287,32 @@ def test_serve_writes_runs_only_inside_the_data_root(
     assert "CC402" in capsys.readouterr().err
     assert not (tmp_path / "elsewhere").exists()
     assert not (release.data_root / "agent_runs" / "escape").exists()
+
+
+def test_show_prints_the_score_table_each_planning_task_names(tmp_path: Path, capsys) -> None:
+    """`agents show` asks every planning task for its score table and prints each one found;
+    a table no task names is not shown, however it is called."""
+    import pyarrow as pa
+
+    from citycube.agents.views import publish_task_tables
+    from pipelines.agents import PLANNING_TASKS, planning_task
+
+    names = {
+        "ev_charging": "ev_agent_scores",
+        "school_capacity": "school_agent_scores",
+        "food_access": "food_access_agent_scores",
+    }
+    assert {t: planning_task(t).SCORE_TABLE for t in PLANNING_TASKS} == names
+    release = make_agent_release(tmp_path)
+    for task, name in names.items():
+        table = pa.table({"run": [f"{task}-scripted-marker"], "value": [0.25]})
+        assert publish_task_tables(release, task, {name: table}) == [name]
+    other = pa.table({"run": ["not-a-task-run"], "value": [1.0]})
+    assert publish_task_tables(release, "other", {"other_agent_scores": other}) == [
+        "other_agent_scores"
+    ]
+    assert _cli(release, "show") == 0
+    out = capsys.readouterr().out
+    for task, name in names.items():
+        assert f"{name}:" in out and f"{task}-scripted-marker" in out
+    assert "other_agent_scores" not in out and "not-a-task-run" not in out

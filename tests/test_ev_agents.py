@@ -7,48 +7,29 @@ import json
 
 import anyio
 import duckdb
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from citycube.agents.ev_charging import EV_TOOLS, evaluate
-from citycube.cube.release import (
-    OBSERVATION_SCHEMA,
-    Release,
-    build_duckdb,
-    publish_database,
-    release_metadata,
-    write_tiles,
-)
+from citycube.cube.release import Release
 from citycube.errors import AgentCaseError, EvSubmissionError
 from citycube.tasks.ev_charging import PRODUCT, EvFiles, write_ev_cases
-from citycube.tasks.views import stage_views
 from pipelines.agent_tasks import ev_charging as task
 from sources.sample.backend import SampleBackend
-from tests.agent_fixtures import CAT, CITY, YEARS, _chips, _rows
+from tests.agent_fixtures import CITY, publish, stage_boston
 
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
     root = tmp_path_factory.mktemp("ev_agents")
-    release = Release(root / "data", "t")
-    write_tiles(release)
-    for year in YEARS:
-        for code, rows in _rows(year).items():
-            path = release.observations_file(CITY, year, code)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.Table.from_pylist(rows, schema=OBSERVATION_SCHEMA), path)
-    _chips(release)
-    meta = release_metadata(release, source_set="test", synthetic=True)
-    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
+    release, meta = stage_boston(root)
     item = SampleBackend(0).fetch(PRODUCT, CITY, None, root / "sources")
     write_ev_cases(
         release,
         {CITY: item.files},
         {"NYC": "city outside the release's scope", "SanFrancisco": "city outside"},
     )
-    stage_views(release, CAT)
-    publish_database(release, meta)
+    publish(release, meta)
     return release
 
 

@@ -9,23 +9,15 @@ from pathlib import Path
 
 import dagster as dg
 import duckdb
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from assets.tasks.school_capacity import build_school_assets
-from citycube.cube.release import (
-    OBSERVATION_SCHEMA,
-    Release,
-    build_duckdb,
-    publish_database,
-    release_metadata,
-    write_tiles,
-)
+from citycube.cube.release import Release, publish_database
 from citycube.grid.tiles import city_grid
 from citycube.tasks.school_capacity import SchoolFiles
 from pipelines.resources import CubeResource
 from sources.sample.school_capacity import sample_school_files
-from tests.school_fixtures import CAT, stage_london
+from tests.agent_fixtures import observation_row, stage_release, write_observations
+from tests.school_fixtures import stage_london
 
 
 def _materialise(release: Release, config: dict | None = None) -> None:
@@ -68,34 +60,15 @@ def test_london_cases_from_the_real_source_over_loopback(
 
 
 def test_a_scope_without_london_gets_no_cases_and_says_why(tmp_path: Path) -> None:
-    release = Release(tmp_path / "data", "t")
-    write_tiles(release)
-    rows = [
-        {
-            "tile_id": t,
-            "city": "Boston",
-            "scale": "2km",
-            "year": 2020,
-            "modality": "HEAT",
-            "field": "mean_c",
-            "value": 14.0,
-            "unit": "°C",
-            "valid_fraction": 1.0,
-            "available": True,
-            "reason": None,
-            "temporal_basis": "annual",
-            "source_year": 2020,
-            "source_id": "test",
-            "source_version": "0",
-            "synthetic": True,
-        }
-        for t in city_grid("Boston", "2km").tile_ids()
-    ]
-    path = release.observations_file("Boston", 2020, "HEAT")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=OBSERVATION_SCHEMA), path)
-    meta = release_metadata(release, source_set="test", synthetic=True)
-    build_duckdb(release, CAT, meta, path=release.staged_duckdb_file)
+    def boston_heat(release: Release) -> None:
+        tiles = city_grid("Boston", "2km").tile_ids()
+        rows = [
+            observation_row("Boston", t, "2km", 2020, "HEAT", "mean_c", 14.0, unit="°C")
+            for t in tiles
+        ]
+        write_observations(release, "Boston", 2020, "HEAT", rows)
+
+    release, meta = stage_release(tmp_path, boston_heat)
     _materialise(release)
     publish_database(release, meta)
     manifest = json.loads(SchoolFiles.published(release).manifest.read_text())

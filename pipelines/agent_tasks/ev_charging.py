@@ -24,7 +24,15 @@ from citycube.agents.ev_charging import EV_TOOLS, UNCOUNTED, EvSession, load_ev_
 from citycube.agents.session import CaseRun, validate_run_name
 from citycube.errors import AgentCaseError
 from citycube.tasks.ev_charging import BASELINES, RANGES, EvFiles, range_of
-from pipelines.agents import result_json, result_text, tool_errors
+from pipelines.agent_tasks.cube_tools import (
+    CubeToolDocs,
+    add_case_tools,
+    add_cube_tools,
+    add_tools,
+    new_server,
+    result_text,
+)
+from pipelines.agents import result_json
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -33,6 +41,8 @@ if TYPE_CHECKING:
 
 STRATEGIES: tuple[str, ...] = BASELINES
 """The scripted agent's rules: the task's direct baselines."""
+SCORE_TABLE = "ev_agent_scores"
+"""The table of this task's run scores a release publishes (what ``agents show`` prints)."""
 INSTRUCTIONS = (
     "EV charging-site planning. Forecast the net change in publicly available EV charging "
     "ports in one 2 km x 2 km tile from t-2 to t (two years) and choose one of the supplied "
@@ -48,6 +58,15 @@ INSTRUCTIONS = (
     "each range A-D, evidence ids and limitations. A successful submission ends the case."
 )
 """AgenticCity-Bench App. D's EV task prompt, with the case tools added."""
+CUBE_TOOL_DOCS = CubeToolDocs(
+    list_assets="Table, raster and baseline assets of the case, with fields and periods.",
+    read_table=(
+        "Rows of a table asset (default: the case's tile, every field, periods through t-2)."
+    ),
+    describe_raster="Bands, shape and per-band statistics of a raster asset at a period (<= -2).",
+    view_raster="A PNG preview of a raster asset at a period (<= -2).",
+)
+"""What the EV server's clients read of the cube-asset tools (periods up to t-2)."""
 
 
 class EvRun(CaseRun):
@@ -120,19 +139,7 @@ def open_run(release: Release, run_dir: Path, *, agent: str) -> EvRun:
 
 def build_server(run: EvRun) -> MCPServer:
     """An MCP server with the case tools and App. D's nine EV tools."""
-    from mcp.server.mcpserver import Image, MCPServer
-
-    server = MCPServer(
-        name="citycube-ev-charging", instructions=INSTRUCTIONS, version="1", log_level="WARNING"
-    )
-
-    def list_cases() -> str:
-        """Keys of the EV cases this server serves."""
-        return json.dumps({"cases": run.case_keys()})
-
-    def start_case(case_key: str) -> str:
-        """Open a case and return its message (city, tile, ranges A-D)."""
-        return json.dumps(run.start_case(case_key), ensure_ascii=False)
+    server = new_server("citycube-ev-charging", INSTRUCTIONS)
 
     def inspect_case() -> str:
         """The case, the question and the charging history at t-4, t-3 and t-2."""
@@ -141,36 +148,6 @@ def build_server(run: EvRun) -> MCPServer:
     def list_modalities() -> str:
         """Modalities with data through t-2 for the case, and whether table or raster."""
         return result_text(run.call("list_modalities"))
-
-    def list_assets() -> str:
-        """Table, raster and baseline assets of the case, with fields and periods."""
-        return result_text(run.call("list_assets"))
-
-    def read_table(
-        asset_id: str,
-        tiles: list[str] | None = None,
-        fields: list[str] | None = None,
-        periods: list[int] | None = None,
-        limit: int = 5000,
-    ) -> str:
-        """Rows of a table asset (default: the case's tile, every field, periods through t-2)."""
-        args: dict[str, Any] = {"asset_id": asset_id, "limit": limit}
-        given = (("tiles", tiles), ("fields", fields), ("periods", periods))
-        args |= {k: v for k, v in given if v}
-        return result_text(run.call("read_table", args))
-
-    def describe_raster(asset_id: str, period: int, tile_id: str | None = None) -> str:
-        """Bands, shape and per-band statistics of a raster asset at a period (<= -2)."""
-        args: dict[str, Any] = {"asset_id": asset_id, "period": period}
-        return result_text(
-            run.call("describe_raster", args | ({"tile_id": tile_id} if tile_id else {}))
-        )
-
-    def view_raster(asset_id: str, period: int, tile_id: str | None = None) -> list[Any]:
-        """A PNG preview of a raster asset at a period (<= -2)."""
-        args: dict[str, Any] = {"asset_id": asset_id, "period": period}
-        result = run.call("view_raster", args | ({"tile_id": tile_id} if tile_id else {}))
-        return [result_text(result), Image(data=result.image, format="png")]
 
     def inspect_baseline() -> str:
         """The station records behind the t-2 count of the case's tile."""
@@ -200,20 +177,15 @@ def build_server(run: EvRun) -> MCPServer:
         }
         return result_text(run.call("submit_forecast", args))
 
-    for fn in (
-        list_cases,
-        start_case,
-        inspect_case,
-        list_modalities,
-        list_assets,
-        read_table,
-        describe_raster,
-        view_raster,
-        inspect_baseline,
-        calculate,
-        submit_forecast,
-    ):
-        server.add_tool(tool_errors(fn), structured_output=False)
+    add_case_tools(
+        server,
+        run,
+        "Keys of the EV cases this server serves.",
+        "Open a case and return its message (city, tile, ranges A-D).",
+    )
+    add_tools(server, inspect_case, list_modalities)
+    add_cube_tools(server, run, CUBE_TOOL_DOCS)
+    add_tools(server, inspect_baseline, calculate, submit_forecast)
     return server
 
 
@@ -316,7 +288,7 @@ def score_runs(release: Release, run_dirs: Sequence[Path]) -> dict[str, pa.Table
         answered = {k: predicted.get(k, "none") for k in keys}
         scores.append(_score(references, run_dir.name, answered, score_table))
     table = pa.concat_tables([SCORE_SCHEMA.empty_table(), *scores])
-    return {"ev_agent_runs": pa.table(rows, schema=CALL_COUNT_SCHEMA), "ev_agent_scores": table}
+    return {"ev_agent_runs": pa.table(rows, schema=CALL_COUNT_SCHEMA), SCORE_TABLE: table}
 
 
 def _score(references: pa.Table, name: str, predicted: dict[str, str], score_table: Any) -> Any:

@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 from citycube.agents.food_access import FoodAccessRun, open_food_run, run_predictions
 from citycube.errors import AgentCaseError
 from citycube.tasks.food_access import CELLS, LABELS, FoodAccessFiles
-from pipelines.agents import result_json, result_text, tool_errors
+from pipelines.agent_tasks.cube_tools import add_tools, new_server, result_text
+from pipelines.agents import result_json
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 STRATEGIES = tuple(f"constant_{label}" for label in LABELS)
 """The scripted agent's rules: one constant class per strategy (the majority-class baseline is
 the one whose class is the candidate pool's most frequent, as the baseline scores mark)."""
+SCORE_TABLE = "food_access_agent_scores"
+"""The table of this task's run scores a release publishes (what ``agents show`` prints)."""
 INSTRUCTIONS = (
     "CityCube food-access cases. list_cases, then start_case(case_id); per case use "
     "list_reference_assets, inspect_table, describe_raster, view_raster, get_cell_summaries and "
@@ -51,11 +54,9 @@ def open_run(release: Release, run_dir: Path, *, agent: str) -> FoodAccessRun:
 
 def build_server(run: FoodAccessRun) -> MCPServer:
     """An MCP server with the case tools and the seven food-access tools."""
-    from mcp.server.mcpserver import Image, MCPServer
+    from mcp.server.mcpserver import Image
 
-    server = MCPServer(
-        name="citycube-food-access", instructions=INSTRUCTIONS, version="1", log_level="WARNING"
-    )
+    server = new_server("citycube-food-access", INSTRUCTIONS)
 
     def list_cases() -> str:
         """Ids of the food-access cases this server serves."""
@@ -101,7 +102,8 @@ def build_server(run: FoodAccessRun) -> MCPServer:
         args = {"predictions": predictions, "limitations": limitations}
         return result_text(run.call("submit_predictions", args))
 
-    for fn in (
+    add_tools(
+        server,
         list_cases,
         start_case,
         list_reference_assets,
@@ -111,8 +113,7 @@ def build_server(run: FoodAccessRun) -> MCPServer:
         get_cell_summaries,
         calculate,
         submit_predictions,
-    ):
-        server.add_tool(tool_errors(fn), structured_output=False)
+    )
     return server
 
 
@@ -203,4 +204,4 @@ def score_runs(release: Release, run_dirs: Sequence[Path]) -> dict[str, pa.Table
                 "mean_calls": sum(calls) / len(calls) if calls else None,
             }
         )
-    return {"food_access_agent_scores": pa.Table.from_pylist(rows, schema=SCORE_SCHEMA)}
+    return {SCORE_TABLE: pa.Table.from_pylist(rows, schema=SCORE_SCHEMA)}

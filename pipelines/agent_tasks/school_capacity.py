@@ -20,15 +20,32 @@ import pyarrow.parquet as pq
 from citycube.agents.school_capacity import UNCOUNTED, SchoolRun
 from citycube.errors import AgentCaseError
 from citycube.tasks.school_capacity import STRATEGIES
-from pipelines.agents import result_json, result_text, tool_errors
+from pipelines.agent_tasks.cube_tools import (
+    CubeToolDocs,
+    add_case_tools,
+    add_cube_tools,
+    add_tools,
+    new_server,
+    result_text,
+)
+from pipelines.agents import result_json
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
 
     from citycube.cube.release import Release
 
-__all__ = ["STRATEGIES", "build_server", "open_run", "score_runs", "scripted_agent"]
+__all__ = [
+    "SCORE_TABLE",
+    "STRATEGIES",
+    "build_server",
+    "open_run",
+    "score_runs",
+    "scripted_agent",
+]
 
+SCORE_TABLE = "school_agent_scores"
+"""The table of this task's run scores a release publishes (what ``agents show`` prints)."""
 INSTRUCTIONS = (
     "Forecast next-year enrollment and plan period-+1 capacity for the specified school. Call "
     "list_cases, then start_case with a case key. Read enrollment and capacity for periods -2, "
@@ -43,6 +60,11 @@ INSTRUCTIONS = (
     "submission ends the case."
 )
 """AgenticCity-Bench App. D's school prompt, with the case tools named."""
+CUBE_TOOL_DOCS = CubeToolDocs(
+    list_assets="Table and raster assets of the school's tile, with fields, units and periods.",
+    read_table="Rows of a table asset (default: the school's tile, every field and period).",
+)
+"""What the school server's clients read of the cube-asset tools."""
 
 
 def case_count(release: Release) -> int:
@@ -60,22 +82,7 @@ def open_run(release: Release, run_dir: Path, *, agent: str) -> SchoolRun:
 
 def build_server(run: SchoolRun) -> MCPServer:
     """An MCP server with one typed function per tool of the run."""
-    from mcp.server.mcpserver import Image, MCPServer
-
-    server = MCPServer(
-        name="citycube-school-capacity",
-        instructions=INSTRUCTIONS,
-        version="1",
-        log_level="WARNING",
-    )
-
-    def list_cases() -> str:
-        """Keys of the school cases this server serves."""
-        return json.dumps({"cases": run.case_keys()})
-
-    def start_case(case_key: str) -> str:
-        """Open a case and return its message (city, tile, school, phase, periods)."""
-        return json.dumps(run.start_case(case_key), ensure_ascii=False)
+    server = new_server("citycube-school-capacity", INSTRUCTIONS)
 
     def read_school_history() -> str:
         """Enrollment and capacity of the school at periods -2, -1 and 0."""
@@ -84,35 +91,6 @@ def build_server(run: SchoolRun) -> MCPServer:
     def list_modalities() -> str:
         """The cube's modalities with data for the case's city up to period 0."""
         return result_text(run.call("list_modalities"))
-
-    def list_assets() -> str:
-        """Table and raster assets of the school's tile, with fields, units and periods."""
-        return result_text(run.call("list_assets"))
-
-    def read_table(
-        asset_id: str,
-        tiles: list[str] | None = None,
-        fields: list[str] | None = None,
-        periods: list[int] | None = None,
-        limit: int = 5000,
-    ) -> str:
-        """Rows of a table asset (default: the school's tile, every field and period)."""
-        args: dict[str, Any] = {"asset_id": asset_id, "limit": limit}
-        args |= {k: v for k, v in (("tiles", tiles), ("fields", fields), ("periods", periods)) if v}
-        return result_text(run.call("read_table", args))
-
-    def describe_raster(asset_id: str, period: int, tile_id: str | None = None) -> str:
-        """Bands, shape, resolution and per-band statistics of a raster asset at a period."""
-        args = {"asset_id": asset_id, "period": period}
-        return result_text(
-            run.call("describe_raster", args | ({"tile_id": tile_id} if tile_id else {}))
-        )
-
-    def view_raster(asset_id: str, period: int, tile_id: str | None = None) -> list[Any]:
-        """A PNG preview of a raster asset at a period."""
-        args = {"asset_id": asset_id, "period": period}
-        result = run.call("view_raster", args | ({"tile_id": tile_id} if tile_id else {}))
-        return [result_text(result), Image(data=result.image, format="png")]
 
     def calculate(expression: str) -> str:
         """The value of an arithmetic expression (+ - * / // % **, min, max, mean, ...)."""
@@ -130,19 +108,15 @@ def build_server(run: SchoolRun) -> MCPServer:
         }
         return result_text(run.call("submit_plan", args))
 
-    for fn in (
-        list_cases,
-        start_case,
-        read_school_history,
-        list_modalities,
-        list_assets,
-        read_table,
-        describe_raster,
-        view_raster,
-        calculate,
-        submit_plan,
-    ):
-        server.add_tool(tool_errors(fn), structured_output=False)
+    add_case_tools(
+        server,
+        run,
+        "Keys of the school cases this server serves.",
+        "Open a case and return its message (city, tile, school, phase, periods).",
+    )
+    add_tools(server, read_school_history, list_modalities)
+    add_cube_tools(server, run, CUBE_TOOL_DOCS)
+    add_tools(server, calculate, submit_plan)
     return server
 
 
@@ -271,5 +245,5 @@ def score_runs(release: Release, run_dirs: Sequence[Path]) -> dict[str, pa.Table
     return {
         "school_agent_runs": pa.Table.from_pylist(runs, schema=RUN_SCHEMA),
         "school_agent_tool_calls": pa.Table.from_pylist(calls, schema=CALL_SCHEMA),
-        "school_agent_scores": pa.concat_tables(scores) if scores else SCORE_SCHEMA.empty_table(),
+        SCORE_TABLE: pa.concat_tables(scores) if scores else SCORE_SCHEMA.empty_table(),
     }
