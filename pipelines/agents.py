@@ -120,16 +120,20 @@ def open_run(
     validate_run_name(run_dir.name)
     cases, allowed = select_cases(release, series_per_target)
     con = duckdb.connect(str(release.duckdb_file), read_only=True)
-    return AgentRun(
-        con,
-        cases,
-        load_catalogue(),
-        release.root,
-        run_dir,
-        profile=profile,
-        agent=agent,
-        allowed=allowed,
-    )
+    try:
+        return AgentRun(
+            con,
+            cases,
+            load_catalogue(),
+            release.root,
+            run_dir,
+            profile=profile,
+            agent=agent,
+            allowed=allowed,
+        )
+    except BaseException:  # the run owns the connection only once it exists
+        con.close()
+        raise
 
 
 def build_server(run: AgentRun) -> MCPServer:

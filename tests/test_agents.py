@@ -304,6 +304,17 @@ def test_ending_a_case_keeps_the_run_and_ending_the_run_closes_its_database(
     ] == [1, 1]
 
 
+def test_a_run_that_cannot_be_opened_leaves_the_release_closed(release, tmp_path: Path) -> None:
+    from pipelines.agents import open_run
+
+    with pytest.raises(AgentCaseError, match="unknown tool profile") as caught:
+        open_run(release, tmp_path / "run", profile="no-such-profile", agent="t")
+    # the error is kept (as a server logging it would keep it, frames and all), yet the
+    # connection opened for the run was closed with it: the release opens read-write
+    duckdb.connect(str(release.duckdb_file)).close()
+    assert caught.traceback
+
+
 def test_strategies_by_hand() -> None:
     line = [float(v) for v in range(1, 11)]
     assert ar1_one_step(line) == pytest.approx(11.0)
