@@ -26,8 +26,6 @@ quotes them with the examples' times in the querying guide.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -186,20 +184,12 @@ def _remote_reads(
 ) -> dict[str, Any]:
     """Bytes and requests one tile's history takes on the release served over loopback HTTP."""
     from citycube.cube.remote import open_remote_release
-    from tests.processes import stop_process
+    from tests.http_file_server import serving
 
     log_file = scratch / "requests.log"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tests.http_file_server", str(release.parent), str(log_file)],
-        cwd=Path(__file__).resolve().parents[1],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        port = int(server.stdout.readline())
+    with serving(release.parent, log_file) as url:
         started = time.perf_counter()
-        con = open_remote_release(f"http://127.0.0.1:{port}/{release.name}/")
+        con = open_remote_release(f"{url}/{release.name}/")
         open_s = time.perf_counter() - started
         opened, open_requests = _served_bytes(log_file)
         started = time.perf_counter()
@@ -207,8 +197,6 @@ def _remote_reads(
         query_s = time.perf_counter() - started
         con.close()
         total, requests = _served_bytes(log_file)
-    finally:
-        stop_process(server)
     files = {  # by inode: the draft, snapshots and published/ share files as hard links
         (st.st_dev, st.st_ino): st.st_size
         for p in release.rglob("*")

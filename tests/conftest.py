@@ -8,8 +8,6 @@ import os
 # expects does not change with the date it runs on (tests of other days set their own).
 os.environ.setdefault("CITYCUBE_TODAY", "2026-12-06")
 
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,7 +18,6 @@ from affine import Affine
 
 from citycube.errors import SourceUnavailableError
 from citycube.items.protocol import SourceInfo, SourceItem, SourceProduct, SourceSet
-from tests.processes import stop_process
 from tests.stac_fixtures import stac_world  # noqa: F401  (loopback STAC services, per session)
 
 
@@ -128,21 +125,13 @@ def file_server(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
     """A loopback HTTP file server with Range support, in its own process (GDAL holds the
     GIL while it reads, so an in-process server would deadlock): (base URL, served folder,
     request log file)."""
+    from tests.http_file_server import serving
+
     root = tmp_path / "served"
     root.mkdir()
     log = tmp_path / "requests.log"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tests.http_file_server", str(root), str(log)],
-        cwd=Path(__file__).resolve().parents[1],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        port = int(server.stdout.readline())
-        yield f"http://127.0.0.1:{port}", root, log
-    finally:
-        stop_process(server)
+    with serving(root, log) as url:
+        yield url, root, log
 
 
 def materialize_keys(

@@ -14,10 +14,13 @@ Tests write it to inject server failures.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -167,6 +170,25 @@ class _Limited:
 
     def close(self) -> None:
         self.handle.close()
+
+
+@contextlib.contextmanager
+def serving(folder: Path, request_log: Path) -> Iterator[str]:
+    """Serve ``folder`` from this module in its own process (GDAL holds the GIL while it reads,
+    so an in-process server would deadlock); yield the base URL, stop the server on exit."""
+    from tests.processes import stop_process
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.http_file_server", str(folder), str(request_log)],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        yield f"http://127.0.0.1:{int(server.stdout.readline())}"
+    finally:
+        stop_process(server)
 
 
 def main() -> None:
