@@ -13,7 +13,7 @@ WORKERS ?= 2
 TEST_WORKERS ?= 2
 DEV_PORT ?= 3000
 
-.PHONY: install run agents test dev lint bench docs fresh-runs represent clean
+.PHONY: install pgbouncer run agents test dev lint bench docs fresh-runs represent clean
 
 install: $(STAMP)
 
@@ -48,8 +48,17 @@ represent: install
 	$(BIN)/python -m pipelines.cli represent
 
 ## Run the test suite, spread over TEST_WORKERS processes (pytest-xdist; TEST_WORKERS=0 runs it in one).
-test: install
+test: install pgbouncer
 	$(BIN)/python -m pytest -q -n '$(TEST_WORKERS)'
+
+# PgBouncer in front of PostgreSQL (docs/operations.md, "Instance storage"): Debian's package,
+# installed where apt-get can run as root; elsewhere its test is skipped and says why.
+pgbouncer:
+	@PATH="$$PATH:/usr/sbin" command -v pgbouncer >/dev/null 2>&1 || { \
+	  [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get install -y -qq pgbouncer >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq pgbouncer >/dev/null 2>&1; }; }; \
+	} || echo "pgbouncer is not installed (Debian's pgbouncer package): its test is skipped"
 
 ## Serve the Dagster UI and daemon offline (http://127.0.0.1:3000); runs use WORKERS dask workers.
 ## SIGTERM or Ctrl-C stops all of it (pipelines/dev.py); the command has no shell in front of it.

@@ -2,7 +2,8 @@
 
 16 cities × 26 years × 18 modalities, both grids, 2 dask workers, fresh data root and
 DAGSTER_HOME, in two builds: the source assets alone (sample generation), then everything else
-(processing, Dagster, the cube; the sources are reused). Baseline: decoding every source file
+(processing, Dagster, the cube; the sources are reused), on SQLite or PostgreSQL
+(``CITYCUBE_BENCH_CALENDAR_STORAGE``). Baseline: decoding every source file
 of the calendar once, in 2 processes — the lower bound of any processing of those files.
 """
 
@@ -20,6 +21,10 @@ from benchmarks.builds import citycube_build, decode_files, partitions_materiali
 WORKERS = 2
 PREVIOUS_CALENDAR_S = 3811.0
 """The whole calendar's build time before the backfill and dask execution (63 min 31 s)."""
+STORAGE_ENV = "CITYCUBE_BENCH_CALENDAR_STORAGE"
+"""The Dagster instance's storage for the calendar's builds: ``sqlite`` (the default), or
+``postgres`` / ``pgbouncer``: a PostgreSQL server of its own (tests/postgres_server.py),
+reached directly or through PgBouncer (docs/operations.md, "Instance storage")."""
 KEEP_ENV = "CITYCUBE_BENCH_CALENDAR_DIR"
 """Where to build the calendar and keep it (data root, DAGSTER_HOME with the build logs) for
 inspection afterwards; unset: a temporary directory, removed at the end."""
@@ -40,9 +45,37 @@ def _work_dir() -> Iterator[Path]:
         yield Path(tmp)
 
 
+@contextlib.contextmanager
+def _storage(kind: str) -> Iterator[None]:
+    """Point the builds at the storage asked for (``CITYCUBE_POSTGRES_URL``) for the block."""
+    if kind == "sqlite":
+        yield
+        return
+    if kind not in ("postgres", "pgbouncer"):
+        raise RuntimeError(f"{STORAGE_ENV}={kind!r}: say sqlite, postgres or pgbouncer")
+    from pipelines.instance import POSTGRES_URL_ENV
+    from tests.postgres_server import pgbouncer, postgres_server
+
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(postgres_server())
+        if kind == "pgbouncer":
+            url = stack.enter_context(pgbouncer(url))
+        previous = os.environ.get(POSTGRES_URL_ENV)
+        os.environ[POSTGRES_URL_ENV] = url
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(POSTGRES_URL_ENV, None)
+            else:
+                os.environ[POSTGRES_URL_ENV] = previous
+
+
 def run(config: BenchConfig) -> BenchResult:
     """Generate, then build, the whole calendar once (it takes tens of minutes)."""
-    with _work_dir() as tmp:
+    storage = os.environ.get(STORAGE_ENV, "sqlite").strip() or "sqlite"
+    with _work_dir() as tmp, _storage(storage):
+        log(f"    instance storage: {storage}")
         data = tmp / "data"
         log("    generating every source of the calendar (citycube build --assets sources)")
         generate_s, generated = citycube_build(
@@ -81,6 +114,7 @@ def run(config: BenchConfig) -> BenchResult:
             ]
         ],
         notes=[
+            f"Dagster's instance storage: {storage} ({STORAGE_ENV}).",
             f"{len(files)} source files, {size_gb:.1f} GB. The build reuses the generated "
             "sources; it covers processing, the Dagster backfill and runs, the checked "
             "database and the report.",
@@ -90,6 +124,7 @@ def run(config: BenchConfig) -> BenchResult:
         ],
     )
     result.details = {
+        "storage": storage,
         "generate_s": generate_s,
         "build_s": build_s,
         "total_s": total,

@@ -1,5 +1,6 @@
 """A real PostgreSQL server for tests: PostgreSQL 16 from the ``pgserver`` wheel (the ``dev``
-extra), in a new temporary folder, listening on 127.0.0.1 only.
+extra), in a new temporary folder, listening on 127.0.0.1 only; and PgBouncer (Debian's
+``pgbouncer`` package, which ``make test`` installs where it can) in front of one.
 
 Only the server programs the wheel ships are used (``initdb``, ``pg_ctl``, ``postgres``); the
 package's Python side is not imported. PostgreSQL refuses to run as root, so as root the server
@@ -91,4 +92,82 @@ def postgres_server(database: str = "citycube") -> Iterator[str]:
         finally:
             run(pg_ctl, "-D", str(data), "-m", "fast", "-w", "-t", "60", "stop")
     finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+PGBOUNCER_CONFIG = """\
+[databases]
+{database} = host=127.0.0.1 port={server_port} dbname={database} user=postgres
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {folder}/users.txt
+pool_mode = session
+max_client_conn = 1000
+default_pool_size = 40
+log_connections = 0
+log_disconnections = 0
+logfile = {folder}/pgbouncer.log
+"""
+"""Session pooling: a client's server connection goes back to the pool when the client closes
+it, which dagster-postgres does after every statement (its engine keeps no connection)."""
+
+
+def pgbouncer_program() -> str | None:
+    """The ``pgbouncer`` program, or None where it is not installed."""
+    return shutil.which("pgbouncer", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+
+
+@contextlib.contextmanager
+def pgbouncer(url: str) -> Iterator[str]:
+    """Start PgBouncer in front of the server at ``url`` (from :func:`postgres_server`); yield
+    the URL that reaches the same database through it; stop it and remove its folder on exit."""
+    import time
+
+    program = pgbouncer_program()
+    if program is None:
+        raise RuntimeError("pgbouncer is not installed (Debian's pgbouncer package)")
+    server_port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
+    database = url.rsplit("/", 1)[1]
+    folder = Path(tempfile.mkdtemp(prefix="citycube-pgbouncer-"))
+    port = _free_port()
+    run_as: dict[str, int] = {}
+    if os.geteuid() == 0:  # like PostgreSQL, PgBouncer refuses to run as root
+        account = pwd.getpwnam(UNPRIVILEGED_USER)
+        run_as = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+        folder.chmod(0o755)
+        os.chown(folder, account.pw_uid, account.pw_gid)
+    config = folder / "pgbouncer.ini"
+    config.write_text(
+        PGBOUNCER_CONFIG.format(
+            database=database, server_port=server_port, port=port, folder=folder
+        ),
+        encoding="utf-8",
+    )
+    (folder / "users.txt").write_text('"postgres" ""\n', encoding="utf-8")
+    process = subprocess.Popen(
+        [program, str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **run_as
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log = folder / "pgbouncer.log"
+                    why = log.read_text(errors="replace") if log.exists() else ""
+                    raise RuntimeError(f"pgbouncer did not start:\n{why}") from None
+                time.sleep(0.1)
+        yield url.replace(f":{server_port}/", f":{port}/")
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
         shutil.rmtree(folder, ignore_errors=True)

@@ -25,6 +25,7 @@ from pipelines.instance import (
     ensure_dagster_home,
     open_instance,
 )
+from tests.postgres_server import pgbouncer_program
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CITY, YEAR, RELEASE = "Amsterdam", 2020, "pg-e2e"
@@ -173,3 +174,52 @@ def test_a_city_year_builds_with_runs_and_events_in_postgresql(tmp_path: Path) -
         ).fetchone()
     assert rows > 0
     print(f"PostgreSQL build: {elapsed:.0f} s; runs {runs}; events {sum(events.values())}")
+
+
+def _sessions(url: str) -> int:
+    """Sessions the server has opened to the database so far (PostgreSQL's own count)."""
+    import psycopg2
+
+    database = url.rsplit("/", 1)[1]
+    server = url.replace("+psycopg2", "")
+    connection = psycopg2.connect(server)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT sessions FROM pg_stat_database WHERE datname = %s", [database])
+            return int(cursor.fetchone()[0])
+    finally:
+        connection.close()
+
+
+def _materialize_through(url: str, home: Path, events: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Server sessions opened while an instance on ``url`` records ``events`` materialisations."""
+    monkeypatch.setenv(POSTGRES_URL_ENV, url)
+    ensure_dagster_home(home)
+    with open_instance(home) as instance:
+        instance.report_runless_asset_event(dg.AssetMaterialization("warm_up"))
+        before = _sessions(url)
+        for number in range(events):
+            instance.report_runless_asset_event(
+                dg.AssetMaterialization("tile_counts", partition=str(number))
+            )
+        assert instance.fetch_materializations(dg.AssetKey("tile_counts"), limit=1).records
+    return _sessions(url) - before - 1  # less the session that counts them
+
+
+@pytest.mark.skipif(
+    pgbouncer_program() is None, reason="pgbouncer is not installed (Debian's pgbouncer package)"
+)
+def test_behind_pgbouncer_the_storage_reuses_a_few_server_connections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dagster-postgres opens a connection for every event it writes, and the server forks a
+    process for each; behind PgBouncer (docs/operations.md) the same writes share a few."""
+    from tests.postgres_server import pgbouncer, postgres_server
+
+    with postgres_server() as url:
+        direct = _materialize_through(url, tmp_path / "direct", 50, monkeypatch)
+        with pgbouncer(url) as pooled:
+            through = _materialize_through(pooled, tmp_path / "pooled", 50, monkeypatch)
+    assert direct >= 50, "one server session per event at least, without PgBouncer"
+    assert 0 <= through <= 5, f"{through} server sessions for 50 events through PgBouncer"
