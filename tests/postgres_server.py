@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 UNPRIVILEGED_USER = "nobody"
 
@@ -38,6 +39,17 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _unprivileged(folder: Path) -> dict[str, Any]:
+    """As root: hand ``folder`` to the unprivileged user and return the ``subprocess`` arguments
+    that run a program as that user (PostgreSQL and PgBouncer refuse root); otherwise {}."""
+    if os.geteuid() != 0:
+        return {}
+    account = pwd.getpwnam(UNPRIVILEGED_USER)
+    folder.chmod(0o755)
+    os.chown(folder, account.pw_uid, account.pw_gid)
+    return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+
+
 @contextlib.contextmanager
 def postgres_server(database: str = "citycube") -> Iterator[str]:
     """Start a server with a new empty ``database``; yield its URL; stop it and remove its
@@ -46,10 +58,8 @@ def postgres_server(database: str = "citycube") -> Iterator[str]:
 
     folder = Path(tempfile.mkdtemp(prefix="citycube-pg-"))
     programs = server_programs()
-    run_as: dict[str, int] = {}
-    if os.geteuid() == 0:
-        account = pwd.getpwnam(UNPRIVILEGED_USER)
-        run_as = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+    run_as = _unprivileged(folder)
+    if run_as:
         # The programs find their libraries at ../../../pgserver.libs: the same layout.
         site = programs.parent.parent
         for part in ("bin", "lib", "share"):
@@ -57,8 +67,6 @@ def postgres_server(database: str = "citycube") -> Iterator[str]:
             shutil.copytree(site / copied, folder / "pg" / copied, symlinks=True)
         shutil.copytree(site / "pgserver.libs", folder / "pg" / "pgserver.libs", symlinks=True)
         programs = folder / "pg" / "pgserver" / "pginstall"
-        folder.chmod(0o755)
-        os.chown(folder, account.pw_uid, account.pw_gid)
     data, log = folder / "data", folder / "server.log"
     pg_ctl = str(programs / "bin" / "pg_ctl")
     port = _free_port()
@@ -133,12 +141,7 @@ def pgbouncer(url: str) -> Iterator[str]:
     database = url.rsplit("/", 1)[1]
     folder = Path(tempfile.mkdtemp(prefix="citycube-pgbouncer-"))
     port = _free_port()
-    run_as: dict[str, int] = {}
-    if os.geteuid() == 0:  # like PostgreSQL, PgBouncer refuses to run as root
-        account = pwd.getpwnam(UNPRIVILEGED_USER)
-        run_as = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
-        folder.chmod(0o755)
-        os.chown(folder, account.pw_uid, account.pw_gid)
+    run_as = _unprivileged(folder)  # like PostgreSQL, PgBouncer refuses to run as root
     config = folder / "pgbouncer.ini"
     config.write_text(
         PGBOUNCER_CONFIG.format(
