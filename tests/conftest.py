@@ -170,7 +170,15 @@ input absorbed without loss, e.g. an untrusted item made again)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Carry each bad-input case's kind into its reports (they cross xdist workers)."""
+    """Put the files holding end-to-end builds first, and carry each bad-input case's kind
+    into its reports (they cross xdist workers).
+
+    ``make test`` hands whole files to its workers (``--dist loadfile``, so a module's build
+    fixture runs once) in this order: the builds, a minute or more each, start first and the
+    short tests fill in behind them, instead of a long build starting last and running alone.
+    """
+    builds = {item.path for item in items if item.get_closest_marker("e2e") is not None}
+    items.sort(key=lambda item: item.path not in builds)  # stable: files keep their order
     for item in items:
         marker = item.get_closest_marker("bad_input")
         if marker is not None:
