@@ -169,16 +169,24 @@ BAD_INPUT_KINDS = ("clear", "handled")
 input absorbed without loss, e.g. an untrusted item made again)."""
 
 
+def _builds(item: pytest.Item) -> int:
+    """Whole builds an end-to-end test (or its module's fixture) runs; -1 for other tests."""
+    marker = item.get_closest_marker("e2e")
+    return -1 if marker is None else int(marker.kwargs.get("builds", 0))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the files holding end-to-end builds first, and carry each bad-input case's kind
+    """Put the files that run the most builds first, and carry each bad-input case's kind
     into its reports (they cross xdist workers).
 
     ``make test`` hands whole files to its workers (``--dist loadfile``, so a module's build
-    fixture runs once) in this order: the builds, a minute or more each, start first and the
-    short tests fill in behind them, instead of a long build starting last and running alone.
+    fixture runs once) in this order: the longest files start first and the short tests fill
+    in behind them, instead of a file of four builds starting last and running alone.
     """
-    builds = {item.path for item in items if item.get_closest_marker("e2e") is not None}
-    items.sort(key=lambda item: item.path not in builds)  # stable: files keep their order
+    weight: dict[object, int] = {}
+    for item in items:
+        weight[item.path] = max(weight.get(item.path, -1), _builds(item))
+    items.sort(key=lambda item: -weight[item.path])  # stable: files keep their order
     for item in items:
         marker = item.get_closest_marker("bad_input")
         if marker is not None:

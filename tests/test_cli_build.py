@@ -16,7 +16,7 @@ import dagster as dg
 import duckdb
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e(builds=3)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CITY, YEARS = "Amsterdam", (2023, 2024, 2025)

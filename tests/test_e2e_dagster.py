@@ -20,7 +20,7 @@ from citycube.cube.chips import open_chips
 from citycube.cube.release import Release
 from pipelines.definitions import defs
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e(builds=1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CITY, YEAR = "Amsterdam", 2025

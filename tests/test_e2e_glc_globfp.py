@@ -44,7 +44,7 @@ from tests.glc_globfp_fixtures import (
     square,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e(builds=1)
 
 CITY = "Amsterdam"
 YEAR = 2020

@@ -38,7 +38,7 @@ from tests.http_products_fixtures import (
     zipped,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e(builds=3)
 
 CITY = "Amsterdam"
 YEARS = (2020, 2023)  # ODIAC over HTTP publishes 2000-2023 ...

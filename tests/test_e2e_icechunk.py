@@ -24,7 +24,7 @@ from citycube.processing.compute import process_partition
 from pipelines.cli import main
 from sources.sample import SampleBackend
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e(builds=1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CITY, YEAR, RELEASE = "Amsterdam", 2020, "ice-e2e"

@@ -29,7 +29,7 @@ from tests.e2e_builds import run_build, write_source_set
 from tests.faulty_http_server import FaultyServer
 from tests.osm_fixtures import EDGE_LON, H_Y, V_X, WEST_HALF, amsterdam_history
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e(builds=1)
 
 CITY = "Amsterdam"
 UNCONFIGURED = "Boston"

@@ -43,7 +43,7 @@ from tests.glc_globfp_fixtures import zip_of
 from tests.record_files import CityTiles, b_record, dat_file, workbook_bytes
 from tests.record_portals import Layer, RecordPortals, esri_polygon, wb_rows
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e(builds=1)
 
 BOSTON, LONDON, SYDNEY = CityTiles("Boston"), CityTiles("London"), CityTiles("Sydney")
 ASSETS = "sources/city_property,sources/city_electricity,derived/prop,derived/elec,"

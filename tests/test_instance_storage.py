@@ -126,7 +126,7 @@ def test_an_unreachable_postgres_server_is_a_clear_error(
     assert "secret" not in message and "server is running" in message
 
 
-@pytest.mark.e2e
+@pytest.mark.e2e(builds=1)
 def test_a_city_year_builds_with_runs_and_events_in_postgresql(tmp_path: Path) -> None:
     """`citycube build` of one city-year with CITYCUBE_POSTGRES_URL set, against a real server:
     the runs and their events are rows in PostgreSQL, and the release holds the city-year."""

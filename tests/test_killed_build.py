@@ -47,7 +47,7 @@ from citycube.cube.manifest import TIMESTAMPED_FILES, content_digests, verify_re
 from citycube.cube.release import Release
 from citycube.grid.tiles import city_grid
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e(builds=4)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CITY, YEAR, RELEASE = "Amsterdam", 2024, "killed"

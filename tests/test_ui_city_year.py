@@ -20,7 +20,7 @@ import pytest
 from pipelines.schedules import REQUEST_TAG
 from tests.test_make_dev import free_port
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e(builds=1)
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_S = 1500.0
