@@ -47,10 +47,10 @@ agents: install
 represent: install
 	$(BIN)/python -m pipelines.cli represent
 
-## Run the test suite, spread over TEST_WORKERS processes by file, end-to-end builds first
+## Run the test suite, spread over TEST_WORKERS processes by file, the most builds first
 ## (pytest-xdist; TEST_WORKERS=0 runs it in one).
 test: install pgbouncer
-	$(BIN)/python -m pytest -q -n '$(TEST_WORKERS)' --dist loadfile
+	$(BIN)/python -m pytest -q -n '$(TEST_WORKERS)' --dist loadfile --no-loadscope-reorder
 
 # PgBouncer in front of PostgreSQL (docs/operations.md, "Instance storage"): Debian's package,
 # installed where apt-get can run as root; elsewhere its test is skipped and says why.
