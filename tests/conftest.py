@@ -180,10 +180,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     into its reports (they cross xdist workers).
 
     ``make test`` hands whole files to its workers (``--dist loadfile``, so a module's build
-    fixture runs once) in this order: the longest files start first and the short tests fill
-    in behind them, instead of a file of four builds starting last and running alone.
+    fixture runs once) in this order (``--no-loadscope-reorder``: xdist would otherwise order
+    files by their number of tests, the single-test build files last): the longest files start
+    first and the short tests fill in behind them.
     """
-    weight: dict[object, int] = {}
+    weight: dict[Path, int] = {}
     for item in items:
         weight[item.path] = max(weight.get(item.path, -1), _builds(item))
     items.sort(key=lambda item: -weight[item.path])  # stable: files keep their order
