@@ -14,6 +14,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 from benchmarks import BenchConfig, BenchResult, log
 from benchmarks.builds import citycube_build, decode_files, partitions_materialized, source_files
@@ -60,15 +61,8 @@ def _storage(kind: str) -> Iterator[None]:
         url = stack.enter_context(postgres_server())
         if kind == "pgbouncer":
             url = stack.enter_context(pgbouncer(url))
-        previous = os.environ.get(POSTGRES_URL_ENV)
-        os.environ[POSTGRES_URL_ENV] = url
-        try:
-            yield
-        finally:
-            if previous is None:
-                os.environ.pop(POSTGRES_URL_ENV, None)
-            else:
-                os.environ[POSTGRES_URL_ENV] = previous
+        stack.enter_context(mock.patch.dict(os.environ, {POSTGRES_URL_ENV: url}))
+        yield
 
 
 def run(config: BenchConfig) -> BenchResult:

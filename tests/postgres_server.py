@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,8 +133,6 @@ def pgbouncer_program() -> str | None:
 def pgbouncer(url: str) -> Iterator[str]:
     """Start PgBouncer in front of the server at ``url`` (from :func:`postgres_server`); yield
     the URL that reaches the same database through it; stop it and remove its folder on exit."""
-    import time
-
     program = pgbouncer_program()
     if program is None:
         raise RuntimeError("pgbouncer is not installed (Debian's pgbouncer package)")
