@@ -34,6 +34,7 @@ from pipelines.agent_tasks.cube_tools import (
     new_server,
     result_text,
 )
+from pipelines.ports import LOOPBACK
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -55,7 +56,6 @@ INSTRUCTIONS = (
 """The server's instructions: AgenticCity-Bench App. D's forecasting prompt, with the case
 tools added."""
 
-LOOPBACK = "127.0.0.1"
 """The only address the HTTP transport binds."""
 FORECAST = "forecast"
 """The forecasting task (this module's own server and scripted agent)."""

@@ -489,6 +489,12 @@ class ProgressPrinter:
         """True when a run read by the last ``poll`` waits in the run queue."""
         return any(run.status.value == "QUEUED" for run in self.current)
 
+    def computing(self) -> bool:
+        """True when the runs read by the last ``poll`` that have not ended have all started
+        (none queued or being launched)."""
+        unfinished = [run for run in self.current if not run.is_finished]
+        return bool(unfinished) and all(run.status.value == "STARTED" for run in unfinished)
+
     def _events(self, run: Any) -> None:
         from dagster import DagsterEventType
 
@@ -611,14 +617,17 @@ def drive_backfill(
         )
     per_city_year = _per_city_year_assets()
     canceling = forced_at = None
-    looked = time.monotonic()  # when the daemon last looked, or will (it looks at submission)
-    idle_since = time.monotonic()
+    # The daemon looks at submission: nothing is in flight yet, but that look is not to be
+    # asked for again (which restarted the daemon just started) before IDLE_LOOK_S.
+    looked = idle_since = time.monotonic()
     last_status = 0.0
     while True:
         printer.poll()
         _prioritise(instance, printer.current, per_city_year)
         if own:
             services.note_heartbeats(instance)
+            if printer.computing():  # the next look's daemon loads while runs compute
+                services.prepare_daemon()
         now = time.monotonic()
         if printer.in_flight():
             idle_since = None

@@ -1,6 +1,6 @@
 """The Dagster processes a build runs its backfills with: code server, webserver, daemon.
 
-A build serves its code from one ``dagster code-server start`` for all of them, so the
+A build serves its code from one ``dagster api grpc`` server for all of them, so the
 definitions are loaded once: a ``dagster-webserver`` answers the build's GraphQL requests
 (pipelines/graphql.py; and shows the build in Dagster's UI while it runs) and Dagster's own
 daemon, ``dagster-daemon run``, runs the backfills and, through the queued run coordinator,
@@ -13,7 +13,9 @@ look at a few moments only: when it is submitted, when runs that other partition
 ended, and at its end. At such a moment, unless the next look is due within a few seconds, the
 build restarts the daemon, whose first look is immediate: the old daemon ends its look in
 progress first (SIGTERM), so two never look at once. The runs are not the daemon's children (the
-code server starts them) and queued ones wait for the next daemon, a second or two.
+code server starts them) and queued ones wait for the next daemon, a second or two. The next
+daemon is loaded ahead, while runs compute (pipelines/standby_daemon.py): its start is then a
+second, not the three seconds of importing it.
 
 Both processes are the build driver's children, in its process group: killed with it by
 pipelines/lifetime.py (the code server loads the definitions, which watch the driver).
@@ -32,6 +34,8 @@ import time
 from pathlib import Path
 
 from pipelines.graphql import DagsterGraphQL
+from pipelines.ports import free_loopback_port
+from pipelines.standby_daemon import GO
 
 LOCATION_NAME = "citycube"
 """The code location's name, as in workspace.yaml."""
@@ -70,6 +74,8 @@ class BuildServices:
         self.webserver: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.daemon: subprocess.Popen[bytes] | None = None
+        self.standby: subprocess.Popen[bytes] | None = None
+        """The next daemon, loaded and waiting to start (pipelines/standby_daemon.py)."""
         self.daemon_started = 0.0
         """time.time() of the running daemon's start (its first look)."""
         self.first_started = 0.0
@@ -93,9 +99,10 @@ class BuildServices:
             f"      socket: {self.socket}\n      location_name: {LOCATION_NAME}\n",
             encoding="utf-8",
         )
-        command = [_command("dagster"), "code-server", "start", "-m", "pipelines.definitions"]
+        command = [_command("dagster"), "api", "grpc", "-m", "pipelines.definitions"]
         command += ["--socket", str(self.socket), "--location-name", LOCATION_NAME]
         self.code_server = subprocess.Popen(command, cwd=self.cwd)
+        self.prepare_daemon()  # loads while the servers start
         deadline = time.monotonic() + SERVER_START_S
         while True:
             self._start_webserver()
@@ -110,7 +117,7 @@ class BuildServices:
     def _start_webserver(self) -> None:
         if self.webserver is not None:
             _stop(self.webserver)
-        self.port = _free_port()
+        self.port = free_loopback_port()
         command = [_command("dagster-webserver"), "-w", str(self.workspace)]
         command += ["-h", "127.0.0.1", "-p", str(self.port), "--log-level", "warning"]
         self.webserver = subprocess.Popen(command, cwd=self.cwd)
@@ -144,14 +151,29 @@ class BuildServices:
                     graphql.reload_location(LOCATION_NAME)
         return False
 
+    def prepare_daemon(self) -> None:
+        """Load the next daemon ahead of its start (pipelines/standby_daemon.py), unless one
+        is loaded already: best while runs compute, not while one is being launched (its
+        process loads the definitions at the same time)."""
+        if self.standby is not None and self.standby.poll() is None:
+            return
+        command = [sys.executable, "-m", "pipelines.standby_daemon", "-w", str(self.workspace)]
+        self.standby = subprocess.Popen(command, cwd=self.cwd, stdin=subprocess.PIPE)
+
     def start_daemon(self) -> None:
-        """Start Dagster's daemon on the build's workspace: it looks at the backfills at once."""
+        """Start Dagster's daemon on the build's workspace: it looks at the backfills at once.
+
+        The daemon loaded ahead (:meth:`prepare_daemon`) starts, else a new one."""
         if self.daemon is not None:
             self.stop_daemon()
         self.daemon_started = time.time()
         self.first_started = self.first_started or self.daemon_started
-        command = [_command("dagster-daemon"), "run", "-w", str(self.workspace)]
-        self.daemon = subprocess.Popen(command, cwd=self.cwd)
+        standby, self.standby = self.standby, None
+        if standby is not None and standby.poll() is None and _tell(standby, GO):
+            self.daemon = standby
+        else:
+            command = [_command("dagster-daemon"), "run", "-w", str(self.workspace)]
+            self.daemon = subprocess.Popen(command, cwd=self.cwd)
 
     def restart_daemon(self) -> None:
         """A look at the backfills now: a new daemon (after the old one's end)."""
@@ -184,8 +206,11 @@ class BuildServices:
     def close(self) -> None:
         """Stop the daemon, the webserver and the code server, together; SIGKILL for those
         not ended after CLOSE_WAIT_S (the build has ended: nothing of theirs is in flight)."""
-        processes = [p for p in (self.daemon, self.webserver, self.code_server) if p is not None]
-        self.daemon = self.webserver = self.code_server = None
+        if self.standby is not None:
+            _tell(self.standby, "")  # never started: it ends at the end of its input
+        services = (self.daemon, self.standby, self.webserver, self.code_server)
+        processes = [p for p in services if p is not None]
+        self.daemon = self.standby = self.webserver = self.code_server = None
         _stop(*processes, wait=CLOSE_WAIT_S)
         shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -194,6 +219,18 @@ class BuildServices:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def _tell(process: subprocess.Popen[bytes], line: str) -> bool:
+    """Send a standby daemon its one line and close its input; False if it has ended."""
+    assert process.stdin is not None
+    try:
+        if line:
+            process.stdin.write(f"{line}\n".encode())
+        process.stdin.close()
+    except (BrokenPipeError, ValueError):
+        return False
+    return True
 
 
 def _stop(*processes: subprocess.Popen[bytes], wait: float = STOP_WAIT_S) -> None:
@@ -209,15 +246,6 @@ def _stop(*processes: subprocess.Popen[bytes], wait: float = STOP_WAIT_S) -> Non
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def _free_port() -> int:
-    """A TCP port free on the loopback interface (now)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def note_own_daemons(

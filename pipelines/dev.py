@@ -19,12 +19,13 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from pipelines.ports import LOOPBACK, free_loopback_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STOP_GRACE_S = 8.0
@@ -90,10 +91,8 @@ def cluster_port() -> int | None:
 
     if os.environ.get(SCHEDULER_ENV) or int(os.environ.get(WORKERS_ENV, "1") or 1) <= 1:
         return None
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ[SCHEDULER_ENV] = f"tcp://127.0.0.1:{port}"
+    port = free_loopback_port()
+    os.environ[SCHEDULER_ENV] = f"tcp://{LOOPBACK}:{port}"
     return port
 
 

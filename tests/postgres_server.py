@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipelines.ports import free_loopback_port
+
 UNPRIVILEGED_USER = "nobody"
 
 
@@ -32,12 +34,6 @@ def server_programs() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("pgserver is not installed: run `make install`")
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _unprivileged(folder: Path) -> dict[str, Any]:
@@ -70,7 +66,7 @@ def postgres_server(database: str = "citycube") -> Iterator[str]:
         programs = folder / "pg" / "pgserver" / "pginstall"
     data, log = folder / "data", folder / "server.log"
     pg_ctl = str(programs / "bin" / "pg_ctl")
-    port = _free_port()
+    port = free_loopback_port()
 
     def run(*command: str) -> None:
         done = subprocess.run(
@@ -139,7 +135,7 @@ def pgbouncer(url: str) -> Iterator[str]:
     server_port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
     database = url.rsplit("/", 1)[1]
     folder = Path(tempfile.mkdtemp(prefix="citycube-pgbouncer-"))
-    port = _free_port()
+    port = free_loopback_port()
     run_as = _unprivileged(folder)  # like PostgreSQL, PgBouncer refuses to run as root
     config = folder / "pgbouncer.ini"
     config.write_text(

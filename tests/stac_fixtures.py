@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ from affine import Affine
 from pyproj import CRS, Transformer
 from rasterio.windows import Window, from_bounds
 
+from pipelines.ports import free_loopback_port
 from sources.stac.grids import geographic_grid, landsat_grid
 from tests.processes import stop_process
 
@@ -608,13 +608,6 @@ def boston_scenes() -> dict[str, SceneSpec]:
     }  # fmt: skip
 
 
-def free_port() -> int:
-    """A port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def wait_for(url: str, process: subprocess.Popen[Any], what: str, log: Path) -> None:
     """Wait until ``url`` answers 200, or fail with the server's output."""
     deadline = time.monotonic() + 20
@@ -799,7 +792,7 @@ def start_stac_api(
     rustac = shutil.which("rustac", path=str(Path(sys.executable).parent))
     if rustac is None:
         raise RuntimeError("rustac is not installed in this environment: run `make install`")
-    port = free_port()
+    port = free_loopback_port()
     collections = [catalogue / f"{cid}.json" for cid in collection_ids]
     with open(log, "w", encoding="utf-8") as out:
         process = subprocess.Popen(

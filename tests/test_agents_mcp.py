@@ -29,6 +29,7 @@ from citycube.tasks.forecast import (
     target,
 )
 from pipelines.cli import main
+from pipelines.ports import free_loopback_port
 from tests.agent_fixtures import make_agent_release
 
 
@@ -110,16 +111,10 @@ def test_a_rerun_reproduces_scores_and_trajectories(release) -> None:
         assert list(without_timing(read_trajectory(path))) == lines
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_streamable_http_serves_the_tools_on_loopback(release, tmp_path: Path) -> None:
     from mcp import Client
 
-    port = _free_port()
+    port = free_loopback_port()
     cmd = [sys.executable, "-m", "pipelines.cli", "--data", str(release.data_root)]
     cmd += ["--release", "t", "agents", "serve", "--transport", "http", "--port", str(port)]
     cmd += ["--agent", "http-test", "--profile", "forecast"]

@@ -111,11 +111,9 @@ def test_a_postgres_url_names_the_driver(tmp_path: Path, monkeypatch: pytest.Mon
 def test_an_unreachable_postgres_server_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import socket
+    from pipelines.ports import free_loopback_port
 
-    with socket.socket() as probe:  # a loopback port with nothing listening
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_loopback_port()  # nothing listens there
     monkeypatch.setenv(
         POSTGRES_URL_ENV, f"postgresql+psycopg2://citycube:secret@127.0.0.1:{port}/x"
     )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import httpx
 import pytest
 
 from pipelines.dev import STOP_GRACE_S
+from pipelines.ports import free_loopback_port
 
 REPO = Path(__file__).resolve().parent.parent
 STARTUP_S = 240.0
@@ -23,12 +23,6 @@ STOPPED_WITHIN_S = STOP_GRACE_S + 12.0
 """Dagster's own shutdown, then the grace, then the kill and the reaping."""
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def descendants(pid: int) -> set[int]:
@@ -62,7 +56,7 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("stop", ["SIGTERM to make", "Ctrl-C"])
 def test_make_dev_stops_every_process(tmp_path: Path, stop: str) -> None:
-    port = free_port()
+    port = free_loopback_port()
     env = {
         **os.environ,
         "DAGSTER_HOME": str(tmp_path / "home"),

@@ -474,9 +474,10 @@ def test_an_empty_search_is_unavailable_with_a_reason_not_zeros(stac_world, tmp_
 
 
 def test_an_unreachable_api_is_a_transient_search_error(stac_world, tmp_path) -> None:
-    from tests.stac_fixtures import free_port
+    from pipelines.ports import free_loopback_port
 
-    chosen = adapters(stac_world, api_url=f"http://127.0.0.1:{free_port()}", retry_attempts=2)
+    nobody = f"http://127.0.0.1:{free_loopback_port()}"
+    chosen = adapters(stac_world, api_url=nobody, retry_attempts=2)
     with pytest.raises(SourceFetchError) as caught:
         chosen["landsat_st"].fetch(CITY, 2020, tmp_path)
     assert caught.value.transient and caught.value.reason == "search_failed"

@@ -17,8 +17,8 @@ import duckdb
 import httpx
 import pytest
 
+from pipelines.ports import free_loopback_port
 from pipelines.schedules import REQUEST_TAG
-from tests.test_make_dev import free_port
 
 pytestmark = pytest.mark.e2e(builds=1)
 
@@ -39,7 +39,7 @@ mutation LaunchPartitionBackfill($backfillParams: LaunchBackfillParams!) {
 def test_one_ui_launch_builds_boston_2020(tmp_path: Path) -> None:
     from dagster._core.instance.ref import InstanceRef
 
-    home, data, port = tmp_path / "home", tmp_path / "data", free_port()
+    home, data, port = tmp_path / "home", tmp_path / "data", free_loopback_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "CITYCUBE_DATA": str(data)}
     env.update({"CITYCUBE_RELEASE": "ui", "CITYCUBE_WORKERS": "2"})
     subprocess.run(
