@@ -781,7 +781,7 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     from pipelines.instance import sqlite_kept_open
     from pipelines.lifetime import mark_build_process
     from pipelines.resources import SCHEDULER_ENV, WORKERS_ENV
-    from pipelines.selection import is_empty, merged, unmaterialized
+    from pipelines.selection import fully_materialized, merged, unmaterialized
 
     _stop_with_parent()
     mark_build_process()  # the cluster, the code server and the runs end with this process
@@ -862,7 +862,7 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
                 printer.follow(backfill_id)
 
                 def done_when(phase: Selection = selection, after: float = since) -> bool:
-                    return is_empty(unmaterialized(instance, partitions, phase, since=after))
+                    return fully_materialized(instance, partitions, phase, since=after)
 
                 report = drive_backfill(
                     instance,

@@ -148,7 +148,8 @@ def build(args: argparse.Namespace) -> int:
     years = _parse_years(args.years)
     ensure_writable(Release(Path(args.data).resolve(), args.release))  # before anything is written
     assets = [a.strip() for a in args.assets.split(",") if a.strip()] if args.assets else []
-    selected_asset_keys(assets)  # refused here, before anything is written or started
+    if assets:  # refused here, before anything is written or started (loads the definitions)
+        selected_asset_keys(assets)
     _env_defaults(args)
     request = BuildRequest(
         cities=cities,

@@ -6,7 +6,7 @@ asset, taken whole): what ``launchPartitionBackfill`` is sent (pipelines/graphql
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import dagster as dg
 
@@ -100,26 +100,46 @@ def unmaterialized(
     With ``since`` (a Unix time), only materialisations after it count: a build asks what its
     own backfill has made, not what an earlier build of this or another release made.
     """
-    missing: Selection = {}
+    return dict(_missing(instance, partitions, selection, since))
+
+
+def fully_materialized(
+    instance: dg.DagsterInstance,
+    partitions: PartitionsByKey,
+    selection: Selection,
+    since: float | None = None,
+) -> bool:
+    """Whether every partition of ``selection`` is materialised (after ``since``): what
+    :func:`unmaterialized` would find empty, answered at the first asset that misses one."""
+    return next(_missing(instance, partitions, selection, since), None) is None
+
+
+def _missing(
+    instance: dg.DagsterInstance,
+    partitions: PartitionsByKey,
+    selection: Selection,
+    since: float | None,
+) -> Iterator[tuple[dg.AssetKey, tuple[str, ...] | None]]:
+    """(asset key, its partitions not materialised) for each asset of ``selection`` that
+    misses some, one asset read at a time."""
     for key, keys in selection.items():
         partitions_def = partitions[key]
         if since is not None:
             made = _materialized_since(instance, key, since)
             if keys is None or partitions_def is None:
                 if not made:
-                    missing[key] = None
+                    yield key, None
             elif left := tuple(k for k in keys if k not in made):
-                missing[key] = left
+                yield key, left
             continue
         if keys is None or partitions_def is None:
             if instance.get_latest_materialization_event(key) is None:
-                missing[key] = None
+                yield key, None
             continue
         status = instance.get_status_by_partition(key, list(keys), partitions_def)
         left = _not_materialized(keys, status)
         if left:
-            missing[key] = left
-    return missing
+            yield key, left
 
 
 def _materialized_since(

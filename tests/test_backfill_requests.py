@@ -61,22 +61,31 @@ def test_what_a_build_made_counts_not_what_an_earlier_build_made() -> None:
     """A second release built on the same DAGSTER_HOME waits for its own cube, not the first's."""
     import time
 
-    from pipelines.selection import unmaterialized
+    from pipelines.selection import fully_materialized, unmaterialized
 
     @dg.asset
     def cube_database() -> None:
         return None
 
+    @dg.asset
+    def cube_manifest() -> None:
+        return None
+
     instance = dg.DagsterInstance.ephemeral()
-    key = cube_database.key
+    key, other = cube_database.key, cube_manifest.key
     assert dg.materialize([cube_database], instance=instance).success  # an earlier build
     since = time.time()
-    selection = {key: None}
-    partitions = {key: None}
-    assert unmaterialized(instance, partitions, selection) == {}
-    assert unmaterialized(instance, partitions, selection, since=since) == {key: None}
+    selection = {key: None, other: None}
+    partitions = {key: None, other: None}
+    assert unmaterialized(instance, partitions, selection) == {other: None}
+    assert unmaterialized(instance, partitions, selection, since=since) == {key: None, other: None}
+    assert not fully_materialized(instance, partitions, selection, since=since)
     assert dg.materialize([cube_database], instance=instance).success  # this build's
+    assert unmaterialized(instance, partitions, selection, since=since) == {other: None}
+    assert not fully_materialized(instance, partitions, selection, since=since)
+    assert dg.materialize([cube_manifest], instance=instance).success
     assert unmaterialized(instance, partitions, selection, since=since) == {}
+    assert fully_materialized(instance, partitions, selection, since=since)
 
 
 def test_a_fetch_only_build_leaves_out_the_sources_that_read_the_cube(tmp_path) -> None:
