@@ -58,6 +58,9 @@ DRIVER_TAG = "citycube/driver"
 """Who runs a build's backfill: 'build' (the build's own driver) or 'daemon' (``make dev``)."""
 TICK_S = 1.0
 """Seconds between two reads of the runs and their events."""
+BUSY_READ_S = 5.0
+"""The same while several runs compute (:meth:`ProgressPrinter.busy`): each read is a few
+queries on the instance's storage per run, and nothing waits on the build meanwhile."""
 IDLE_LOOK_S = 10.0
 """With nothing in flight, seconds after the daemon's last look before the build asks for
 another (the backfill requests more runs, or records its end, at a look)."""
@@ -489,6 +492,11 @@ class ProgressPrinter:
         """True when a run read by the last ``poll`` waits in the run queue."""
         return any(run.status.value == "QUEUED" for run in self.current)
 
+    def busy(self) -> bool:
+        """True when more than one run computed at the last ``poll``: the end of one leaves
+        the others computing, and the daemon, not the build, starts the queued ones."""
+        return sum(run.status.value == "STARTED" for run in self.current) > 1
+
     def computing(self) -> bool:
         """True when the runs read by the last ``poll`` that have not ended have all started
         (none queued or being launched)."""
@@ -620,14 +628,17 @@ def drive_backfill(
     # The daemon looks at submission: nothing is in flight yet, but that look is not to be
     # asked for again (which restarted the daemon just started) before IDLE_LOOK_S.
     looked = idle_since = time.monotonic()
-    last_status = 0.0
+    last_status = last_read = 0.0
     while True:
-        printer.poll()
-        _prioritise(instance, printer.current, per_city_year)
-        if own:
-            services.note_heartbeats(instance)
-            if printer.computing():  # the next look's daemon loads while runs compute
-                services.prepare_daemon()
+        stopping = stop.graceful or stop.forced
+        if stopping or not printer.busy() or time.monotonic() - last_read >= BUSY_READ_S:
+            last_read = time.monotonic()
+            printer.poll()
+            _prioritise(instance, printer.current, per_city_year)
+            if own:
+                services.note_heartbeats(instance)
+                if printer.computing():  # the next look's daemon loads while runs compute
+                    services.prepare_daemon()
         now = time.monotonic()
         if printer.in_flight():
             idle_since = None

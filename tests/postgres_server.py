@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.ports import free_loopback_port
+from tests.processes import stop_process
 
 UNPRIVILEGED_USER = "nobody"
 
@@ -162,10 +163,5 @@ def pgbouncer(url: str) -> Iterator[str]:
                 time.sleep(0.1)
         yield url.replace(f":{server_port}/", f":{port}/")
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout=30)
         shutil.rmtree(folder, ignore_errors=True)

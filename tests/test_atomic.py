@@ -20,6 +20,7 @@ import pytest
 import citycube.io.atomic as atomic_module
 from citycube.io.atomic import (
     atomic_path,
+    remove_dir_atomic,
     replace_dir_atomic,
     write_json_atomic,
     write_text_atomic,
@@ -221,3 +222,13 @@ def test_a_folder_takes_an_empty_place(tmp_path: Path, swap: str) -> None:
     replace_dir_atomic(src, tmp_path / "item")
     assert _seen(tmp_path / "item") == ("new", "new")
     assert _entries(tmp_path) == ["item"]
+
+
+def test_a_folder_removal_leaves_no_folder_and_no_leftover(tmp_path: Path) -> None:
+    folder = tmp_path / "item"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "values.parquet").write_bytes(b"x")
+    remove_dir_atomic(folder)
+    assert list(tmp_path.iterdir()) == []
+    remove_dir_atomic(folder)  # nothing there: nothing done, no error
+    assert list(tmp_path.iterdir()) == []

@@ -97,6 +97,18 @@ def replace_dir_atomic(src: Path, dest: Path) -> None:
         _remove(old)
 
 
+def remove_dir_atomic(path: Path) -> None:
+    """Remove the folder ``path`` in one step for its readers: renamed to a name this process
+    owns, then deleted (a kill in between leaves a hidden leftover, never a partial folder at
+    ``path``, and the next write there removes it). Nothing there: nothing done."""
+    aside = owned_name(path, "old")
+    try:
+        os.replace(path, aside)
+    except FileNotFoundError:
+        return
+    _remove(aside)
+
+
 _RENAME_EXCHANGE = 2
 """``renameat2`` flag: swap two paths in one step (Linux 3.15+, most local file systems)."""
 

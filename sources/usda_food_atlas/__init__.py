@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import functools
 import io
-import os
-import shutil
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,8 +33,7 @@ from pyproj import CRS, Transformer
 from shapely.geometry import box
 
 from citycube.errors import FoodAtlasSourceError
-from citycube.io.atomic import atomic_path, write_json_atomic
-from citycube.io.scratch import owned_name
+from citycube.io.atomic import atomic_path, remove_dir_atomic, write_json_atomic
 from citycube.items.fetched import FetchOutcome, record_outcome, recorded_outcome
 from citycube.items.protocol import SourceInfo, SourceItem
 from citycube.items.staging import StagedFiles, install_item
@@ -397,7 +394,7 @@ def fetch_city(source: Any, city: str, sources_dir: Path) -> dict[str, Any]:
     if not source.covers(city):
         reason = f"{city} is not a US city: the Food Access Research Atlas covers US tracts only"
         record_outcome(sources_dir, info, city, None, None, FetchOutcome(None, None, reason))
-        _discard(final)
+        remove_dir_atomic(final)
         return {"city": city, "available": False, "reason": reason}
     identity = {
         "product": PRODUCT_ID,
@@ -425,17 +422,6 @@ def fetch_city(source: Any, city: str, sources_dir: Path) -> dict[str, Any]:
     frame = read_item(final)
     return {"city": city, "available": True, "tracts": len(frame),
             "unlabelled": int(frame["label"].isna().sum())}  # fmt: skip
-
-
-def _discard(final: Path) -> None:
-    """Remove an item folder in one step for readers: renamed aside, then deleted (a kill in
-    between leaves a hidden leftover that the next install of the item removes)."""
-    aside = owned_name(final, "old")
-    try:
-        os.replace(final, aside)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def read_city(
