@@ -56,7 +56,6 @@ INSTRUCTIONS = (
 """The server's instructions: AgenticCity-Bench App. D's forecasting prompt, with the case
 tools added."""
 
-"""The only address the HTTP transport binds."""
 FORECAST = "forecast"
 """The forecasting task (this module's own server and scripted agent)."""
 PLANNING_TASKS: tuple[str, ...] = ("ev_charging", "school_capacity", "food_access")

@@ -838,9 +838,12 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
             printer = ProgressPrinter(instance, out)
             backfill_id = ""
             previous: Selection = {}
+            previous_complete = False
             previous_since = time.time()
             for number, (what, selection) in enumerate(phases, 1):
-                if number > 1:  # what the first left unmaterialised (failed) is tried again
+                # What the first left unmaterialised (failed) is tried again; nothing, when
+                # its end was found by reading that everything was materialised.
+                if number > 1 and not previous_complete:
                     failed = unmaterialized(instance, partitions, previous, since=previous_since)
                     selection = merged(selection, failed)
                 # what this build's own backfill makes counts, not an earlier build's
@@ -884,7 +887,7 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
                     services=None if served else services,
                     done_when=None if served else done_when,
                 )
-                previous = selection
+                previous, previous_complete = selection, report.end_unrecorded
                 if stop.graceful or report.status not in PHASE_DONE:
                     break  # stopped or canceled: the next backfill is not started
                 if number < len(phases):  # the next backfill tries the failed ones again

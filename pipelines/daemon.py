@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from pipelines.graphql import DagsterGraphQL
-from pipelines.ports import free_loopback_port
+from pipelines.ports import LOOPBACK, free_loopback_port
 from pipelines.standby_daemon import GO
 
 LOCATION_NAME = "citycube"
@@ -84,7 +84,7 @@ class BuildServices:
     @property
     def url(self) -> str:
         """The build's Dagster UI."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{LOOPBACK}:{self.port}"
 
     @property
     def graphql(self) -> DagsterGraphQL:
@@ -119,7 +119,7 @@ class BuildServices:
             _stop(self.webserver)
         self.port = free_loopback_port()
         command = [_command("dagster-webserver"), "-w", str(self.workspace)]
-        command += ["-h", "127.0.0.1", "-p", str(self.port), "--log-level", "warning"]
+        command += ["-h", LOOPBACK, "-p", str(self.port), "--log-level", "warning"]
         self.webserver = subprocess.Popen(command, cwd=self.cwd)
 
     def _wait_for_location(self, deadline: float) -> bool:
