@@ -19,7 +19,6 @@ import dagster as dg
 from assets.common import modality_asset_key, published_path, table_metadata
 from citycube.catalogue.modalities import Catalogue
 from citycube.cube.release import build_duckdb, publish_database, release_metadata, write_tiles
-from citycube.tasks.views import task_views
 from pipelines.resources import CubeResource
 
 if TYPE_CHECKING:  # imported where the checks run
@@ -187,6 +186,7 @@ def build_cube_assets(
         import duckdb
 
         from citycube.cube import checks
+        from citycube.tasks.views import task_views  # pandas and geopandas: loaded when used
 
         release = cube.release()
         if not release.tiles_file.exists() and not release.published_tiles_file.exists():

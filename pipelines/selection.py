@@ -6,7 +6,7 @@ asset, taken whole): what ``launchPartitionBackfill`` is sent (pipelines/graphql
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import dagster as dg
 
@@ -90,72 +90,20 @@ def merged(*selections: Selection) -> Selection:
 
 
 def unmaterialized(
-    instance: dg.DagsterInstance,
-    partitions: PartitionsByKey,
-    selection: Selection,
-    since: float | None = None,
+    instance: dg.DagsterInstance, partitions: PartitionsByKey, selection: Selection
 ) -> Selection:
-    """The partitions of ``selection`` that have no materialisation (e.g. their run failed).
-
-    With ``since`` (a Unix time), only materialisations after it count: a build asks what its
-    own backfill has made, not what an earlier build of this or another release made.
-    """
-    return dict(_missing(instance, partitions, selection, since))
-
-
-def fully_materialized(
-    instance: dg.DagsterInstance,
-    partitions: PartitionsByKey,
-    selection: Selection,
-    since: float | None = None,
-) -> bool:
-    """Whether every partition of ``selection`` is materialised (after ``since``): what
-    :func:`unmaterialized` would find empty, answered at the first asset that misses one."""
-    return next(_missing(instance, partitions, selection, since), None) is None
-
-
-def _missing(
-    instance: dg.DagsterInstance,
-    partitions: PartitionsByKey,
-    selection: Selection,
-    since: float | None,
-) -> Iterator[tuple[dg.AssetKey, tuple[str, ...] | None]]:
-    """(asset key, its partitions not materialised) for each asset of ``selection`` that
-    misses some, one asset read at a time."""
+    """The partitions of ``selection`` that have no materialisation (e.g. their run failed)."""
+    left: Selection = {}
     for key, keys in selection.items():
         partitions_def = partitions[key]
-        if since is not None:
-            made = _materialized_since(instance, key, since)
-            if keys is None or partitions_def is None:
-                if not made:
-                    yield key, None
-            elif left := tuple(k for k in keys if k not in made):
-                yield key, left
-            continue
         if keys is None or partitions_def is None:
             if instance.get_latest_materialization_event(key) is None:
-                yield key, None
+                left[key] = None
             continue
         status = instance.get_status_by_partition(key, list(keys), partitions_def)
-        left = _not_materialized(keys, status)
-        if left:
-            yield key, left
-
-
-def _materialized_since(
-    instance: dg.DagsterInstance, key: dg.AssetKey, since: float
-) -> set[str | None]:
-    """Partition keys of ``key`` materialised after ``since`` (None for an unpartitioned one)."""
-    made: set[str | None] = set()
-    cursor = None
-    while True:
-        result = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=key, after_timestamp=since), limit=1000, cursor=cursor
-        )
-        made.update(record.partition_key for record in result.records)
-        if not result.has_more:
-            return made
-        cursor = result.cursor
+        if missing := _not_materialized(keys, status):
+            left[key] = missing
+    return left
 
 
 def _not_materialized(keys: Sequence[str], status: Mapping[str, object] | None) -> tuple[str, ...]:

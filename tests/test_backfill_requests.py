@@ -58,10 +58,13 @@ def test_a_selection_spans_every_partitioning_and_splits_into_two_phases() -> No
 
 
 def test_what_a_build_made_counts_not_what_an_earlier_build_made() -> None:
-    """A second release built on the same DAGSTER_HOME waits for its own cube, not the first's."""
-    import time
+    """A second release built on the same DAGSTER_HOME waits for its own cube, not the first's:
+    what is missing is read from the runs of the build's own backfill."""
+    import io
 
-    from pipelines.selection import fully_materialized, unmaterialized
+    from pipelines.build import BACKFILL_TAG, ProgressPrinter
+
+    years = dg.StaticPartitionsDefinition(["2020", "2021"])
 
     @dg.asset
     def cube_database() -> None:
@@ -71,21 +74,36 @@ def test_what_a_build_made_counts_not_what_an_earlier_build_made() -> None:
     def cube_manifest() -> None:
         return None
 
+    @dg.asset(partitions_def=years)
+    def observations() -> None:
+        return None
+
     instance = dg.DagsterInstance.ephemeral()
-    key, other = cube_database.key, cube_manifest.key
-    assert dg.materialize([cube_database], instance=instance).success  # an earlier build
-    since = time.time()
-    selection = {key: None, other: None}
-    partitions = {key: None, other: None}
-    assert unmaterialized(instance, partitions, selection) == {other: None}
-    assert unmaterialized(instance, partitions, selection, since=since) == {key: None, other: None}
-    assert not fully_materialized(instance, partitions, selection, since=since)
-    assert dg.materialize([cube_database], instance=instance).success  # this build's
-    assert unmaterialized(instance, partitions, selection, since=since) == {other: None}
-    assert not fully_materialized(instance, partitions, selection, since=since)
-    assert dg.materialize([cube_manifest], instance=instance).success
-    assert unmaterialized(instance, partitions, selection, since=since) == {}
-    assert fully_materialized(instance, partitions, selection, since=since)
+    key, other, yearly = cube_database.key, cube_manifest.key, observations.key
+    everything = [cube_database, cube_manifest, observations]
+    for year in ("2020", "2021"):  # an earlier build, by another backfill
+        assert dg.materialize(
+            everything, instance=instance, partition_key=year, tags={BACKFILL_TAG: "earlier"}
+        ).success
+    selection = {key: None, other: None, yearly: ("2020", "2021")}
+    printer = ProgressPrinter(instance, io.StringIO())
+    printer.follow("this")
+    printer.poll()
+    assert printer.missing(selection) == selection
+
+    def this_build(assets: list[dg.AssetsDefinition], year: str | None = None) -> None:
+        tags = {BACKFILL_TAG: "this"}
+        assert dg.materialize(assets, instance=instance, partition_key=year, tags=tags).success
+        printer.poll()
+
+    this_build([cube_database])
+    assert printer.missing(selection) == {other: None, yearly: ("2020", "2021")}
+    this_build([observations], "2021")
+    assert printer.missing(selection) == {other: None, yearly: ("2020",)}
+    this_build([cube_manifest, observations], "2020")
+    assert printer.missing(selection) == {}
+    printer.follow("next")  # the next backfill starts from nothing
+    assert printer.missing({key: None}) == {key: None}
 
 
 def test_a_fetch_only_build_leaves_out_the_sources_that_read_the_cube(tmp_path) -> None:

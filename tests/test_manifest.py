@@ -186,3 +186,37 @@ def test_a_manifest_written_before_the_database_was_listed_says_so(release: Rele
     assert result.notes == [
         "this manifest (format 3) does not cover cube.duckdb: a rebuild writes one that does"
     ]
+
+
+def test_a_large_table_is_digested_as_manifests_of_earlier_releases_recorded_it(
+    tmp_path: Path,
+) -> None:
+    """A table too large to hash row by row in Python is digested inside DuckDB: the sums of
+    each row's MD5 halves (``md5_number_upper``/``md5_number_lower`` of its text), so that a
+    release verified now matches the manifest an earlier build recorded; and one changed
+    row changes the digest."""
+    import hashlib
+
+    import duckdb
+
+    from citycube.cube.manifest import LARGE_TABLE_ROWS, database_definitions
+
+    release = Release(tmp_path, "v1")
+    release.root.mkdir(parents=True)
+    rows = LARGE_TABLE_ROWS + 5
+    with duckdb.connect(str(release.duckdb_file)) as con:
+        con.execute(
+            "CREATE TABLE observations AS SELECT 'tile ' || i::VARCHAR AS tile_id, "
+            f"i % 7 = 0 AS available, i * 0.5 AS value FROM range({rows}) AS t(i)"
+        )
+        sums = con.execute(
+            "SELECT sum(md5_number_upper(r::VARCHAR))::VARCHAR, "
+            "sum(md5_number_lower(r::VARCHAR))::VARCHAR FROM observations AS r"
+        ).fetchone()
+        columns = [c[:2] for c in con.execute("DESCRIBE observations").fetchall()]
+    recorded = json.dumps([columns, rows, sums], default=str)
+    table = database_definitions(release)["tables"]["observations"]
+    assert table == {"rows": rows, "sha256": hashlib.sha256(recorded.encode()).hexdigest()}
+    with duckdb.connect(str(release.duckdb_file)) as con:
+        con.execute("UPDATE observations SET value = 1.0 WHERE tile_id = 'tile 3'")
+    assert database_definitions(release)["tables"]["observations"]["sha256"] != table["sha256"]

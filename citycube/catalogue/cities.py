@@ -6,10 +6,10 @@ from functools import cache
 from importlib import resources
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from citycube.errors import SpecError, UnknownCityError
+from citycube.io.spec_yaml import load_yaml
 
 Scale = Literal["2km", "5km"]
 SCALES: tuple[Scale, ...] = ("2km", "5km")
@@ -79,7 +79,7 @@ class CityCatalogue(BaseModel):
 def parse_cities(text: str, origin: str = "<string>") -> CityCatalogue:
     """Parse and validate a cities YAML document."""
     try:
-        return CityCatalogue.model_validate(yaml.safe_load(text))
+        return CityCatalogue.model_validate(load_yaml(text))
     except ValidationError as exc:
         raise SpecError(f"invalid city spec in {origin}:\n{exc}") from exc
 

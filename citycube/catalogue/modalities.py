@@ -26,6 +26,7 @@ from pydantic import (
 
 from citycube.catalogue.cities import TILE_SIZE_M
 from citycube.errors import SpecError, UnknownModalityError
+from citycube.io.spec_yaml import load_yaml
 
 
 class Kind(StrEnum):
@@ -518,7 +519,7 @@ SpecModel = TypeVar("SpecModel", bound=BaseModel)
 def parse_yaml_spec(model: type[SpecModel], text: str, origin: str, what: str) -> SpecModel:
     """Parse and validate a YAML spec document into ``model``, with an error naming ``origin``."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{origin} is not valid YAML: {exc}") from exc
     try:

@@ -208,6 +208,9 @@ LARGE_TABLE_ROWS = 20_000
 """Tables with more rows are digested inside DuckDB (:func:`_table_digest`)."""
 
 
+LOW_64_BITS = (1 << 64) - 1
+
+
 def _table_digest(con: duckdb.DuckDBPyConnection, table: str) -> dict[str, Any]:
     """A table's row count and SHA-256, whatever order its rows are stored in.
 
@@ -226,9 +229,12 @@ def _table_digest(con: duckdb.DuckDBPyConnection, table: str) -> dict[str, Any]:
         text = json.dumps([columns, rows], default=str)
     else:
         columns = con.execute(f"DESCRIBE {table}").fetchall()
+        # The sums of md5_number_upper and md5_number_lower over the rows' text, from one
+        # MD5 per row: those two halves are the low and high 64 bits of md5_number's value.
         sums = con.execute(
-            "SELECT sum(md5_number_upper(r::VARCHAR))::VARCHAR, "
-            f"sum(md5_number_lower(r::VARCHAR))::VARCHAR FROM {table} AS r"
+            f"SELECT sum((h & {LOW_64_BITS}::UHUGEINT)::UBIGINT)::VARCHAR, "
+            "sum((h >> 64)::UBIGINT)::VARCHAR "
+            f"FROM (SELECT md5_number(r::VARCHAR) AS h FROM {table} AS r)"
         ).fetchone()
         text = json.dumps([[c[:2] for c in columns], count, sums], default=str)
     return {"rows": count, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
