@@ -470,7 +470,7 @@ def run_strategies(
         select_cases(release, series_per_target)  # fails clearly when there are none
     else:
         agent = planning_task(task).scripted_agent
-    run_dirs = []
+    sessions = []
     for strategy in strategies:
         name = f"scripted-{strategy}" if task == FORECAST else f"{task}-scripted-{strategy}"
         run_dir = runs_root(data, release.version) / name
@@ -478,19 +478,34 @@ def run_strategies(
         command = server_command(
             data, release.version, run_dir, profile, name, series_per_target, task
         )
-        log = run_dir / "server.log"
+        sessions.append((strategy, name, run_dir, command))
+    failures: list[BaseException | None] = [None] * len(sessions)
+
+    async def run_one(index: int, strategy: str, run_dir: Path, command: list[str]) -> None:
         try:
-            anyio.run(lambda s=strategy, c=command, g=log: run_scripted(c, s, g, agent=agent))
-        except CityCubeError:
-            raise
-        except Exception as exc:  # the session broke: the server's log says why
+            await run_scripted(command, strategy, run_dir / "server.log", agent=agent)
+        except Exception as exc:  # reported below, in the strategies' order
+            failures[index] = exc
+
+    async def run_all() -> None:
+        # Side by side: each session is a server process of its own, which spends most of its
+        # time loading its imports; the sessions share nothing but the read-only database.
+        async with anyio.create_task_group() as group:
+            for index, (strategy, _, run_dir, command) in enumerate(sessions):
+                group.start_soon(run_one, index, strategy, run_dir, command)
+
+    anyio.run(run_all)
+    for (_, name, run_dir, _), exc in zip(sessions, failures, strict=True):
+        if isinstance(exc, CityCubeError):
+            raise exc
+        if exc is not None:  # the session broke: the server's log says why
+            log = run_dir / "server.log"
             tail = log.read_text(encoding="utf-8")[-2000:] if log.exists() else ""
             raise AgentCaseError(
                 f"the MCP session of {name} ended abnormally ({type(exc).__name__}); the "
                 f"server's log {log} ends with:\n{tail}"
             ) from None
-        run_dirs.append(run_dir)
-    return run_dirs
+    return [run_dir for _, _, run_dir, _ in sessions]
 
 
 def cmd_run(args: Any) -> int:

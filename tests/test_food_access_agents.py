@@ -207,14 +207,17 @@ def test_the_cli_serves_the_task_over_stdio_and_publishes_its_scores(
     """`citycube agents run --task food_access` path: a server subprocess per rule (stdio), the
     runs' scores equal the direct baseline's, published as a view that `agents show` prints."""
     from citycube.agents.views import publish_task_tables
-    from pipelines.agents import run_strategies
+    from pipelines.agents import run_strategies, runs_root
     from pipelines.cli import main
 
     with open_run(release, tmp_path / "ended", agent="ended") as ended:
         ended.start_case(ended.case_keys()[0])
     strategy = STRATEGIES[0]
-    run_dirs = run_strategies(release.data_root, release, [strategy], task="food_access")
-    assert [d.name for d in run_dirs] == [f"food_access-scripted-{strategy}"]
+    # Sessions run side by side: one that breaks (a rule the agent does not know) is named,
+    # and the other's run is complete all the same.
+    with pytest.raises(AgentCaseError, match="session of food_access-scripted-no_such_rule"):
+        run_strategies(release.data_root, release, ["no_such_rule", strategy], task="food_access")
+    run_dirs = [runs_root(release.data_root, release.version) / f"food_access-scripted-{strategy}"]
     scores = score_runs(release, run_dirs)
     row = scores["food_access_agent_scores"].to_pylist()[0]
     direct = pq.read_table(FoodAccessFiles.published(release).scores).to_pandas()
