@@ -33,20 +33,15 @@ SMALL_THUMBNAIL_PX = 96
 stay a few KB each in the event log)."""
 
 
-def _preview(metadata: dict, max_px: int) -> dict:
+def _preview(metadata: dict) -> dict:
     """The period's quick-look shown in the UI (a PNG thumbnail embedded in Markdown, as the
-    UI renders ``data:image`` sources), with the full-size file's path."""
+    UI renders ``data:image`` sources; made where the partition's work ran), with the
+    full-size file's path."""
     if "quicklook" not in metadata:
         return {}
-    from PIL import Image
-
-    from citycube.reports.thumbnails import png_data_uri
-
-    with Image.open(metadata["quicklook"]) as image:
-        uri = png_data_uri(image, max_px)
     return {
         "quicklook": dg.MetadataValue.path(metadata["quicklook"]),
-        "preview": dg.MetadataValue.md(f"![quick-look]({uri})"),
+        "preview": dg.MetadataValue.md(f"![quick-look]({metadata['preview']})"),
     }
 
 
@@ -96,12 +91,12 @@ def build_derived_asset(
             return {
                 **values,
                 **table_metadata(values["path"], values.get("rows")),
-                **_preview(values, px),
+                **_preview(values),
             }
 
         def plan(modality: ModalitySpec) -> Plan:
             return Plan(
-                lambda city, period: (modality, catalogue, city, period, sources, release),
+                lambda city, period: (modality, catalogue, city, period, sources, release, px),
                 metadata,
             )
 

@@ -860,8 +860,8 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
             backfill_id = ""
             failed: Selection = {}
             for number, (what, selection) in enumerate(phases, 1):
-                # What the first left unmaterialised (failed) is tried again.
-                selection = merged(selection, failed)
+                if failed:  # what the first left unmaterialised (failed) is tried again
+                    selection = merged(selection, failed)
                 part = f" ({number}/{len(phases)}: {what})" if what else ""
                 title = f"citycube build {_describe(request)}{part}"
                 priority = FIRST_PRIORITY if number < len(phases) else None

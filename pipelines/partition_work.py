@@ -65,16 +65,19 @@ def derive_with_quicklook(
     period: int | None,
     sources: SourceSet | SourceSetSpecFile,
     release: Release,
+    preview_px: int = 0,
 ) -> dict[str, Any]:
     """Derive (or keep) one source period's results and render its chips' quick-look once.
 
     A quick-look belongs to a chip store, so it is made per source period too: a static DEM
     gets one, not one per calendar year. It is drawn from the chip blocks as they are written;
-    only kept results whose picture is missing have their store read back.
+    only kept results whose picture is missing have their store read back. With
+    ``preview_px``, a thumbnail of it (that longest side) comes back as ``preview``, a
+    ``data:`` URI, made from the picture in hand rather than by the run decoding the file.
     """
     from citycube.cube.release import adopt_draft_file
     from citycube.processing.compute import derive
-    from citycube.reports.render import QuickLook, render_store, write_png
+    from citycube.reports.render import QuickLook, png_data_uri, render_store, write_png
 
     gathered = (
         QuickLook(catalogue, modality.code, city, QUICKLOOK_MAX_PX) if modality.is_image else None
@@ -93,16 +96,25 @@ def derive_with_quicklook(
     if not summary.chips:
         png.unlink(missing_ok=True)
         return metadata
+    picture = None
     if gathered is not None and not summary.reused:  # drawn from the blocks as written
-        write_png(png, gathered.render())
+        picture = gathered.render()
+        write_png(png, picture)
     elif not png.exists() and not adopt_draft_file(release, png):
         # kept results: draw the store once if its picture is missing
         store = release.chip_store(modality.code, city, summary.label)
-        quicklook = render_store(
-            store, catalogue, modality.code, city, QUICKLOOK_MAX_PX, draft=True
-        )
-        write_png(png, quicklook)
-    return {**metadata, "quicklook": str(png)}
+        picture = render_store(store, catalogue, modality.code, city, QUICKLOOK_MAX_PX, draft=True)
+        write_png(png, picture)
+    out = {**metadata, "quicklook": str(png)}
+    if preview_px:
+        if picture is None:
+            from PIL import Image
+
+            with Image.open(png) as image:
+                out["preview"] = png_data_uri(image, preview_px)
+        else:
+            out["preview"] = png_data_uri(picture, preview_px)
+    return out
 
 
 def observe(modality: ModalitySpec, city: str, year: int, release: Release) -> dict[str, Any]:

@@ -112,9 +112,14 @@ def test_the_database_lists_its_tables_and_views_with_row_counts(built: tuple) -
 
 def test_quicklooks_and_the_heatmap_are_images(built: tuple) -> None:
     instance, _ = built
-    preview = latest(instance, "derived/bv", PARTITION)["preview"]
-    assert max(shown_png(preview).size) <= 200
-    assert Path(latest(instance, "derived/bv", PARTITION)["quicklook"].value).is_file()
+    preview = shown_png(latest(instance, "derived/bv", PARTITION)["preview"])
+    assert max(preview.size) <= 200
+    quicklook = Path(latest(instance, "derived/bv", PARTITION)["quicklook"].value)
+    with Image.open(quicklook) as full:  # the thumbnail shows the quick-look written
+        scale = max(full.size) / max(preview.size)
+        assert abs(full.width / scale - preview.width) <= 1
+        shrunk = full.convert("RGBA").resize(preview.size, Image.Resampling.NEAREST)
+    assert list(preview.convert("RGBA").getdata()) == list(shrunk.getdata())
     heatmap = shown_png(latest(instance, "cube/availability_report")["heatmap"])
     assert min(heatmap.size) > 50
 
