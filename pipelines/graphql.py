@@ -90,7 +90,9 @@ LOCATIONS = """
 query Locations {
   workspaceOrError {
     ... on Workspace {
-      locationEntries { name locationOrLoadError { __typename ... on PythonError { message } } }
+      locationEntries {
+        name loadStatus locationOrLoadError { __typename ... on PythonError { message } }
+      }
     }
   }
 }
@@ -219,12 +221,18 @@ class DagsterGraphQL:
         ]
 
     def location_error(self, name: str) -> str | None:
-        """Why the code location ``name`` is not loaded (None: it is)."""
+        """Why the code location ``name`` is not loaded (None: it is). While the webserver
+        loads it, it has neither its definitions nor an error: requests about its assets fail
+        until then."""
         data = self.execute(LOCATIONS)["workspaceOrError"]
         for entry in data.get("locationEntries", ()):
             if entry["name"] == name:
                 loaded = entry["locationOrLoadError"] or {}
-                return loaded.get("message") if "message" in loaded else None
+                if "message" in loaded:
+                    return loaded["message"]
+                if entry["loadStatus"] != "LOADED" or not loaded:
+                    return f"code location {name} is still loading"
+                return None
         return f"no code location {name}"
 
     def reload_location(self, name: str) -> None:

@@ -17,6 +17,7 @@ import duckdb
 import httpx
 import pytest
 
+from pipelines.graphql import DagsterGraphQL
 from pipelines.ports import free_loopback_port
 from pipelines.schedules import REQUEST_TAG
 
@@ -63,6 +64,10 @@ def test_one_ui_launch_builds_boston_2020(tmp_path: Path) -> None:
                 pass
             assert time.monotonic() < deadline and server.poll() is None, "no UI"
             time.sleep(1)
+        # The UI offers an asset's launch dialog once its code location has loaded.
+        while (error := DagsterGraphQL(url=url).location_error("citycube")) is not None:
+            assert time.monotonic() < deadline and server.poll() is None, error
+            time.sleep(1)
         # What the launch dialog sends for Assets → requests/city_year → Materialize → one
         # partition (ui-core LaunchAssetChoosePartitionsDialog, "pureWithAnchorAsset").
         params = {
@@ -74,7 +79,9 @@ def test_one_ui_launch_builds_boston_2020(tmp_path: Path) -> None:
         answer = httpx.post(
             url, json={"query": LAUNCH, "variables": {"backfillParams": params}}, timeout=120
         ).json()
-        assert answer["data"]["launchPartitionBackfill"]["__typename"] == "LaunchBackfillSuccess"
+        assert answer["data"]["launchPartitionBackfill"]["__typename"] == "LaunchBackfillSuccess", (
+            answer
+        )
         manifest = dg.AssetKey(["cube", "manifest"])
         deadline = time.monotonic() + BUILD_S
         with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
