@@ -289,7 +289,7 @@ def _parquet_without_geo(path: Path) -> None:
 
 def _points_as_polygons(path: Path) -> None:
     frame = gpd.read_parquet(path)
-    frame["geometry"] = frame.geometry.buffer(1e-4)
+    frame["geometry"] = frame.geometry.to_crs(3857).buffer(10.0).to_crs(frame.crs)  # ~10 m
     frame.to_parquet(path)
 
 
