@@ -36,6 +36,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -251,8 +252,19 @@ def _stop_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+@dataclass
+class BuildCluster:
+    """The dask scheduler a build's runs send partition work to."""
+
+    address: str
+    """Scheduler address; empty: each run computes in its own process (one worker)."""
+    close_early: Callable[[], None] = lambda: None
+    """Start closing a cluster the build started, once no run needs it: it then ends while
+    the build records its end and stops Dagster's processes."""
+
+
 @contextlib.contextmanager
-def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[str]:
+def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[BuildCluster]:
     """The scheduler the runs send partition work to: given, or a LocalCluster for the build."""
     if request.scheduler:
         from dask.distributed import Client
@@ -261,23 +273,33 @@ def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[str]:
 
         with Client(request.scheduler, timeout="30s") as client:
             print(f"dask: {describe_cluster(client, external=True)}", file=out, flush=True)
-        yield request.scheduler
+        yield BuildCluster(request.scheduler)
         return
     if request.workers <= 1:
-        yield ""
+        yield BuildCluster("")
         return
     from pipelines.resources import start_local_cluster
 
     cluster = start_local_cluster(request.workers)  # workers start while the build sets up
+    closing: list[threading.Thread] = []
+
+    def close_early() -> None:
+        if not closing:
+            closing.append(threading.Thread(target=cluster.close, name="close-dask"))
+            closing[0].start()
+
     try:
         print(
             f"dask: LocalCluster with {request.workers} workers at {cluster.scheduler_address}",
             file=out,
             flush=True,
         )
-        yield cluster.scheduler_address
+        yield BuildCluster(cluster.scheduler_address, close_early)
     finally:
-        cluster.close()
+        if closing:
+            closing[0].join()
+        else:
+            cluster.close()
 
 
 def backfill_phases(request: BuildRequest) -> list[tuple[str, Selection]]:
@@ -831,11 +853,11 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
     try:
         with (
             sqlite_kept_open(home),
-            dask_cluster(request, out) as scheduler,
+            dask_cluster(request, out) as cluster,
             BuildServices(home, REPO_ROOT) as services,
         ):
             # The code server and the runs it launches inherit these.
-            os.environ[SCHEDULER_ENV] = scheduler
+            os.environ[SCHEDULER_ENV] = cluster.address
             os.environ[WORKERS_ENV] = str(request.workers)
             services.start_servers()
             print(f"Dagster UI of this build: {services.url}", file=out, flush=True)
@@ -906,6 +928,8 @@ def drive(request: BuildRequest, out: TextIO = sys.stdout) -> int:
                     break  # stopped or canceled: the next backfill is not started
                 if number < len(phases):  # the next backfill tries the failed ones again
                     report.failures.clear()
+            if not (stop.graceful or printer.in_flight()):
+                cluster.close_early()  # no run needs it any more
             if report.end_unrecorded:  # the daemon records it while the summary is printed
                 services.look_soon()
             code = _conclude(request, backfill_id, report, time.monotonic() - started, stop, out)
