@@ -281,12 +281,11 @@ def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[BuildCluster]:
     from pipelines.resources import start_local_cluster
 
     cluster = start_local_cluster(request.workers)  # workers start while the build sets up
-    closing: list[threading.Thread] = []
+    closing = threading.Thread(target=cluster.close, name="close-dask")
 
     def close_early() -> None:
-        if not closing:
-            closing.append(threading.Thread(target=cluster.close, name="close-dask"))
-            closing[0].start()
+        if closing.ident is None:  # not started yet
+            closing.start()
 
     try:
         print(
@@ -296,10 +295,10 @@ def dask_cluster(request: BuildRequest, out: TextIO) -> Iterator[BuildCluster]:
         )
         yield BuildCluster(cluster.scheduler_address, close_early)
     finally:
-        if closing:
-            closing[0].join()
-        else:
+        if closing.ident is None:
             cluster.close()
+        else:
+            closing.join()
 
 
 def backfill_phases(request: BuildRequest) -> list[tuple[str, Selection]]:

@@ -82,7 +82,7 @@ def merged(*selections: Selection) -> Selection:
     out: dict[dg.AssetKey, set[str] | None] = {}
     for selection in selections:
         for key, keys in selection.items():
-            if keys is None:
+            if keys is None or (key in out and out[key] is None):  # all of them
                 out[key] = None
             else:
                 out[key] = set(out.get(key) or ()) | set(keys)

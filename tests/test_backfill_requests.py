@@ -46,6 +46,9 @@ def test_a_selection_spans_every_partitioning_and_splits_into_two_phases() -> No
     assert {partitions[k] for k in first} == {city_partitions, city_epoch_partitions}
     assert DATABASE in rest and OPT in rest and not set(first) & set(rest)
     assert merged(first, rest) == selection
+    everything = {OPT: None}
+    assert merged(everything, {OPT: ("Boston|2020",)}) == everything  # all stays all
+    assert merged({OPT: ("Boston|2020",)}, everything) == everything
     selectors = {
         tuple(s["assetKey"]["path"]): s["partitions"]
         for s in partitions_by_assets(selection, partitions)
